@@ -1,0 +1,195 @@
+"""Generate CustomResourceDefinitions from the pydantic models in ``api``.
+
+The pydantic JSON schema (draft 2020-12, with ``$ref``/``anyOf``) is turned into a
+Kubernetes *structural* OpenAPI v3 schema: references inlined, ``Optional[X]`` unwrapped,
+``const`` turned into a one-value ``enum``, exclusive bounds in OpenAPI 3.0 form, titles
+and defaults stripped (defaults stay in the operator, so stored objects equal what Git
+holds), ``extra="allow"`` models marked ``x-kubernetes-preserve-unknown-fields``.
+
+``crds/*.yaml`` is written by ``python -m sglang_pd_operator.api.crd`` (or
+``sglang-pd-operator crds``) and checked in; ``tests/unit/test_crds.py`` fails when it is
+stale.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from . import v1alpha1
+
+_DROP_KEYS = {"title", "default", "examples"}
+
+
+def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """Return the structural OpenAPI v3 schema of ``model`` as a plain dict.
+
+    Raises ``ValueError`` when the model uses a construct a structural schema cannot
+    express (a union of two object types, say), naming the offending schema.
+    """
+    raw = model.model_json_schema(mode="validation", ref_template="#/$defs/{model}")
+    defs = raw.pop("$defs", {})
+    return _convert(raw, defs)
+
+
+def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    ref = node.get("$ref")
+    if ref is None:
+        return node
+    target = copy.deepcopy(defs[ref.rsplit("/", 1)[-1]])
+    merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    return merged
+
+
+def _unwrap_optional(node: dict[str, Any]) -> dict[str, Any]:
+    variants = node.get("anyOf")
+    if variants is None:
+        return node
+    non_null = [v for v in variants if v.get("type") != "null"]
+    if len(non_null) != 1:
+        raise ValueError(f"cannot express a union in a structural schema: {node}")
+    out = {k: v for k, v in node.items() if k != "anyOf"}
+    return {**non_null[0], **out}
+
+
+def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    node = _unwrap_optional(_resolve(dict(node), defs))
+    if "$ref" in node or "anyOf" in node:
+        node = _convert(node, defs)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP_KEYS:
+            continue
+        if key == "const":
+            out["enum"] = [value]
+        elif key == "exclusiveMinimum":
+            out["minimum"], out["exclusiveMinimum"] = value, True
+        elif key == "exclusiveMaximum":
+            out["maximum"], out["exclusiveMaximum"] = value, True
+        elif key == "properties":
+            out["properties"] = {name: _convert(sub, defs) for name, sub in value.items()}
+        elif key == "items":
+            out["items"] = _convert(value, defs)
+        elif key == "additionalProperties":
+            if value is True:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+            elif isinstance(value, dict):
+                out["additionalProperties"] = _convert(value, defs)
+            # False (extra="forbid"): structural schemas prune unknown fields and
+            # kubectl's strict field validation reports them; nothing to emit.
+        else:
+            out[key] = value
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    if "properties" in out and "type" not in out:
+        out["type"] = "object"
+    return out
+
+
+def _printer_columns() -> list[dict[str, Any]]:
+    return [
+        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Prefill", "type": "string", "jsonPath": ".status.prefill.replicas"},
+        {"name": "Decode", "type": "string", "jsonPath": ".status.decode.replicas"},
+        {"name": "KV Layout", "type": "string", "jsonPath": ".status.kvLayout"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+def pddeployment_crd() -> dict[str, Any]:
+    """The PDDeployment CRD (``pdd``) as a dict, from ``PDDeploymentSpec``/``Status``."""
+    spec_schema = structural_schema(v1alpha1.PDDeploymentSpec)
+    status_schema = structural_schema(v1alpha1.PDDeploymentStatus)
+    status_schema["x-kubernetes-preserve-unknown-fields"] = True
+    return _crd(
+        kind="PDDeployment",
+        plural="pddeployments",
+        short_names=["pdd"],
+        description=v1alpha1.PDDeployment.__doc__ or "",
+        spec_schema=spec_schema,
+        status_schema=status_schema,
+        printer_columns=_printer_columns(),
+    )
+
+
+def _crd(
+    *,
+    kind: str,
+    plural: str,
+    short_names: list[str],
+    description: str,
+    spec_schema: dict[str, Any],
+    status_schema: dict[str, Any],
+    printer_columns: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{v1alpha1.GROUP}"},
+        "spec": {
+            "group": v1alpha1.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": short_names,
+                "categories": ["sglang"],
+            },
+            "versions": [
+                {
+                    "name": v1alpha1.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": printer_columns,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": description.strip(),
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string", "description": "API version."},
+                                "kind": {"type": "string", "description": "Kind."},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def all_crds() -> dict[str, dict[str, Any]]:
+    """File name (under ``crds/``) -> CRD dict, for every kind this operator serves."""
+    return {"pddeployments.yaml": pddeployment_crd()}
+
+
+def render_yaml(crd: dict[str, Any]) -> str:
+    """Serialize one CRD as the checked-in YAML text (stable key order, header comment)."""
+    header = "# Generated from sglang_pd_operator.api by `sglang-pd-operator crds`. Do not edit.\n"
+    return header + yaml.safe_dump(crd, sort_keys=False, width=120)
+
+
+def write_crds(directory: Path) -> list[Path]:
+    """Write every CRD into ``directory``; returns the paths written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, crd in all_crds().items():
+        path = directory / name
+        path.write_text(render_yaml(crd))
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":  # pragma: no cover
+    for p in write_crds(Path(__file__).resolve().parents[2] / "crds"):
+        print(p)

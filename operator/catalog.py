@@ -1,0 +1,199 @@
+"""Catalogs of accelerators, vendor kernel plugins and models, loaded from ``kernels/``.
+
+The catalogs are data (YAML), checked against the pydantic schemas below when loaded.
+A cluster admin overrides or extends them with a ConfigMap whose keys are the file
+names (``accelerators.yaml``, ``plugins.yaml``, ``models.yaml``); entries are merged by
+name, an override entry replacing the built-in one whole.
+
+Lookup is by name; the planning layer turns a missing name into a Problem naming the
+spec field, so nothing here raises for a user's typo.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ISA = Literal["sm_103", "sm_100", "sm_90a", "gfx950", "gfx942"]
+FeatureSupport = Literal["accepted", "refused", "unknown"]
+CATALOG_FILES = ("accelerators.yaml", "plugins.yaml", "models.yaml")
+
+
+class CatalogError(ValueError):
+    """A catalog file or override does not match its schema; the message names file and entry."""
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Rail(_Entry):
+    """One RDMA NIC and the GPUs (process-visible ids on the node) closest to it."""
+
+    device: str = Field(min_length=1)
+    gpus: tuple[int, ...]
+    numa: int = 0
+    railClass: str = Field(default="default", description="NICs of one class reach each other across nodes.")
+
+
+class Accelerator(_Entry):
+    """A GPU node type: vendor, ISA, GPUs per node, memory, how pods select it."""
+
+    vendor: Literal["nvidia", "amd"]
+    isa: ISA
+    gpuProduct: str
+    gpusPerNode: int = Field(ge=1)
+    gpuMemory: str
+    hostMemory: str
+    cpus: int = Field(ge=1)
+    nvlinkDomain: int = Field(ge=1, description="GPUs reachable over NVLink / xGMI from one GPU.")
+    gpuResource: str
+    rdmaResource: str = "rdma/hca"
+    sharedMemory: str = "64Gi"
+    nodeLabels: dict[str, str]
+    rails: tuple[Rail, ...] = ()
+
+    @property
+    def is_blackwell(self) -> bool:
+        """SM100 or SM103: where SGLang 0.5.23 serves V4.1 KV layouts and flashmla_mega."""
+        return self.isa in ("sm_100", "sm_103")
+
+
+class PluginPackage(_Entry):
+    """Where the plugin library comes from (the runtime image build installs it)."""
+
+    source: str
+    version: str
+
+
+class KernelPlugin(_Entry):
+    """A vendor kernel plugin as SGLang's plugin spec contract describes it."""
+
+    vendor: Literal["nvidia", "amd"]
+    flag: str
+    entryPoint: str
+    package: PluginPackage
+    isas: tuple[ISA, ...]
+    tpSizes: tuple[int, ...]
+    architectures: tuple[str, ...]
+    modelTypes: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    decodeGraphBackends: tuple[str, ...] = ("full", "disabled")
+    roles: tuple[Literal["prefill", "decode"], ...] = ("decode",)
+    features: dict[str, FeatureSupport]
+    sources: tuple[str, ...] = ()
+
+
+class ModelFacts(_Entry):
+    """Facts about a model the rules need before weights load (or from its config.json)."""
+
+    architecture: str
+    modelType: str
+    numLayers: int = Field(ge=1)
+    routedExperts: int = Field(ge=0)
+    topK: int = Field(ge=0)
+    expertParams: int = Field(ge=0, description="Parameters of one routed expert in one layer.")
+    bytesPerExpertParam: float = Field(gt=0)
+    sharedExperts: int = 0
+    mla: bool = False
+    compressionRatios: tuple[int, ...] = ()
+    engram: bool = False
+    engramTableBytes: int | None = Field(
+        default=None, ge=0, description="Bytes of the Engram table (host placement keeps one copy per node)."
+    )
+
+    @property
+    def expert_bytes_total(self) -> int:
+        """Bytes of every routed expert of every layer, as stored (Paged Experts pins them all)."""
+        return int(self.numLayers * self.routedExperts * self.expertParams * self.bytesPerExpertParam)
+
+    @property
+    def is_deepseek_v41(self) -> bool:
+        """model_type deepseek_v41: the model SGLang's V4.1 KV layouts and flashmla_mega serve."""
+        return self.modelType == "deepseek_v41"
+
+
+class Catalog(BaseModel):
+    """All three catalogs, immutable. Build with :func:`load_catalog`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    accelerators: dict[str, Accelerator]
+    plugins: dict[str, KernelPlugin]
+    models: dict[str, ModelFacts]
+
+    def accelerator(self, name: str) -> Accelerator | None:
+        """The accelerator named ``name`` (case-insensitive), or None."""
+        return self.accelerators.get(name.lower())
+
+    def plugin(self, name: str) -> KernelPlugin | None:
+        """The kernel plugin named ``name``, or None (also for ``none``)."""
+        return self.plugins.get(name)
+
+    def model(self, name: str) -> ModelFacts | None:
+        """Model facts for a model id such as ``deepseek-ai/DeepSeek-V4.1-Flash``, or None."""
+        return self.models.get(name)
+
+
+def default_catalog_dir() -> Path:
+    """``$SGLANG_PD_CATALOG_DIR`` or the repository's ``kernels/`` folder."""
+    env = os.environ.get("SGLANG_PD_CATALOG_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "kernels"
+
+
+def _parse(name: str, text: str) -> dict:
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise CatalogError(f"{name}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise CatalogError(f"{name}: expected a mapping at the top level")
+    return data
+
+
+def load_catalog(directory: Path | None = None, overrides: Mapping[str, str] | None = None) -> Catalog:
+    """Load ``accelerators.yaml``, ``plugins.yaml`` and ``models.yaml`` and merge overrides.
+
+    ``overrides`` maps a catalog file name to YAML text (the data of the admin's
+    ConfigMap). Raises :class:`CatalogError` naming the file and entry when anything
+    does not match the schema.
+    """
+    directory = directory or default_catalog_dir()
+    merged: dict[str, dict] = {"accelerators": {}, "plugins": {}, "models": {}}
+    sources: list[tuple[str, str]] = []
+    for fname in CATALOG_FILES:
+        path = directory / fname
+        if not path.is_file():
+            raise CatalogError(f"{path}: catalog file missing")
+        sources.append((str(path), path.read_text()))
+    for fname, text in (overrides or {}).items():
+        if fname not in CATALOG_FILES:
+            raise CatalogError(f"override key {fname!r}: expected one of {', '.join(CATALOG_FILES)}")
+        sources.append((f"override {fname}", text))
+    for name, text in sources:
+        data = _parse(name, text)
+        for section, entries in data.items():
+            if section not in merged:
+                raise CatalogError(f"{name}: unknown section {section!r}; expected {sorted(merged)}")
+            if not isinstance(entries, dict):
+                raise CatalogError(f"{name}: section {section!r} must map names to entries")
+            merged[section].update({str(k): v for k, v in entries.items()})
+    try:
+        return Catalog(**merged)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise CatalogError(f"catalog entry {loc}: {first['msg']}") from e
+
+
+@lru_cache(maxsize=1)
+def builtin_catalog() -> Catalog:
+    """The catalog shipped in ``kernels/`` (cached; no overrides)."""
+    return load_catalog()

@@ -1,0 +1,201 @@
+"""Build one role's SGLang launch arguments and environment (pure).
+
+The argument list is the single description of a role's engine: the ConfigMap's SGLang
+config file is written from it, ``check`` prints it, the compat key hashes the parts
+that must be equal on both roles, and the contract tests parse it with the real
+``sglang.srt.server_args.prepare_server_args`` of sglang==0.5.23. Flag names are those of
+sglang 0.5.23 (``sglang/srt/arg_groups/fields/*.py``).
+
+Resolved values are written explicitly (the attention backend after ``auto``, the KV
+layout variables even where SGLang has a default) so that what a pod runs never depends
+on a default that could differ between the two roles or between SGLang releases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..api.v1alpha1 import PDDeploymentSpec
+from .kvlayout import LayoutPrediction
+from .roles import RoleInputs
+
+ENGINE_PORT = 30000
+MODEL_MOUNT = "/models"
+HF_CACHE = "/root/.cache/huggingface"
+SGLANG_CACHE_DIR = "/var/cache/sglang"
+
+# Flags the operator renders from typed fields: refused in extraArgs, with the field to
+# set instead (a knob has one place; a role cannot silently diverge through extraArgs).
+MANAGED_FLAGS: dict[str, str] = {
+    "--model-path": "spec.model",
+    "--model": "spec.model",
+    "--revision": "spec.model.revision",
+    "--served-model-name": "spec.model.servedModelName",
+    "--trust-remote-code": "spec.model.trustRemoteCode",
+    "--host": "(set by the operator)",
+    "--port": "(set by the operator)",
+    "--tp-size": "spec.<role>.parallelism.tp",
+    "--tensor-parallel-size": "spec.<role>.parallelism.tp",
+    "--tp": "spec.<role>.parallelism.tp",
+    "--dp-size": "spec.<role>.parallelism.dp",
+    "--data-parallel-size": "spec.<role>.parallelism.dp",
+    "--dp": "spec.<role>.parallelism.dp",
+    "--ep-size": "spec.<role>.parallelism.ep",
+    "--expert-parallel-size": "spec.<role>.parallelism.ep",
+    "--ep": "spec.<role>.parallelism.ep",
+    "--enable-dp-attention": "spec.<role>.parallelism.dpAttention",
+    "--nnodes": "spec.<role>.parallelism.nodes",
+    "--node-rank": "spec.<role>.parallelism.nodes",
+    "--dist-init-addr": "spec.<role>.parallelism.nodes",
+    "--page-size": "spec.kvLayout.pageSize",
+    "--kv-cache-dtype": "spec.kvLayout.dtype",
+    "--dsv4-attn-backend": "spec.kvLayout.attentionBackend",
+    "--enable-metrics": "(always on)",
+    "--disaggregation-mode": "(set by the operator per role)",
+    "--disaggregation-transfer-backend": "spec.transfer.backend",
+    "--disaggregation-bootstrap-port": "spec.disaggregation.bootstrapPort",
+    "--disaggregation-ib-device": "spec.transfer.ibDevices",
+    "--disaggregation-decode-allocation-policy": "spec.disaggregation.decodeAllocationPolicy",
+    "--sampling-mask-max-tokens": "spec.disaggregation.samplingMaskMaxTokens",
+    "--disaggregation-enable-kv-checksum": "spec.disaggregation.kvChecksum",
+    "--speculative-algorithm": "spec.speculative.algorithm",
+    "--speculative-dspark-block-size": "spec.speculative.blockSize",
+    "--speculative-num-draft-tokens": "spec.speculative.numDraftTokens",
+    "--speculative-num-steps": "spec.speculative.numSteps",
+    "--speculative-draft-model-path": "spec.speculative.draftModelPath",
+    "--speculative-draft-model": "spec.speculative.draftModelPath",
+    "--enable-nvidia-megakernel": "spec.kernels.plugin",
+    "--enable-amd-monokernel": "spec.kernels.plugin",
+    "--enable-paged-experts": "spec.pagedExperts",
+    "--paged-experts-num-resident": "spec.pagedExperts.residentExperts",
+    "--enable-decoder-swa-bounded-replay": "spec.rlRollout",
+    "--no-enable-decoder-swa-bounded-replay": "spec.rlRollout",
+    "--config": "(the operator's config file)",
+}
+
+# Environment variables the operator sets from typed fields.
+MANAGED_ENV: dict[str, str] = {
+    "SGLANG_DSV4_KV_LAYOUT": "spec.kvLayout.layout",
+    "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": "spec.kvLayout.compressed",
+    "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE": "spec.engram.placement",
+    "SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS": "spec.engram.placement",
+    "SGLANG_CACHE_DIR": "spec.kernels.cache",
+    "MC_FORCE_TCP": "spec.transfer.forceTCP",
+}
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    """A role's SGLang arguments (flags only, no program) and environment (name, value) pairs."""
+
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+
+    def env_dict(self) -> dict[str, str]:
+        """The environment as a dict."""
+        return dict(self.env)
+
+
+def model_path(spec: PDDeploymentSpec) -> str:
+    """--model-path: the PVC mount path plus ``source.pvc.path``, or the hub model id."""
+    pvc = spec.model.source.pvc
+    if pvc is None:
+        return spec.model.name
+    sub = pvc.path.strip("/")
+    return f"{MODEL_MOUNT}/{sub}" if sub else MODEL_MOUNT
+
+
+def ib_devices_flag(spec: PDDeploymentSpec, role: RoleInputs) -> str | None:
+    """--disaggregation-ib-device value: explicit devices, else the catalog's rails (comma list)."""
+    if spec.transfer.backend == "fake" or spec.transfer.forceTCP:
+        return None
+    if spec.transfer.ibDevices:
+        return ",".join(spec.transfer.ibDevices)
+    acc = role.accelerator
+    if acc is None or not acc.rails:
+        return None
+    return ",".join(r.device for r in acc.rails)
+
+
+def build_engine_command(
+    *, spec: PDDeploymentSpec, role: RoleInputs, layout: LayoutPrediction | None, kv_cache_dtype: str
+) -> EngineCommand:
+    """The SGLang flags and env of ``role``.
+
+    ``layout`` is the role's predicted layout (None when the model is not a DeepSeek-V4
+    family model or the prediction was refused; then no DeepSeek-V4 flags are written).
+    ``kv_cache_dtype`` is the resolved --kv-cache-dtype.
+    """
+    p = role.parallelism
+    args: list[str] = ["--model-path", model_path(spec), "--revision", spec.model.revision]
+    if spec.model.servedModelName:
+        args += ["--served-model-name", spec.model.servedModelName]
+    if spec.model.trustRemoteCode:
+        args.append("--trust-remote-code")
+    args += ["--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--enable-metrics"]
+    args += ["--tp-size", str(p.tp)]
+    if p.dp > 1:
+        args += ["--dp-size", str(p.dp)]
+    if p.ep > 1:
+        args += ["--ep-size", str(p.ep)]
+    if p.dpAttention:
+        args.append("--enable-dp-attention")
+    args += ["--page-size", str(role.kv_layout.pageSize), "--kv-cache-dtype", kv_cache_dtype]
+    if layout is not None:
+        args += ["--dsv4-attn-backend", layout.attention_backend]
+
+    d = spec.disaggregation
+    args += [
+        "--disaggregation-mode", role.role,
+        "--disaggregation-transfer-backend", spec.transfer.backend,
+        "--disaggregation-bootstrap-port", str(d.bootstrapPort),
+        "--disaggregation-decode-allocation-policy", d.decodeAllocationPolicy,
+    ]  # fmt: skip
+    ib = ib_devices_flag(spec, role)
+    if ib:
+        args += ["--disaggregation-ib-device", ib]
+    if d.samplingMaskMaxTokens is not None:
+        args += ["--sampling-mask-max-tokens", str(d.samplingMaskMaxTokens)]
+    if d.kvChecksum:
+        args.append("--disaggregation-enable-kv-checksum")
+
+    sp = spec.speculative
+    if sp is not None:
+        args += ["--speculative-algorithm", sp.algorithm]
+        if sp.blockSize is not None:
+            args += ["--speculative-dspark-block-size", str(sp.blockSize)]
+        if sp.numDraftTokens is not None:
+            args += ["--speculative-num-draft-tokens", str(sp.numDraftTokens)]
+        if sp.numSteps is not None:
+            args += ["--speculative-num-steps", str(sp.numSteps)]
+        if sp.draftModelPath:
+            args += ["--speculative-draft-model-path", sp.draftModelPath]
+
+    if role.plugin is not None:
+        args.append(role.plugin.flag)
+    if role.paged_experts_k is not None:
+        args += ["--enable-paged-experts", "--paged-experts-num-resident", str(role.paged_experts_k)]
+        if role.model is not None and role.model.sharedExperts > 0:
+            args.append("--disable-shared-experts-fusion")
+    if spec.rlRollout:
+        args.append("--no-enable-decoder-swa-bounded-replay")
+    args += list(role.spec.extraArgs)
+
+    env: list[tuple[str, str]] = []
+    if role.is_deepseek_v4:
+        env += [
+            ("SGLANG_DSV4_KV_LAYOUT", role.kv_layout.layout),
+            ("SGLANG_DSV4_COMPRESSED_KV_LAYOUT", role.kv_layout.compressed),
+        ]
+    if spec.engram is not None:
+        if spec.engram.placement == "host":
+            env.append(("SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE", "1"))
+        elif spec.engram.placement == "peerShards":
+            env.append(("SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS", "1"))
+    env.append(("SGLANG_CACHE_DIR", SGLANG_CACHE_DIR))
+    if spec.transfer.forceTCP:
+        env.append(("MC_FORCE_TCP", "1"))
+    if spec.model.source.hub is not None:
+        env.append(("HF_HOME", HF_CACHE))
+    env += [(e.name, e.value) for e in role.spec.env]
+    return EngineCommand(args=tuple(args), env=tuple(env))

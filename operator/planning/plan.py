@@ -1,0 +1,170 @@
+"""Turn a PDDeployment spec into a :class:`Plan`: resolved roles, commands, compat key, problems.
+
+``build_plan`` is the one entry point of the planning layer: pure (no I/O besides the
+catalog passed in), deterministic, and total: it never raises for a bad spec, it returns
+every problem it found in ``Plan.problems``. ``render`` turns a plan without errors into
+Kubernetes objects; ``check`` prints it; the reconciler refuses to touch anything while
+``plan.valid`` is False.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api.v1alpha1 import PDDeployment, PDDeploymentSpec
+from ..catalog import Catalog
+from . import compat
+from .engine_args import EngineCommand, build_engine_command
+from .features import features_in_use
+from .kvlayout import LayoutInputs, LayoutPrediction, LayoutRefusal, predict_layout, resolve_kv_cache_dtype
+from .memory import MemoryPlan, plan_memory
+from .problems import Problem, errors
+from .roles import ROLES, Role, RoleInputs, resolve_role
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """Everything decided for one role.
+
+    ``layout`` is None when the model is not a DeepSeek-V4 family model (no PD layout
+    string to predict) or when SGLang would refuse the layout (then ``layout_refusal``
+    holds SGLang's reason). ``compat_inputs`` are the values hashed into the compat key.
+    """
+
+    inputs: RoleInputs
+    kv_cache_dtype: str
+    layout: LayoutPrediction | None
+    layout_refusal: str | None
+    command: EngineCommand
+    features: frozenset[str]
+    memory: MemoryPlan
+    compat_inputs: dict[str, Any] = field(hash=False)
+
+    @property
+    def role(self) -> Role:
+        """prefill or decode."""
+        return self.inputs.role
+
+    @property
+    def compat_key(self) -> str:
+        """This role's compat key (equal on both roles when the pair is valid)."""
+        return compat.compat_key(self.compat_inputs)
+
+    @property
+    def kv_layout_string(self) -> str | None:
+        """The predicted PD KV layout string, e.g. v41,c4:v41,c128:v41, or None."""
+        return self.layout.pd_string if self.layout else None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The resolved deployment: both roles, the compat key and every problem found."""
+
+    name: str
+    namespace: str
+    generation: int
+    spec: PDDeploymentSpec
+    prefill: RolePlan
+    decode: RolePlan
+    problems: tuple[Problem, ...]
+
+    @property
+    def valid(self) -> bool:
+        """No problem of severity error."""
+        return not errors(self.problems)
+
+    @property
+    def compat_key(self) -> str:
+        """The prefill role's compat key; equal to decode's whenever ``valid``."""
+        return self.prefill.compat_key
+
+    def role(self, role: Role) -> RolePlan:
+        """The plan of ``role``."""
+        return self.prefill if role == "prefill" else self.decode
+
+
+def _predict(spec: PDDeploymentSpec, inputs: RoleInputs) -> tuple[str, LayoutPrediction | None, str | None]:
+    """(resolved kv dtype, layout or None, SGLang's refusal reason or None)."""
+    requested = inputs.kv_layout.dtype
+    try:
+        dtype = resolve_kv_cache_dtype(requested, is_deepseek_v4=inputs.is_deepseek_v4)
+    except LayoutRefusal as e:
+        return requested, None, str(e)
+    if not inputs.is_deepseek_v4 or inputs.accelerator is None or inputs.model is None:
+        return dtype, None, None
+    layout_inputs = LayoutInputs(
+        backend=inputs.kv_layout.attentionBackend,
+        layout_env=inputs.kv_layout.layout,
+        compressed_env=inputs.kv_layout.compressed,
+        isa=inputs.accelerator.isa,
+        vendor=inputs.accelerator.vendor,
+        model_type=inputs.model.modelType,
+        kv_cache_dtype=dtype,
+        pd=True,
+        attention_tp=inputs.attention_tp,
+        compression_ratios=inputs.model.compressionRatios,
+    )
+    try:
+        return dtype, predict_layout(layout_inputs), None
+    except LayoutRefusal as e:
+        return dtype, None, str(e)
+
+
+def _compat_inputs(spec: PDDeploymentSpec, inputs: RoleInputs, dtype: str, layout: LayoutPrediction | None) -> dict:
+    sp = spec.speculative
+    d = spec.disaggregation
+    return {
+        "model": spec.model.name,
+        "revision": spec.model.revision,
+        "sglangVersion": inputs.runtime.sglangVersion,
+        "image": inputs.runtime.image,
+        "kvLayout": layout.pd_string if layout else None,
+        "attentionBackend": layout.attention_backend if layout else None,
+        "pageSize": inputs.kv_layout.pageSize,
+        "kvCacheDtype": dtype,
+        "transferBackend": spec.transfer.backend,
+        "decodeAllocationPolicy": d.decodeAllocationPolicy,
+        "samplingMaskMaxTokens": d.samplingMaskMaxTokens,
+        "kvChecksum": d.kvChecksum,
+        "speculative": sp.model_dump(exclude_none=True) if sp else None,
+    }
+
+
+def plan_role(*, spec: PDDeploymentSpec, role: Role, catalog: Catalog) -> RolePlan:
+    """Resolve one role: inputs, KV dtype and layout, command, features, memory, compat inputs."""
+    inputs = resolve_role(spec=spec, role=role, catalog=catalog)
+    dtype, layout, refusal = _predict(spec, inputs)
+    command = build_engine_command(spec=spec, role=inputs, layout=layout, kv_cache_dtype=dtype)
+    return RolePlan(
+        inputs=inputs,
+        kv_cache_dtype=dtype,
+        layout=layout,
+        layout_refusal=refusal,
+        command=command,
+        features=features_in_use(command.args, command.env_dict()),
+        memory=plan_memory(spec=spec, role=inputs),
+        compat_inputs=_compat_inputs(spec, inputs, dtype, layout),
+    )
+
+
+def build_plan(pdd: PDDeployment, catalog: Catalog) -> Plan:
+    """Plan a PDDeployment: both roles and every problem of every rule.
+
+    Never raises for a bad spec (pydantic validation of the YAML happens before, in
+    ``api``); problems carry the field path, the reason and the fix.
+    """
+    from .rules import run_all_rules  # rules import plan types; keep the import local
+
+    spec = pdd.spec
+    prefill, decode = (plan_role(spec=spec, role=r, catalog=catalog) for r in ROLES)
+    problems = tuple(run_all_rules(spec=spec, prefill=prefill, decode=decode, catalog=catalog))
+    return Plan(
+        name=pdd.name,
+        namespace=pdd.namespace,
+        generation=pdd.generation,
+        spec=spec,
+        prefill=prefill,
+        decode=decode,
+        problems=problems,
+    )

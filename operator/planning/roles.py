@@ -1,0 +1,98 @@
+"""Resolve each role's settings from the shared spec and the role's overrides.
+
+A role (prefill or decode) takes the spec-level accelerator, KV layout, runtime and
+Paged Experts settings unless the role overrides them. The result, :class:`RoleInputs`,
+is what every rule reads and what the SGLang arguments are built from. Catalog lookups
+that fail are recorded as ``None`` here; the rules turn them into problems.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..api.v1alpha1 import (
+    KVLayoutSpec,
+    ParallelismSpec,
+    PDDeploymentSpec,
+    RoleSpec,
+    RuntimeSpec,
+)
+from ..catalog import Accelerator, Catalog, KernelPlugin, ModelFacts
+
+Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class RoleInputs:
+    """One role's settings after overrides, with catalog entries looked up.
+
+    ``accelerator_field`` is the spec path the accelerator came from (for problems);
+    ``plugin`` is the catalog entry of the vendor plugin when this role renders it
+    (plugins cover decode steps only, so prefill never does).
+    """
+
+    role: Role
+    spec: RoleSpec
+    accelerator_name: str
+    accelerator_field: str
+    accelerator: Accelerator | None
+    kv_layout: KVLayoutSpec
+    kv_layout_field: str
+    runtime: RuntimeSpec
+    parallelism: ParallelismSpec
+    paged_experts_k: int | None
+    paged_experts_field: str
+    plugin_name: str
+    plugin: KernelPlugin | None
+    model: ModelFacts | None
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs one replica uses: tp x (dp when DP attention is off), per SGLang's process layout."""
+        p = self.parallelism
+        return p.tp * (1 if p.dpAttention else p.dp)
+
+    @property
+    def attention_dp(self) -> int:
+        """Attention DP size: dp with DP attention on, else 1 (runtime_context attn_dp_size)."""
+        return self.parallelism.dp if self.parallelism.dpAttention else 1
+
+    @property
+    def attention_tp(self) -> int:
+        """Attention TP size = tp / attention DP / attention CP (runtime_context.derive_attn_tp_size)."""
+        return max(1, self.parallelism.tp // self.attention_dp)
+
+    @property
+    def is_deepseek_v4(self) -> bool:
+        """The model is served by SGLang's DeepSeek-V4 family code (its KV layouts apply)."""
+        return self.model is not None and self.model.architecture == "DeepseekV4ForCausalLM"
+
+
+def resolve_role(*, spec: PDDeploymentSpec, role: Role, catalog: Catalog) -> RoleInputs:
+    """Merge ``spec.<role>`` overrides over the shared spec and look up catalog entries."""
+    rs: RoleSpec = getattr(spec, role)
+    acc_name = rs.accelerator or spec.accelerator
+    acc_field = f"spec.{role}.accelerator" if rs.accelerator else "spec.accelerator"
+    paged = rs.pagedExperts or spec.pagedExperts
+    paged_field = f"spec.{role}.pagedExperts" if rs.pagedExperts else "spec.pagedExperts"
+    plugin_name = spec.kernels.plugin
+    plugin = catalog.plugin(plugin_name) if plugin_name != "none" else None
+    renders_plugin = plugin is not None and role in plugin.roles
+    return RoleInputs(
+        role=role,
+        spec=rs,
+        accelerator_name=acc_name,
+        accelerator_field=acc_field,
+        accelerator=catalog.accelerator(acc_name),
+        kv_layout=rs.kvLayout or spec.kvLayout,
+        kv_layout_field=f"spec.{role}.kvLayout" if rs.kvLayout else "spec.kvLayout",
+        runtime=spec.runtime,
+        parallelism=rs.parallelism,
+        paged_experts_k=paged.residentExperts if paged else None,
+        paged_experts_field=paged_field,
+        plugin_name=plugin_name if renders_plugin else "none",
+        plugin=plugin if renders_plugin else None,
+        model=catalog.model(spec.model.name),
+    )

@@ -1,0 +1,63 @@
+"""The rules: pure functions, one rule each, returning every problem with field, reason and fix.
+
+Role rules take ``(*, spec, role, catalog)`` and run once per role; pair rules take
+``(*, spec, prefill, decode)`` and compare the roles. ``run_all_rules`` runs all of
+them and returns every problem, in a stable order, never just the first.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ...api.v1alpha1 import PDDeploymentSpec
+from ...catalog import Catalog
+from ..plan import RolePlan
+from ..problems import Problem
+from . import args, engram, handshake, kv, paged_experts, placement, plugins, transfer
+
+ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
+    placement.accelerator_known,
+    placement.replica_fits_node,
+    placement.parallelism_consistent,
+    placement.memory_fits_node,
+    kv.kv_layout_predictable,
+    kv.kv_layout_servable,
+    args.extra_args_not_managed,
+    args.extra_args_parse,
+    args.env_not_managed,
+    plugins.plugin_in_catalog,
+    plugins.plugin_matches_gpu,
+    plugins.plugin_tp_size,
+    plugins.plugin_model,
+    plugins.plugin_features,
+    plugins.plugin_no_weight_updates,
+    plugins.one_plugin_flag,
+    paged_experts.paged_experts_single_gpu,
+    paged_experts.paged_experts_flags,
+    paged_experts.paged_experts_resident_count,
+    paged_experts.paged_experts_host_memory,
+    engram.engram_model,
+    engram.engram_peer_shards,
+    engram.engram_memory,
+    transfer.transfer_backend_vendor,
+)
+
+PAIR_RULES: tuple[Callable[..., list[Problem]], ...] = (
+    kv.kv_layouts_match,
+    handshake.must_equal_fields,
+    handshake.dspark_attention_tp_equal,
+    handshake.mxfp8_attention_tp_equal,
+    transfer.transfer_tcp_fallback,
+)
+
+
+def run_all_rules(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: RolePlan, catalog: Catalog) -> list[Problem]:
+    """Every problem of every rule, deduplicated, errors before warnings, then by field."""
+    found: list[Problem] = []
+    for role in (prefill, decode):
+        for rule in ROLE_RULES:
+            found += rule(spec=spec, role=role, catalog=catalog)
+    for rule in PAIR_RULES:
+        found += rule(spec=spec, prefill=prefill, decode=decode)
+    unique = list(dict.fromkeys(found))
+    return sorted(unique, key=lambda p: (p.severity != "error", p.field))

@@ -1,0 +1,160 @@
+"""Paged Experts rules: what SGLang's check_paged_experts_compat refuses, and what the operator adds.
+
+Source: sglang 0.5.23 layers/moe/paged_experts/method.py (check_paged_experts_compat):
+tp, ep, pp and dp must be 1; no EPLB; no speculative decoding; not --load-format dummy;
+--paged-experts-num-resident >= the router's top-k; no
+--enable-fused-moe-sum-all-reduce; models with shared experts need
+--disable-shared-experts-fusion (the operator renders it). Online weight updates are
+refused. Decode CUDA graphs are captured only up to K // top_k requests. Seed 003: the
+full expert set lives in pinned host memory.
+"""
+
+from __future__ import annotations
+
+from ...api.v1alpha1 import PDDeploymentSpec
+from ...catalog import Catalog
+from ..features import parse_flags
+from ..memory import gib
+from ..plan import RolePlan
+from ..problems import Problem
+
+
+def paged_experts_single_gpu(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """Paged Experts needs tp, ep, dp (and pp) of 1: one GPU per replica."""
+    if role.inputs.paged_experts_k is None:
+        return []
+    p = role.inputs.parallelism
+    flags = parse_flags(role.inputs.spec.extraArgs)
+    problems = []
+    for name, value in (("tp", p.tp), ("ep", p.ep), ("dp", p.dp)):
+        if value != 1:
+            problems.append(
+                Problem(
+                    field=f"spec.{role.role}.parallelism.{name}",
+                    message=f"Paged Experts runs on a single GPU; {name} is {value}",
+                    fix=f"set {name}: 1 (scale with replicas instead) or remove pagedExperts",
+                    rule="paged_experts_single_gpu",
+                )
+            )
+    if int(flags.get("pp_size", 1) or 1) > 1:
+        problems.append(
+            Problem(
+                field=f"spec.{role.role}.extraArgs",
+                message="Paged Experts refuses pipeline parallelism (--pp-size > 1)",
+                fix="remove --pp-size",
+                rule="paged_experts_single_gpu",
+            )
+        )
+    return problems
+
+
+def paged_experts_flags(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """Paged Experts refuses speculative decoding, EPLB, dummy weights, fused MoE sum all-reduce and plugins."""
+    k = role.inputs.paged_experts_k
+    if k is None:
+        return []
+    field = role.inputs.paged_experts_field
+    flags = parse_flags(role.inputs.spec.extraArgs)
+    problems = []
+
+    def add(f: str, msg: str, fix: str) -> None:
+        problems.append(Problem(field=f, message=msg, fix=fix, rule="paged_experts_flags"))
+
+    if spec.speculative is not None:
+        add("spec.speculative", "Paged Experts refuses speculative decoding", "remove spec.speculative or pagedExperts")
+    if spec.kernels.plugin != "none":
+        add("spec.kernels.plugin", "Paged Experts cannot run with a vendor kernel plugin", "set kernels.plugin none")
+    if flags.get("enable_eplb"):
+        add(f"spec.{role.role}.extraArgs", "Paged Experts refuses EPLB (--enable-eplb)", "remove --enable-eplb")
+    if flags.get("load_format") == "dummy":
+        add(f"spec.{role.role}.extraArgs", "Paged Experts refuses --load-format dummy", "remove --load-format dummy")
+    if flags.get("enable_fused_moe_sum_all_reduce"):
+        add(
+            f"spec.{role.role}.extraArgs",
+            "Paged Experts refuses --enable-fused-moe-sum-all-reduce",
+            "remove --enable-fused-moe-sum-all-reduce",
+        )
+    if spec.rlRollout:
+        add(
+            field,
+            "Paged Experts refuses online weight updates (resident experts may keep old weights), and spec.rlRollout "
+            "says this deployment receives them",
+            "remove pagedExperts for RL rollouts, or set rlRollout false",
+        )
+    return problems
+
+
+def paged_experts_resident_count(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """top-k <= K <= routed experts; decode CUDA graphs cover K // top_k requests; unknown model warns."""
+    k = role.inputs.paged_experts_k
+    if k is None:
+        return []
+    field = f"{role.inputs.paged_experts_field}.residentExperts"
+    model = role.inputs.model
+    if model is None:
+        return [
+            Problem(
+                field=field,
+                message=f"cannot check K={k} against the router's top-k and expert count of {spec.model.name!r} "
+                "(not in the model catalog); SGLang refuses K below top-k at startup",
+                fix="add the model to the catalog ConfigMap (models.yaml)",
+                rule="paged_experts_resident_count",
+                severity="warning",
+            )
+        ]
+    problems = []
+    if k < model.topK:
+        problems.append(
+            Problem(
+                field=field,
+                message=f"K={k} is below the router's top-k ({model.topK}) of {spec.model.name}; SGLang refuses it",
+                fix=f"set residentExperts to at least {model.topK}",
+                rule="paged_experts_resident_count",
+            )
+        )
+    if k > model.routedExperts:
+        problems.append(
+            Problem(
+                field=field,
+                message=f"K={k} exceeds the {model.routedExperts} routed experts per layer of {spec.model.name}",
+                fix=f"set residentExperts to at most {model.routedExperts} (or drop pagedExperts if they all fit)",
+                rule="paged_experts_resident_count",
+            )
+        )
+    graph_bs = k // model.topK if model.topK else 0
+    cap = parse_flags(role.inputs.spec.extraArgs).get("cuda_graph_max_bs")
+    if graph_bs and cap is not None and str(cap).isdigit() and int(cap) > graph_bs:
+        problems.append(
+            Problem(
+                field=f"spec.{role.role}.extraArgs",
+                message=f"--cuda-graph-max-bs {cap} exceeds K // top_k = {graph_bs}: Paged Experts captures full "
+                "decode CUDA graphs only up to that batch, larger batches run without a full graph",
+                fix=f"set --cuda-graph-max-bs {graph_bs} or raise residentExperts",
+                rule="paged_experts_resident_count",
+                severity="warning",
+            )
+        )
+    return problems
+
+
+def paged_experts_host_memory(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """Every expert is pinned in host memory: the pod's memory request must hold it and fit the node."""
+    if role.inputs.paged_experts_k is None or role.memory.pinned_bytes == 0:
+        return []
+    need = role.memory.host_bytes
+    problems = []
+    user = role.inputs.spec.resources.memory
+    if user is not None:
+        from ..memory import quantity_bytes
+
+        if quantity_bytes(user) < need:
+            problems.append(
+                Problem(
+                    field=f"spec.{role.role}.resources.memory",
+                    message=f"memory {user} cannot hold the pinned expert store ({gib(role.memory.pinned_bytes)}) "
+                    f"plus the engine; the operator sizes this pod at {gib(need)}",
+                    fix=f"set resources.memory to at least {gib(need)} or omit it",
+                    rule="paged_experts_host_memory",
+                )
+            )
+    return problems

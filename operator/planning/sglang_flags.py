@@ -1,0 +1,102 @@
+"""The launch flags of the pinned SGLang release, for validating ``extraArgs`` without SGLang installed.
+
+``data/sglang-0.5.23-flags.json`` is a snapshot of the real argument parser of
+sglang==0.5.23 (option strings, whether each takes a value, its choices), written by
+``hack/gen_sglang_flags.py`` from ``sglang.srt.server_args``; the contract test
+``tests/contract/test_flag_snapshot.py`` fails when it differs from the installed parser.
+The operator image does not carry SGLang, so this file is how the operator validates
+``extraArgs`` "against the pinned SGLang parser".
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+SNAPSHOT = Path(__file__).parent / "data" / "sglang-0.5.23-flags.json"
+
+
+@dataclass(frozen=True)
+class FlagInfo:
+    """One option of SGLang's parser: ``dest`` name, takes a value or not (``nargs`` 0), choices."""
+
+    dest: str
+    takes_value: bool
+    choices: tuple[str, ...] | None
+    multiple: bool = False
+
+
+@lru_cache(maxsize=1)
+def flag_table() -> dict[str, FlagInfo]:
+    """Option string (``--page-size``) -> :class:`FlagInfo`, from the snapshot."""
+    data = json.loads(SNAPSHOT.read_text())
+    return {
+        opt: FlagInfo(
+            dest=v["dest"],
+            takes_value=v["takes_value"],
+            choices=tuple(v["choices"]) if v["choices"] else None,
+            multiple=v.get("multiple", False),
+        )
+        for opt, v in data["flags"].items()
+    }
+
+
+def suggest(flag: str) -> list[str]:
+    """Up to three known flags closest to ``flag`` (for "did you mean")."""
+    return difflib.get_close_matches(flag, list(flag_table()), n=3, cutoff=0.75)
+
+
+@dataclass(frozen=True)
+class ArgError:
+    """A problem with one token of an argument list: its index and what is wrong."""
+
+    index: int
+    message: str
+
+
+def validate_args(args: list[str] | tuple[str, ...]) -> list[ArgError]:
+    """Check an argument list against SGLang's parser: unknown flags, missing values, bad choices.
+
+    Returns every error (empty when argparse would accept the list). Positional tokens
+    are refused: SGLang's launch_server takes none.
+    """
+    table = flag_table()
+    out: list[ArgError] = []
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if not tok.startswith("--"):
+            out.append(ArgError(i, f"{tok!r} is not a flag (SGLang takes no positional arguments)"))
+            i += 1
+            continue
+        name, eq, inline = tok.partition("=")
+        info = table.get(name)
+        if info is None:
+            hint = suggest(name)
+            more = f"; did you mean {' or '.join(hint)}?" if hint else ""
+            out.append(ArgError(i, f"{name} is not a flag of SGLang 0.5.23{more}"))
+            i += 1
+            continue
+        if not info.takes_value:
+            if eq:
+                out.append(ArgError(i, f"{name} is a switch and takes no value"))
+            i += 1
+            continue
+        if eq:
+            value = inline
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value = args[i + 1]
+            i += 1
+        else:
+            out.append(ArgError(i, f"{name} needs a value"))
+            i += 1
+            continue
+        if info.choices and value not in info.choices:
+            out.append(ArgError(i, f"{name} {value!r} is not one of {', '.join(info.choices)}"))
+        i += 1
+        while info.multiple and not eq and i < len(args) and not args[i].startswith("--"):
+            i += 1
+    return out
