@@ -17,7 +17,7 @@ OUT_DIR = Path(__file__).resolve().parents[1] / "operator" / "planning" / "data"
 
 
 def snapshot() -> dict:
-    """{"version": ..., "flags": {option: {dest, takes_value, choices, multiple}}} of sglang's parser."""
+    """{"version": ..., "flags": {option: {dest, takes_value, choices, multiple, config_file}}} of sglang's parser."""
     import sglang
     from sglang.srt.server_args import ServerArgs
 
@@ -30,9 +30,20 @@ def snapshot() -> dict:
         takes_value = action.nargs != 0
         multiple = action.nargs in ("+", "*") or (isinstance(action.nargs, int) and action.nargs > 1)
         choices = sorted(str(c) for c in action.choices) if action.choices else None
+        # Only switches (store_true) and one-value options can go into a --config YAML file
+        # (sglang/srt/utils/server_args_config_parser.py); the rest stay on the command line.
+        in_config = isinstance(action, argparse._StoreTrueAction) or (
+            isinstance(action, argparse._StoreAction) and action.nargs is None
+        )
         for opt in action.option_strings:
             if opt.startswith("--"):
-                flags[opt] = {"dest": action.dest, "takes_value": takes_value, "choices": choices, "multiple": multiple}
+                flags[opt] = {
+                    "dest": action.dest,
+                    "takes_value": takes_value,
+                    "choices": choices,
+                    "multiple": multiple,
+                    "config_file": in_config,
+                }
     return {"version": sglang.__version__, "flags": dict(sorted(flags.items()))}
 
 

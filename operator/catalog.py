@@ -19,7 +19,7 @@ from typing import Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-ISA = Literal["sm_103", "sm_100", "sm_90a", "gfx950", "gfx942"]
+ISA = Literal["sm_103", "sm_100", "sm_90a", "sm_89", "gfx950", "gfx942"]
 FeatureSupport = Literal["accepted", "refused", "unknown"]
 CATALOG_FILES = ("accelerators.yaml", "plugins.yaml", "models.yaml")
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from . import v1alpha1
 
 _DROP_KEYS = {"title", "default", "examples"}
+MAX_NAME_LENGTH = 40
 
 
 def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -153,6 +154,13 @@ def _crd(
                             "type": "object",
                             "description": description.strip(),
                             "required": ["spec"],
+                            "x-kubernetes-validations": [
+                                {
+                                    "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+                                    "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters: child "
+                                    "objects are named <name>-<group id>-<role> and Service names are limited to 63",
+                                }
+                            ],
                             "properties": {
                                 "apiVersion": {"type": "string", "description": "API version."},
                                 "kind": {"type": "string", "description": "Kind."},

@@ -407,9 +407,16 @@ class GatewaySpec(_Model):
     """The smg model gateway in front of prefill and decode."""
 
     replicas: int | None = Field(default=None, ge=0, le=64, description="Gateway replicas (default 1).")
-    policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "bucket", "manual", "consistent_hashing"] = (
-        Field(default="cache_aware", description="smg routing policy (--policy).")
-    )
+    policy: Literal[
+        "random",
+        "round_robin",
+        "cache_aware",
+        "power_of_two",
+        "least_load",
+        "manual",
+        "consistent_hashing",
+        "prefix_hash",
+    ] = Field(default="cache_aware", description="smg routing policy (--policy, smg 1.13).")
     image: str | None = Field(default=None, description="Image with the smg binary; default: the runtime image.")
     port: int = Field(default=8000, ge=1024, le=65535, description="Port of the OpenAI-compatible API.")
     extraArgs: list[str] = Field(default_factory=list, description="Extra smg flags, validated against smg's parser.")
@@ -460,6 +467,25 @@ class SLOSpec(_Model):
     window: Duration = Field(default="5m", description="Window over which percentiles are computed.")
     objective: float = Field(
         default=0.99, gt=0, lt=1, description="Fraction of windows that must meet every target (error budget)."
+    )
+
+
+class RolloutSpec(_Model):
+    """How a change of the compat key rolls out: a new group beside the old, then a cutover."""
+
+    maxSurgeGPUs: int | None = Field(
+        default=None,
+        ge=0,
+        description="Most extra GPUs the new group may take while the old one serves; default: no limit.",
+    )
+    progressDeadline: Duration = Field(
+        default="30m", description="How long a new group may take to become Ready before the rollout fails."
+    )
+    drainGracePeriod: Duration = Field(
+        default="60s", description="After cutover, how long the old group keeps running for in-flight requests."
+    )
+    onFailure: Literal["Keep", "ScaleToZero"] = Field(
+        default="Keep", description="What happens to a group that missed its deadline: Keep (for inspection) or ScaleToZero."
     )
 
 
@@ -519,6 +545,7 @@ class PDDeploymentSpec(_Model):
     decode: RoleSpec = Field(description="The decode role.")
     gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="The smg model gateway.")
     slo: SLOSpec | None = Field(default=None, description="Latency SLO targets.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Paired rollout of prefill and decode.")
 
     @field_validator("accelerator")
     @classmethod

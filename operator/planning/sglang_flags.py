@@ -21,12 +21,18 @@ SNAPSHOT = Path(__file__).parent / "data" / "sglang-0.5.23-flags.json"
 
 @dataclass(frozen=True)
 class FlagInfo:
-    """One option of SGLang's parser: ``dest`` name, takes a value or not (``nargs`` 0), choices."""
+    """One option of SGLang's parser.
+
+    ``dest``: the ServerArgs field; ``takes_value``: False for switches; ``choices``;
+    ``multiple``: nargs + or *; ``config_file``: expressible in a ``--config`` YAML file
+    (switches and one-value options; server_args_config_parser.py refuses the rest).
+    """
 
     dest: str
     takes_value: bool
     choices: tuple[str, ...] | None
     multiple: bool = False
+    config_file: bool = True
 
 
 @lru_cache(maxsize=1)
@@ -39,6 +45,7 @@ def flag_table() -> dict[str, FlagInfo]:
             takes_value=v["takes_value"],
             choices=tuple(v["choices"]) if v["choices"] else None,
             multiple=v.get("multiple", False),
+            config_file=v.get("config_file", True),
         )
         for opt, v in data["flags"].items()
     }

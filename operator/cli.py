@@ -1,0 +1,233 @@
+"""The command line: ``run`` the operator, ``check`` and ``render`` specs offline, write ``crds``, ``dev`` tools.
+
+``check`` and ``render`` need no cluster: they are what a GitOps pipeline runs before
+merging. Exit codes of ``check``: 0 valid (warnings allowed), 1 any error, 2 unreadable
+input.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from .api.load import SpecError, load_documents, parse_pddeployment
+from .catalog import CatalogError, load_catalog
+from .planning.plan import Plan, build_plan
+from .planning.problems import Problem, errors, warnings
+from .render import render_all
+
+EXIT_VALID, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
+
+
+class Unreadable(Exception):
+    """A file that cannot be read or is not YAML (exit code 2)."""
+
+
+def _catalog(catalog_dir: str | None):
+    try:
+        return load_catalog(Path(catalog_dir) if catalog_dir else None)
+    except CatalogError as e:
+        raise click.ClickException(f"catalog: {e}") from e
+
+
+def _read(path: str) -> list[dict[str, Any]]:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        return load_documents(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise Unreadable(f"{path}: {e}") from e
+
+
+def _check_one(doc: dict[str, Any], catalog) -> tuple[Plan | None, list[Problem]]:
+    try:
+        pdd = parse_pddeployment(doc)
+    except SpecError as e:
+        return None, [Problem(field=f.field, message=f.message, fix="correct the field", rule="schema") for f in e.errors]
+    plan = build_plan(pdd, catalog)
+    return plan, list(plan.problems)
+
+
+def check_result(doc: dict[str, Any], plan: Plan | None, problems: list[Problem]) -> dict[str, Any]:
+    """The JSON shape of ``check -o json`` for one document and its plan / problems.
+
+    {"name", "namespace", "valid", "problems": [{field, message, severity, rule}],
+     "roles": {"prefill"|"decode": {"args", "env", "kvLayout", "attentionBackend",
+     "features", "memoryRequestBytes", "gpuMemoryOutsideKVBytes"}}, "compatKey"}
+    """
+    meta = doc.get("metadata") or {}
+    out: dict[str, Any] = {
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace", "default"),
+        "valid": not errors(problems),
+        "problems": [p.to_dict() for p in problems],
+    }
+    if plan is not None:
+        out["roles"] = {
+            r.role: {
+                "args": list(r.command.args),
+                "env": dict(r.command.env),
+                "kvLayout": r.kv_layout_string,
+                "attentionBackend": r.layout.attention_backend if r.layout else None,
+                "features": sorted(r.features),
+                "memoryRequestBytes": r.memory.host_bytes,
+                "gpuMemoryOutsideKVBytes": r.memory.gpu_outside_kv_bytes,
+            }
+            for r in (plan.prefill, plan.decode)
+        }
+        out["compatKey"] = plan.compat_key
+    return out
+
+
+def _human(path: str, result: dict[str, Any], problems: list[Problem]) -> str:
+    head = f"{path}: {result['namespace']}/{result['name']}"
+    lines = []
+    if result["valid"]:
+        head += f": valid, compat key {result.get('compatKey')}"
+        for role, r in result.get("roles", {}).items():
+            layout = r["kvLayout"] or "n/a (not a DeepSeek-V4 model)"
+            backend = f" via {r['attentionBackend']}" if r["attentionBackend"] else ""
+            lines.append(f"  {role}: KV layout {layout}{backend}")
+    else:
+        head += f": refused, {len(errors(problems))} problem(s)"
+    for p in errors(problems) + warnings(problems):
+        lines.append(f"  {p.line()}")
+    return "\n".join([head, *lines])
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def main(verbose: bool) -> None:
+    """sglang-pd-operator: SGLang prefill/decode disaggregation on Kubernetes."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True)
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@click.option("--catalog-dir", default=None, help="Catalog folder (default: kernels/).")
+def check(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None:
+    """Check PDDeployment FILES ('-' for stdin): exit 0 valid, 1 problems, 2 unreadable."""
+    catalog = _catalog(catalog_dir)
+    results, code, texts = [], EXIT_VALID, []
+    for path in files:
+        try:
+            docs = _read(path)
+        except Unreadable as e:
+            click.echo(f"error: {e}", err=True)
+            code = EXIT_UNREADABLE
+            continue
+        for doc in docs:
+            plan, problems = _check_one(doc, catalog)
+            result = check_result(doc, plan, problems)
+            result["file"] = path
+            results.append(result)
+            if not result["valid"] and code == EXIT_VALID:
+                code = EXIT_INVALID
+            texts.append(_human(path, result, problems))
+    if output == "json":
+        click.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+    else:
+        click.echo("\n".join(texts))
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True)
+@click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml")
+@click.option("--catalog-dir", default=None, help="Catalog folder (default: kernels/).")
+def render(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None:
+    """Print the child objects the operator would create for FILES (no cluster needed)."""
+    catalog = _catalog(catalog_dir)
+    objects: list[dict[str, Any]] = []
+    failed = False
+    for path in files:
+        try:
+            docs = _read(path)
+        except Unreadable as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(EXIT_UNREADABLE)
+        for doc in docs:
+            plan, problems = _check_one(doc, catalog)
+            if plan is None or not plan.valid:
+                failed = True
+                for p in errors(problems):
+                    click.echo(f"{path}: {p.line()}", err=True)
+                continue
+            objects += render_all(plan)
+    if output == "json":
+        click.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
+    else:
+        click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+    sys.exit(EXIT_INVALID if failed else EXIT_VALID)
+
+
+@main.command()
+@click.option("--out-dir", default=None, help="Folder to write into (default: the repository's crds/).")
+@click.option("--check", "check_only", is_flag=True, help="Exit 1 when the files differ from the models.")
+def crds(out_dir: str | None, check_only: bool) -> None:
+    """Write crds/*.yaml from the API models (or --check that they are current)."""
+    from .api.crd import all_crds, render_yaml
+
+    directory = Path(out_dir) if out_dir else Path(__file__).resolve().parent.parent / "crds"
+    stale = []
+    for name, crd in all_crds().items():
+        path = directory / name
+        text = render_yaml(crd)
+        if check_only:
+            if not path.is_file() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            directory.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            click.echo(path)
+    if stale:
+        click.echo(f"stale: {', '.join(stale)}; run `sglang-pd-operator crds`", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--kubeconfig", default=None, envvar="KUBECONFIG", help="Kubeconfig (default: in-cluster).")
+@click.option("--namespace", "namespaces", multiple=True, help="Watch only these namespaces (repeatable).")
+@click.option("--operator-namespace", envvar="POD_NAMESPACE", default=None, help="Where the catalog ConfigMap lives.")
+@click.option("--resync", default=15.0, show_default=True, help="Seconds between full resyncs.")
+@click.option("--metrics-port", default=8080, show_default=True, help="Port of /metrics (0: off).")
+@click.option("--liveness-port", default=8081, show_default=True, help="Port of kopf's /healthz (0: off).")
+def run(
+    kubeconfig: str | None,
+    namespaces: tuple[str, ...],
+    operator_namespace: str | None,
+    resync: float,
+    metrics_port: int,
+    liveness_port: int,
+) -> None:
+    """Run the operator (kopf) until interrupted."""
+    from .operator_main import run_operator
+
+    run_operator(
+        kubeconfig=kubeconfig,
+        namespaces=list(namespaces) or None,
+        operator_namespace=operator_namespace,
+        resync=resync,
+        metrics_port=metrics_port,
+        liveness_port=liveness_port,
+    )
+
+
+def _mount_dev() -> None:
+    try:
+        from .devcluster.cli import dev
+    except ImportError:  # pragma: no cover - devcluster is part of the package
+        return
+    main.add_command(dev)
+
+
+_mount_dev()
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

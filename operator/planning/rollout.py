@@ -1,0 +1,232 @@
+"""Paired rollouts: decide, from what exists, which compat group serves and which groups go (pure).
+
+Every prefill, decode and gateway object of one compat key forms a *group*. A change
+that keeps the key updates the group in place; a change of the key starts a new group
+beside the serving one. Only when the new group's prefill, decode and gateway are all
+Ready does the user-facing Service move to the new gateway (cutover); the old group then
+drains for ``drainGracePeriod`` and is deleted. Each gateway selects exactly one key,
+so no moment exists where a gateway pairs pods of two keys (the failure mode of
+llm-d #499, Dynamo #12796, KServe #6218).
+
+``decide`` is a pure function of the observed groups, the serving key (read from the
+user-facing Service, an object the operator owns), the previous rollout status and the
+clock, so a restarted operator reaches the same decision (no duplicate groups: group
+names derive from the key).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Phase = Literal["Surging", "Cutover", "Draining", "Complete", "Failed", "WaitingForCapacity"]
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """One observed compat group.
+
+    ``ready``: prefill, decode and gateway Deployments exist and all replicas are
+    available at their current pod template; ``gpus``: GPUs its pods request in total;
+    ``unschedulable``: pods of the group wait for capacity (PodScheduled=False).
+    """
+
+    key: str
+    ready: bool
+    gpus: int = 0
+    unschedulable: int = 0
+
+
+@dataclass(frozen=True)
+class RolloutStatus:
+    """What the previous reconcile recorded in ``status.rollout`` (all optional)."""
+
+    target_key: str | None = None
+    phase: str | None = None
+    phase_started: float | None = None
+    draining_key: str | None = None
+    drain_started: float | None = None
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """spec.rollout in seconds."""
+
+    progress_deadline_s: float = 1800.0
+    drain_grace_s: float = 60.0
+    max_surge_gpus: int | None = None
+    scale_failed_to_zero: bool = False
+
+
+@dataclass(frozen=True)
+class RolloutDecision:
+    """What this reconcile does.
+
+    ``serving_key``: the key the user-facing Service selects afterwards;
+    ``apply_target``: create or update the target group; ``target_to_zero``: apply it
+    with zero replicas (a failed group with onFailure ScaleToZero); ``delete_keys``:
+    groups to delete now; ``phase`` and ``phase_started`` (epoch seconds);
+    ``draining_key`` / ``drain_started``: the old group waiting out its grace period;
+    ``message``: one line for the Progressing condition; ``events``: (reason, message)
+    pairs for phase transitions.
+    """
+
+    serving_key: str
+    apply_target: bool
+    target_to_zero: bool
+    delete_keys: tuple[str, ...]
+    phase: Phase
+    phase_started: float
+    draining_key: str | None
+    drain_started: float | None
+    message: str
+    events: tuple[tuple[str, str], ...] = field(default=())
+
+
+def _pick_serving(target: str, serving: str | None, groups: dict[str, GroupState]) -> str:
+    """The serving key, repaired when the Service is missing or points at a group that is gone."""
+    if serving is not None and (serving in groups or serving == target):
+        return serving
+    if target in groups and groups[target].ready:
+        return target
+    ready_old = sorted(k for k, g in groups.items() if k != target and g.ready)
+    return ready_old[0] if ready_old else target
+
+
+def decide(
+    *,
+    target: str,
+    serving: str | None,
+    groups: dict[str, GroupState],
+    previous: RolloutStatus,
+    settings: RolloutSettings,
+    target_gpus: int,
+    now: float,
+) -> RolloutDecision:
+    """Decide the serving group, what to apply and what to delete.
+
+    ``target``: the compat key of the current spec; ``serving``: the key the user-facing
+    Service selects now (None when there is no Service yet); ``groups``: every group that
+    exists, by key; ``target_gpus``: GPUs the target group requests. Never returns a
+    decision whose ``delete_keys`` contains the serving key.
+    """
+    first_deploy = serving is None and not groups
+    serving = _pick_serving(target, serving, groups)
+    events: list[tuple[str, str]] = []
+    same_rollout = previous.target_key == target
+
+    if serving == target:
+        others = [k for k in groups if k != target]
+        draining = previous.draining_key if previous.draining_key in others else None
+        if draining is not None and previous.drain_started is not None and now - previous.drain_started < settings.drain_grace_s:
+            left = settings.drain_grace_s - (now - previous.drain_started)
+            return RolloutDecision(
+                serving_key=target,
+                apply_target=True,
+                target_to_zero=False,
+                delete_keys=tuple(sorted(k for k in others if k != draining)),
+                phase="Draining",
+                phase_started=previous.drain_started,
+                draining_key=draining,
+                drain_started=previous.drain_started,
+                message=f"group {draining[:6]} drains for {left:.0f}s more before it is deleted",
+            )
+        ready = target in groups and groups[target].ready
+        phase: Phase = "Complete" if ready else "Surging"
+        if phase == "Complete" and previous.phase not in (None, "Complete"):
+            events.append(("RolloutComplete", f"group {target[:6]} serves; old groups deleted"))
+        if others and draining is not None:
+            events.append(("Drained", f"group {draining[:6]} deleted after its grace period"))
+        started = previous.phase_started if (same_rollout and previous.phase == phase and previous.phase_started is not None) else now
+        message = (
+            f"group {target[:6]} serves"
+            if ready
+            else ("creating the first group" if first_deploy or not others else f"group {target[:6]} is not Ready yet")
+        )
+        return RolloutDecision(
+            serving_key=target,
+            apply_target=True,
+            target_to_zero=False,
+            delete_keys=tuple(sorted(others)),
+            phase=phase,
+            phase_started=started,
+            draining_key=None,
+            drain_started=None,
+            message=message,
+            events=tuple(events),
+        )
+
+    # A new key while another group serves: never delete the serving group here.
+    stale = tuple(sorted(k for k in groups if k not in (serving, target)))
+    target_state = groups.get(target)
+    if target_state is not None and target_state.ready:
+        events.append(("Cutover", f"the gateway Service moves from group {serving[:6]} to {target[:6]}"))
+        events.append(("Draining", f"group {serving[:6]} drains for {settings.drain_grace_s:.0f}s"))
+        return RolloutDecision(
+            serving_key=target,
+            apply_target=True,
+            target_to_zero=False,
+            delete_keys=stale,
+            phase="Draining",
+            phase_started=now,
+            draining_key=serving,
+            drain_started=now,
+            message=f"cut over to group {target[:6]}; group {serving[:6]} drains",
+            events=tuple(events),
+        )
+    if target_state is None and settings.max_surge_gpus is not None and target_gpus > settings.max_surge_gpus:
+        waiting = same_rollout and previous.phase == "WaitingForCapacity" and previous.phase_started is not None
+        started = previous.phase_started if waiting else now
+        if not (same_rollout and previous.phase == "WaitingForCapacity"):
+            events.append(("WaitingForCapacity", f"group {target[:6]} needs {target_gpus} GPUs beyond the serving group"))
+        return RolloutDecision(
+            serving_key=serving,
+            apply_target=False,
+            target_to_zero=False,
+            delete_keys=stale,
+            phase="WaitingForCapacity",
+            phase_started=started,
+            draining_key=None,
+            drain_started=None,
+            message=f"group {target[:6]} needs {target_gpus} extra GPUs, more than rollout.maxSurgeGPUs "
+            f"({settings.max_surge_gpus}); group {serving[:6]} keeps serving",
+            events=tuple(events),
+        )
+    surging_since = (
+        previous.phase_started
+        if same_rollout and previous.phase in ("Surging", "Failed") and previous.phase_started is not None
+        else now
+    )
+    if not (same_rollout and previous.phase in ("Surging", "Failed")):
+        events.append(("Surging", f"group {target[:6]} starts beside serving group {serving[:6]}"))
+    if now - surging_since > settings.progress_deadline_s:
+        if previous.phase != "Failed":
+            events.append(
+                ("ProgressDeadlineExceeded", f"group {target[:6]} was not Ready within the progress deadline")
+            )
+        return RolloutDecision(
+            serving_key=serving,
+            apply_target=True,
+            target_to_zero=settings.scale_failed_to_zero,
+            delete_keys=stale,
+            phase="Failed",
+            phase_started=surging_since,
+            draining_key=None,
+            drain_started=None,
+            message=f"group {target[:6]} did not become Ready within the progress deadline; group {serving[:6]} "
+            "keeps serving",
+            events=tuple(events),
+        )
+    waiting = f" ({target_state.unschedulable} pods wait for capacity)" if target_state and target_state.unschedulable else ""
+    return RolloutDecision(
+        serving_key=serving,
+        apply_target=True,
+        target_to_zero=False,
+        delete_keys=stale,
+        phase="Surging",
+        phase_started=surging_since,
+        draining_key=None,
+        drain_started=None,
+        message=f"group {target[:6]} is starting beside serving group {serving[:6]}{waiting}",
+        events=tuple(events),
+    )

@@ -1,0 +1,1 @@
+"""The only layer that talks to the API server: apply desired objects, observe children, write status."""

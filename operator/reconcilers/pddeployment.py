@@ -1,0 +1,209 @@
+"""Reconcile one PDDeployment: validate -> plan -> observe -> decide -> apply -> prune -> status.
+
+Level-triggered and idempotent: it reads the object and what exists, converges, and
+writes status only when it changed, so running it twice on an unchanged spec makes no
+write the second time. An invalid generation touches no child object: status keeps
+describing the serving generation and ``Valid=False`` lists every problem.
+
+The numbered steps of :func:`reconcile` read top to bottom like the deployment they
+build; each is a small function below it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api.load import SpecError, parse_pddeployment
+from ..api.v1alpha1 import API_VERSION, parse_duration
+from ..catalog import Catalog
+from ..planning.plan import Plan, build_plan
+from ..planning.problems import Problem, errors
+from ..planning.rollout import RolloutDecision, RolloutSettings, RolloutStatus, decide
+from ..render import render_group, render_shared
+from ..render import labels as L
+from ..render.gateway import endpoint
+from . import status as S
+from .kube import Kube
+from .observe import Observed, observe
+
+log = logging.getLogger(__name__)
+
+GROUP_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"))
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did: writes issued, events emitted, whether the spec was valid."""
+
+    valid: bool
+    writes: int = 0
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    decision: RolloutDecision | None = None
+
+
+def owner_of(body: dict[str, Any]) -> dict[str, Any]:
+    """The owner reference target of a PDDeployment body."""
+    meta = body["metadata"]
+    return {"apiVersion": API_VERSION, "kind": "PDDeployment", "name": meta["name"], "uid": meta.get("uid")}
+
+
+def reconcile(*, kube: Kube, body: dict[str, Any], catalog: Catalog, now: float | None = None) -> Outcome:
+    """Converge the children of the PDDeployment ``body`` (a dict as read from the API)."""
+    now = time.time() if now is None else now
+    writes_before = kube.total_writes
+    meta = body["metadata"]
+    name, namespace, generation = meta["name"], meta["namespace"], int(meta.get("generation") or 0)
+    previous = body.get("status") or {}
+
+    # 1. validate the object against the v1alpha1 schema and every SGLang rule
+    plan, problems = _validate_and_plan(body, catalog)
+    if plan is None or not plan.valid:
+        outcome = _refuse(kube, body, problems, previous, generation, now)
+        outcome.writes = kube.total_writes - writes_before
+        return outcome
+
+    # 2. observe the compat groups that exist and the group the Service serves
+    observed = observe(kube, name=name, namespace=namespace)
+
+    # 3. decide the rollout: which group serves, what to create, what to delete
+    decision = _decide(plan, observed, previous, now)
+
+    # 4. apply the target group (in place when its key is unchanged)
+    owner = owner_of(body)
+    if decision.apply_target:
+        _apply_group(kube, plan, owner, to_zero=decision.target_to_zero)
+
+    # 5. apply the shared objects; the user-facing Service selects the serving group's gateway
+    for obj in render_shared(plan, serving_key=decision.serving_key, owner=owner):
+        kube.apply(obj)
+
+    # 6. delete groups that no longer serve (drained) or never did (cancelled, superseded)
+    for key in decision.delete_keys:
+        _delete_group(kube, name=name, namespace=namespace, key=key)
+
+    # 7. write status (only when changed) and an event per rollout transition
+    if decision.apply_target or decision.delete_keys:
+        observed = observe(kube, name=name, namespace=namespace)
+    new_status = S.valid_status(
+        previous=previous,
+        generation=generation,
+        problems=list(plan.problems),
+        observed=observed,
+        decision=decision,
+        target_key=plan.compat_key,
+        kv_layouts={r: plan.role(r).kv_layout_string for r in ("prefill", "decode")},
+        attention_backends={r: (plan.role(r).layout.attention_backend if plan.role(r).layout else None) for r in ("prefill", "decode")},
+        endpoint=endpoint(plan),
+        now=now,
+    )
+    outcome = Outcome(valid=True, decision=decision)
+    _write_status(kube, body, previous, new_status)
+    for reason, message in decision.events:
+        _event(kube, body, outcome, "Normal" if reason not in ("ProgressDeadlineExceeded",) else "Warning", reason, message)
+    _warn_new_warnings(kube, body, previous, plan.problems, outcome)
+    outcome.writes = kube.total_writes - writes_before
+    return outcome
+
+
+def _validate_and_plan(body: dict[str, Any], catalog: Catalog) -> tuple[Plan | None, list[Problem]]:
+    try:
+        pdd = parse_pddeployment(body)
+    except SpecError as e:
+        return None, [
+            Problem(field=err.field, message=err.message, fix="correct the field", rule="schema") for err in e.errors
+        ]
+    plan = build_plan(pdd, catalog)
+    return plan, list(plan.problems)
+
+
+def _refuse(
+    kube: Kube, body: dict[str, Any], problems: list[Problem], previous: dict, generation: int, now: float
+) -> Outcome:
+    """An invalid generation: Valid=False and problems in status, one Warning event; children untouched."""
+    new_status = dict(previous)
+    new_status["conditions"] = S.merge_conditions(
+        previous.get("conditions") or [], S.invalid_conditions(problems), generation=generation, now=now
+    )
+    new_status["problems"] = [p.to_dict() for p in problems]
+    outcome = Outcome(valid=False)
+    changed = _write_status(kube, body, previous, new_status)
+    if changed:
+        first = errors(problems)[:3]
+        summary = "; ".join(p.line() for p in first) + (" ..." if len(errors(problems)) > 3 else "")
+        _event(kube, body, outcome, "Warning", "InvalidSpec", f"generation {generation} refused: {summary}")
+    return outcome
+
+
+def _decide(plan: Plan, observed: Observed, previous: dict[str, Any], now: float) -> RolloutDecision:
+    ro = plan.spec.rollout
+    prev = previous.get("rollout") or {}
+    target_gpus = sum(
+        (r.inputs.spec.replicas if r.inputs.spec.replicas is not None else 1) * r.inputs.gpus_per_replica
+        for r in (plan.prefill, plan.decode)
+    )
+    return decide(
+        target=plan.compat_key,
+        serving=observed.serving_key,
+        groups={k: g.state() for k, g in observed.groups.items()},
+        previous=RolloutStatus(
+            target_key=prev.get("targetKey"),
+            phase=prev.get("phase"),
+            phase_started=S.parse_rfc3339(prev.get("phaseStarted")),
+            draining_key=prev.get("drainingKey"),
+            drain_started=S.parse_rfc3339(prev.get("drainStarted")),
+        ),
+        settings=RolloutSettings(
+            progress_deadline_s=parse_duration(ro.progressDeadline),
+            drain_grace_s=parse_duration(ro.drainGracePeriod),
+            max_surge_gpus=ro.maxSurgeGPUs,
+            scale_failed_to_zero=ro.onFailure == "ScaleToZero",
+        ),
+        target_gpus=target_gpus,
+        now=now,
+    )
+
+
+def _apply_group(kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool) -> None:
+    for obj in render_group(plan, owner=owner):
+        if to_zero and obj["kind"] == "Deployment":
+            obj = {**obj, "spec": {**obj["spec"], "replicas": 0}}
+        kube.apply(obj)
+
+
+def _delete_group(kube: Kube, *, name: str, namespace: str, key: str) -> None:
+    selector = f"{L.LABEL_DEPLOYMENT}={name},{L.LABEL_COMPAT_KEY}={key},app.kubernetes.io/managed-by={L.MANAGED_BY}"
+    for api_version, kind in GROUP_KINDS:
+        for obj in kube.list(api_version, kind, namespace, selector):
+            kube.delete(api_version, kind, obj["metadata"]["name"], namespace)
+
+
+def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any]) -> bool:
+    if S.comparable(new) == S.comparable(previous):
+        return False
+    patch = dict(new)
+    for k in previous:  # merge patch: drop keys we no longer report
+        if k not in patch and k != "kopf":
+            patch[k] = None
+    meta = body["metadata"]
+    kube.patch_status(API_VERSION, "PDDeployment", meta["name"], meta["namespace"], patch)
+    return True
+
+
+def _event(kube: Kube, body: dict[str, Any], outcome: Outcome, type_: str, reason: str, message: str) -> None:
+    outcome.events.append((type_, reason, message))
+    try:
+        kube.event(body, type_=type_, reason=reason, message=message)
+    except Exception as e:  # an event is best effort; never fail a reconcile on it
+        log.warning("could not record event %s: %s", reason, e)
+
+
+def _warn_new_warnings(
+    kube: Kube, body: dict[str, Any], previous: dict[str, Any], problems: tuple[Problem, ...], outcome: Outcome
+) -> None:
+    old = {(p.get("field"), p.get("message")) for p in previous.get("problems") or [] if p.get("severity") == "warning"}
+    for p in problems:
+        if p.severity == "warning" and (p.field, p.to_dict()["message"]) not in old:
+            _event(kube, body, outcome, "Warning", "CatalogWarning", p.line())

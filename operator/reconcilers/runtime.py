@@ -1,0 +1,116 @@
+"""The operator process's shared state: API client, catalog, per-object locks, metrics hooks.
+
+kopf handlers (handlers.py) and the periodic resync both call :meth:`Runtime.reconcile_key`,
+which reads the PDDeployment fresh from the API and runs the reconciler under a lock
+per object, so a watch event and a resync never reconcile one object at the same time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from ..api.v1alpha1 import API_VERSION
+from ..catalog import CATALOG_FILES, Catalog, CatalogError, builtin_catalog, load_catalog
+from .kube import Kube
+from .pddeployment import Outcome, reconcile
+
+log = logging.getLogger(__name__)
+
+CATALOG_CONFIGMAP = "sglang-pd-operator-catalog"
+
+
+def api_client_from_env(kubeconfig: str | None = None) -> k8s.ApiClient:
+    """An ApiClient from ``kubeconfig`` (or $KUBECONFIG / ~/.kube/config), else the in-cluster service account."""
+    configuration = k8s.Configuration()
+    try:
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    except (k8s_config.ConfigException, FileNotFoundError, TypeError):
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    return k8s.ApiClient(configuration)
+
+
+@dataclass
+class Hooks:
+    """Callbacks the metrics layer installs; all optional."""
+
+    on_write: Callable[[str, str], None] | None = None
+    on_reconcile: Callable[[str, str, float, bool], None] | None = None  # namespace, name, seconds, ok
+
+
+@dataclass
+class Runtime:
+    """Everything a reconcile needs besides the object itself."""
+
+    kube: Kube
+    operator_namespace: str | None = None
+    catalog_ttl_s: float = 30.0
+    hooks: Hooks = field(default_factory=Hooks)
+    _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
+    _locks_guard: threading.Lock = field(default_factory=threading.Lock)
+    _catalog: Catalog | None = None
+    _catalog_read: float = 0.0
+    catalog_error: str | None = None
+
+    def lock(self, namespace: str, name: str) -> threading.Lock:
+        """The lock serializing reconciles of one object."""
+        with self._locks_guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def catalog(self) -> Catalog:
+        """The built-in catalog merged with the admin's ConfigMap (re-read at most every ``catalog_ttl_s``).
+
+        A ConfigMap that does not match the schema is ignored (the built-in catalog is
+        used) and the error is kept in ``catalog_error`` and logged.
+        """
+        now = time.monotonic()
+        if self._catalog is not None and now - self._catalog_read < self.catalog_ttl_s:
+            return self._catalog
+        catalog = builtin_catalog()
+        if self.operator_namespace:
+            cm = self.kube.get("v1", "ConfigMap", CATALOG_CONFIGMAP, self.operator_namespace)
+            data = {k: v for k, v in ((cm or {}).get("data") or {}).items() if k in CATALOG_FILES}
+            if data:
+                try:
+                    catalog = load_catalog(overrides=data)
+                    self.catalog_error = None
+                except CatalogError as e:
+                    self.catalog_error = str(e)
+                    log.error("catalog ConfigMap %s/%s ignored: %s", self.operator_namespace, CATALOG_CONFIGMAP, e)
+        self._catalog, self._catalog_read = catalog, now
+        return catalog
+
+    def reconcile_body(self, body: dict[str, Any]) -> Outcome:
+        """Reconcile a PDDeployment body under its lock, timing it for the metrics hook."""
+        meta = body["metadata"]
+        with self.lock(meta["namespace"], meta["name"]):
+            start = time.perf_counter()
+            ok = False
+            try:
+                outcome = reconcile(kube=self.kube, body=body, catalog=self.catalog())
+                ok = True
+                return outcome
+            finally:
+                if self.hooks.on_reconcile:
+                    self.hooks.on_reconcile(meta["namespace"], meta["name"], time.perf_counter() - start, ok)
+
+    def reconcile_key(self, namespace: str, name: str) -> Outcome | None:
+        """Read the PDDeployment fresh and reconcile it; None when it no longer exists."""
+        body = self.kube.get(API_VERSION, "PDDeployment", name, namespace)
+        if body is None:
+            return None
+        return self.reconcile_body(body)
+
+    def list_keys(self, namespaces: list[str] | None = None) -> list[tuple[str, str]]:
+        """(namespace, name) of every PDDeployment (in ``namespaces``, or cluster-wide)."""
+        out = []
+        for ns in namespaces or [None]:
+            for item in self.kube.list(API_VERSION, "PDDeployment", ns, ""):
+                out.append((item["metadata"]["namespace"], item["metadata"]["name"]))
+        return out

@@ -1,0 +1,31 @@
+"""Pure rendering: a valid :class:`~sglang_pd_operator.planning.plan.Plan` -> desired Kubernetes objects (dicts).
+
+``render_group`` gives the objects of the plan's compat group (per role: ConfigMap,
+Deployment, headless Service; the gateway Deployment); ``render_shared`` the objects
+shared by all groups (gateway RBAC, the user-facing Service pointing at the serving
+group); ``render_all`` both, for a first deployment or the ``render`` command.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..planning.plan import Plan
+from .engine import render_role
+from .gateway import render_gateway_group, render_gateway_shared
+
+
+def render_group(plan: Plan, *, owner: dict | None = None) -> list[dict[str, Any]]:
+    """Objects of the plan's compat group, ConfigMaps before the Deployments that mount them."""
+    objs = render_role(plan, plan.prefill, owner=owner) + render_role(plan, plan.decode, owner=owner)
+    return objs + render_gateway_group(plan, owner=owner)
+
+
+def render_shared(plan: Plan, *, serving_key: str, owner: dict | None = None) -> list[dict[str, Any]]:
+    """Objects shared by every group; the user-facing Service selects ``serving_key``'s gateway."""
+    return render_gateway_shared(plan, serving_key=serving_key, owner=owner)
+
+
+def render_all(plan: Plan, *, owner: dict | None = None) -> list[dict[str, Any]]:
+    """Shared objects first (RBAC before the gateway that uses it), then the group, serving the plan's key."""
+    return render_shared(plan, serving_key=plan.compat_key, owner=owner) + render_group(plan, owner=owner)

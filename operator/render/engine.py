@@ -1,0 +1,248 @@
+"""Render one role (prefill or decode) of one compat group: ConfigMap, Deployment, headless Service.
+
+One renderer, parameterized by role (no near-identical prefill/decode copies). The
+role's SGLang flags go into a ``--config`` YAML file in the ConfigMap where SGLang's
+config parser accepts them (switches and one-value options,
+sglang/srt/utils/server_args_config_parser.py); the rest stay on the command line. A
+hash of the config, command and env is a pod-template annotation, so any change rolls
+the pods.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import yaml
+
+from ..planning.engine_args import ENGINE_PORT, HF_CACHE, MODEL_MOUNT, SGLANG_CACHE_DIR
+from ..planning.memory import gib, quantity_bytes
+from ..planning.plan import Plan, RolePlan
+from ..planning.sglang_flags import flag_table
+from . import labels as L
+
+CONFIG_DIR = "/etc/sglang"
+CONFIG_FILE = "config.yaml"
+STARTUP_PROBE_PERIOD_S = 10
+STARTUP_PROBE_FAILURES = 360  # 60 minutes: weight loading of a large MoE from a PVC
+RDMA_BACKENDS = ("mooncake", "nixl", "mori")
+
+
+def split_config(args: tuple[str, ...] | list[str]) -> tuple[dict[str, Any], list[str]]:
+    """Split SGLang flags into a ``--config`` YAML mapping and the flags that must stay on the command line.
+
+    Keys are the flags without their leading dashes (SGLang's config parser turns a key
+    back into ``--key``); switches map to ``true``; values stay strings. Flags the
+    config parser refuses (BooleanOptionalAction, nargs +/*) are returned in order.
+    """
+    table = flag_table()
+    config: dict[str, Any] = {}
+    cli: list[str] = []
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        info = table.get(tok)
+        has_value = i + 1 < len(args) and not args[i + 1].startswith("--")
+        if info is None or not info.config_file:
+            cli.append(tok)
+            i += 1
+            while i < len(args) and not args[i].startswith("--"):
+                cli.append(args[i])
+                i += 1
+            continue
+        if info.takes_value and has_value:
+            config[tok[2:]] = args[i + 1]
+            i += 2
+        else:
+            config[tok[2:]] = True
+            i += 1
+    return config, cli
+
+
+def config_yaml(role: RolePlan) -> str:
+    """The role's SGLang config file text."""
+    config, _ = split_config(role.command.args)
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def engine_command(role: RolePlan) -> list[str]:
+    """The container's args after ``python3 -m sglang.launch_server``."""
+    _, cli = split_config(role.command.args)
+    return ["--config", f"{CONFIG_DIR}/{CONFIG_FILE}", *cli]
+
+
+def config_hash(role: RolePlan, image: str) -> str:
+    """sha256 prefix over config file, command, env and image: the pod-template annotation that rolls pods."""
+    blob = json.dumps([config_yaml(role), engine_command(role), list(role.command.env), image], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def uses_rdma(plan: Plan) -> bool:
+    """KV moves over RDMA: a real transfer backend and no TCP fallback."""
+    t = plan.spec.transfer
+    return t.backend in RDMA_BACKENDS and not t.forceTCP
+
+
+def _resources(plan: Plan, role: RolePlan) -> dict[str, Any]:
+    inputs = role.inputs
+    acc = inputs.accelerator
+    assert acc is not None, "render needs a valid plan"
+    gpus = inputs.gpus_per_replica
+    cpu = inputs.spec.resources.cpu or str(max(4, (acc.cpus // acc.gpusPerNode) * gpus - 2))
+    memory = inputs.spec.resources.memory or gib(role.memory.host_bytes)
+    requests: dict[str, str] = {"cpu": cpu, "memory": memory, acc.gpuResource: str(gpus)}
+    limits: dict[str, str] = {"memory": memory, acc.gpuResource: str(gpus)}
+    if uses_rdma(plan):
+        requests[acc.rdmaResource] = "1"
+        limits[acc.rdmaResource] = "1"
+    return {"requests": requests, "limits": limits}
+
+
+def _volumes(plan: Plan, role: RolePlan, config_map: str) -> tuple[list[dict], list[dict]]:
+    spec = plan.spec
+    shm = role.memory.shm
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_map}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+        {"name": "kernel-cache", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "kernel-cache", "mountPath": SGLANG_CACHE_DIR},
+    ]
+    source = spec.model.source
+    if source.pvc is not None:
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": source.pvc.claimName, "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    else:
+        volumes.append({"name": "model", "emptyDir": {"sizeLimit": source.hub.cacheSize}})
+        mounts.append({"name": "model", "mountPath": HF_CACHE})
+    return volumes, mounts
+
+
+def _env(plan: Plan, role: RolePlan) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in role.command.env]
+    hub = plan.spec.model.source.hub
+    if hub is not None and hub.tokenSecret is not None:
+        env.append(
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": hub.tokenSecret.name, "key": hub.tokenSecret.key}},
+            }
+        )
+    return env
+
+
+def _probe(path: str, *, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": timeout,
+    }
+
+
+def _tolerations(role: RolePlan) -> list[dict[str, Any]]:
+    acc = role.inputs.accelerator
+    assert acc is not None
+    out = [{"key": acc.gpuResource, "operator": "Exists", "effect": "NoSchedule"}]
+    for t in role.inputs.spec.tolerations:
+        out.append(t.model_dump(exclude_none=True))
+    return out
+
+
+def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> list[dict[str, Any]]:
+    """ConfigMap, Deployment and headless Service of ``role`` in the plan's compat group.
+
+    ``owner`` is the PDDeployment's {apiVersion, kind, name, uid}; without a uid (the
+    ``render`` command) no ownerReferences are written. Raises AssertionError on a plan
+    with errors (render only valid plans).
+    """
+    assert plan.valid, "render needs a valid plan"
+    name, ns, key = plan.name, plan.namespace, plan.compat_key
+    component = role.role
+    obj_name = L.group_object_name(name, key, component)
+    cm_name = f"{obj_name}-config"
+    labels = L.component_labels(name, component, key)
+    image = role.inputs.runtime.image
+    acc = role.inputs.accelerator
+    assert acc is not None
+
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": L.metadata(name=cm_name, namespace=ns, labels=labels, owner=owner),
+        "data": {CONFIG_FILE: config_yaml(role)},
+    }
+
+    ports = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    pod_annotations = {L.ANNOTATION_CONFIG_HASH: config_hash(role, image)}
+    if component == "prefill":
+        port = plan.spec.disaggregation.bootstrapPort
+        ports.append({"name": "bootstrap", "containerPort": port, "protocol": "TCP"})
+        pod_annotations[L.ANNOTATION_BOOTSTRAP_PORT] = str(port)
+    volumes, mounts = _volumes(plan, role, cm_name)
+    container: dict[str, Any] = {
+        "name": "sglang",
+        "image": image,
+        "imagePullPolicy": role.inputs.runtime.imagePullPolicy,
+        "command": ["python3", "-m", "sglang.launch_server"],
+        "args": engine_command(role),
+        "env": _env(plan, role),
+        "ports": ports,
+        "resources": _resources(plan, role),
+        "startupProbe": _probe("/health", period=STARTUP_PROBE_PERIOD_S, failures=STARTUP_PROBE_FAILURES),
+        "readinessProbe": _probe("/health", period=5, failures=3),
+        "livenessProbe": _probe("/health", period=15, failures=4),
+        "volumeMounts": mounts,
+    }
+    if uses_rdma(plan):
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    replicas = role.inputs.spec.replicas
+    deployment_spec: dict[str, Any] = {
+        "selector": {"matchLabels": L.selector_labels(name, component, key)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+        "template": {
+            "metadata": {"labels": labels, "annotations": pod_annotations},
+            "spec": {
+                "nodeSelector": {**acc.nodeLabels, **role.inputs.spec.nodeSelector},
+                "tolerations": _tolerations(role),
+                "terminationGracePeriodSeconds": 120,
+                "containers": [container],
+                "volumes": volumes,
+            },
+        },
+    }
+    if replicas is not None:  # omitted: an autoscaler owns replicas (server-side apply leaves it alone)
+        deployment_spec = {"replicas": replicas, **deployment_spec}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": L.metadata(name=obj_name, namespace=ns, labels=labels, owner=owner),
+        "spec": deployment_spec,
+    }
+    svc_ports = [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}]
+    if component == "prefill":
+        svc_ports.append(
+            {"name": "bootstrap", "port": plan.spec.disaggregation.bootstrapPort, "targetPort": "bootstrap", "protocol": "TCP"}
+        )
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": L.metadata(name=obj_name, namespace=ns, labels=labels, owner=owner),
+        "spec": {
+            "clusterIP": "None",
+            "selector": L.selector_labels(name, component, key),
+            "ports": svc_ports,
+            "publishNotReadyAddresses": False,
+        },
+    }
+    return [config_map, deployment, service]
+
+
+def memory_request_bytes(deployment: dict[str, Any]) -> int:
+    """The memory request of a rendered engine Deployment's container, in bytes (for tests and status)."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return quantity_bytes(container["resources"]["requests"]["memory"])

@@ -1,0 +1,131 @@
+"""Render the smg model gateway: one Deployment per compat group, shared RBAC, the user-facing Service.
+
+smg 1.13 discovers workers through the Kubernetes API (``--discovery-provider
+kubernetes``) by label selectors; the selectors include the compat key, so a gateway
+only ever pairs a prefill and a decode of one key. It reads the prefill bootstrap port
+from the pod annotation ``sglang.ai/bootstrap-port`` and needs get/list/watch on pods of
+its namespace. The user-facing Service selects the gateway pods of the *serving* group,
+which the reconciler moves only when a new group is Ready (paired rollouts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..planning.engine_args import ENGINE_PORT
+from ..planning.plan import Plan
+from . import labels as L
+
+GATEWAY_METRICS_PORT = 29000
+
+
+def gateway_args(plan: Plan, compat_key: str | None = None) -> list[str]:
+    """The arguments after ``smg launch`` for the gateway of ``compat_key`` (default: the plan's)."""
+    key = compat_key or plan.compat_key
+    gw = plan.spec.gateway
+
+    def selector(role: str) -> list[str]:
+        return [f"{k}={v}" for k, v in L.selector_labels(plan.name, role, key).items()]
+
+    return [
+        "--host", "0.0.0.0",
+        "--port", str(gw.port),
+        "--pd-disaggregation",
+        "--service-discovery",
+        "--discovery-provider", "kubernetes",
+        "--service-discovery-namespace", plan.namespace,
+        "--service-discovery-port", str(ENGINE_PORT),
+        "--prefill-selector", *selector("prefill"),
+        "--decode-selector", *selector("decode"),
+        "--policy", gw.policy,
+        "--prometheus-host", "0.0.0.0",
+        "--prometheus-port", str(GATEWAY_METRICS_PORT),
+        *gw.extraArgs,
+    ]  # fmt: skip
+
+
+def service_account_name(name: str) -> str:
+    """The gateway's ServiceAccount / Role / RoleBinding name."""
+    return f"{name}-gateway"
+
+
+def render_gateway_group(plan: Plan, *, owner: dict | None = None) -> list[dict[str, Any]]:
+    """The gateway Deployment of the plan's compat group."""
+    name, ns, key = plan.name, plan.namespace, plan.compat_key
+    gw = plan.spec.gateway
+    labels = L.component_labels(name, L.ROLE_GATEWAY, key)
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5}
+    container = {
+        "name": "smg",
+        "image": gw.image or plan.spec.runtime.image,
+        "imagePullPolicy": plan.spec.runtime.imagePullPolicy,
+        "command": ["smg", "launch"],
+        "args": gateway_args(plan),
+        "ports": [
+            {"name": "http", "containerPort": gw.port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": GATEWAY_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}},
+        "readinessProbe": probe,
+        "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 4},
+    }
+    spec: dict[str, Any] = {
+        "replicas": 1 if gw.replicas is None else gw.replicas,
+        "selector": {"matchLabels": L.selector_labels(name, L.ROLE_GATEWAY, key)},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {"serviceAccountName": service_account_name(name), "containers": [container]},
+        },
+    }
+    return [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": L.metadata(
+                name=L.group_object_name(name, key, L.ROLE_GATEWAY), namespace=ns, labels=labels, owner=owner
+            ),
+            "spec": spec,
+        }
+    ]
+
+
+def render_gateway_shared(plan: Plan, *, serving_key: str, owner: dict | None = None) -> list[dict[str, Any]]:
+    """ServiceAccount, Role (pods get/list/watch), RoleBinding, and the user-facing Service of ``serving_key``."""
+    name, ns = plan.name, plan.namespace
+    sa = service_account_name(name)
+    labels = {**L.common_labels(name), "app.kubernetes.io/component": L.ROLE_GATEWAY}
+    meta = lambda n: L.metadata(name=n, namespace=ns, labels=labels, owner=owner)  # noqa: E731
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(sa)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta(sa),
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta(sa),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta(name),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": L.selector_labels(name, L.ROLE_GATEWAY, serving_key),
+                "ports": [
+                    {"name": "http", "port": plan.spec.gateway.port, "targetPort": "http", "protocol": "TCP"},
+                    {"name": "metrics", "port": GATEWAY_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+                ],
+            },
+        },
+    ]
+
+
+def endpoint(plan: Plan) -> str:
+    """In-cluster URL of the OpenAI-compatible API."""
+    return f"http://{plan.name}.{plan.namespace}.svc:{plan.spec.gateway.port}"

@@ -1,0 +1,92 @@
+"""Rendering a plan into Kubernetes objects: one renderer for both roles, the SGLang config, labels."""
+
+from __future__ import annotations
+
+import yaml
+
+from sglang_pd_operator.api.load import parse_pddeployment
+from sglang_pd_operator.planning.plan import build_plan
+from sglang_pd_operator.render import render_all
+from sglang_pd_operator.render import labels as L
+from sglang_pd_operator.render.engine import split_config
+from sglang_pd_operator.render.gateway import gateway_args
+
+
+def _objs(doc, catalog):
+    plan = build_plan(parse_pddeployment(doc), catalog)
+    assert plan.valid, [p.line() for p in plan.problems]
+    return plan, {(o["kind"], o["metadata"]["name"]): o for o in render_all(plan, owner={"apiVersion": "x/v1", "kind": "PDDeployment", "name": "dsv41-flash", "uid": "u1"})}
+
+
+def test_config_file_round_trips_to_the_same_args(gb300_doc, catalog):
+    plan, objs = _objs(gb300_doc, catalog)
+    key = plan.compat_key
+    for role in (plan.prefill, plan.decode):
+        cm = objs[("ConfigMap", f"dsv41-flash-{key[:6]}-{role.role}-config")]
+        config = yaml.safe_load(cm["data"]["config.yaml"])
+        dep = objs[("Deployment", f"dsv41-flash-{key[:6]}-{role.role}")]
+        cli = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert cli[:2] == ["--config", "/etc/sglang/config.yaml"]
+        # rebuild the argument list the way SGLang's config parser does and compare as flag maps
+        rebuilt = []
+        for k, v in config.items():
+            rebuilt += [f"--{k}"] if v is True else [f"--{k}", str(v)]
+        from sglang_pd_operator.planning.features import parse_flags
+
+        assert parse_flags(rebuilt + cli[2:]) == parse_flags(list(role.command.args))
+    assert config["disaggregation-mode"] == "decode"
+
+
+def test_dp_attention_switch_stays_on_the_command_line():
+    config, cli = split_config(["--tp-size", "4", "--enable-dp-attention", "--dp-size", "4"])
+    assert config == {"tp-size": "4", "dp-size": "4"} and cli == ["--enable-dp-attention"]
+
+
+def test_pods_carry_selectors_bootstrap_annotation_resources_and_owner(gb300_doc, catalog):
+    plan, objs = _objs(gb300_doc, catalog)
+    key = plan.compat_key
+    pre = objs[("Deployment", f"dsv41-flash-{key[:6]}-prefill")]
+    dec = objs[("Deployment", f"dsv41-flash-{key[:6]}-decode")]
+    for dep, role, replicas in ((pre, "prefill", 1), (dec, "decode", 2)):
+        tmpl = dep["spec"]["template"]
+        assert dep["spec"]["replicas"] == replicas
+        assert dep["spec"]["selector"]["matchLabels"] == {L.LABEL_DEPLOYMENT: "dsv41-flash", L.LABEL_ROLE: role, L.LABEL_COMPAT_KEY: key}
+        assert tmpl["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-GB300"}
+        res = tmpl["spec"]["containers"][0]["resources"]
+        assert res["requests"]["nvidia.com/gpu"] == "4" and res["requests"]["rdma/hca"] == "1"
+        assert dep["metadata"]["ownerReferences"][0]["uid"] == "u1"
+        assert tmpl["spec"]["containers"][0]["startupProbe"]["failureThreshold"] * 10 >= 1800
+    assert pre["spec"]["template"]["metadata"]["annotations"][L.ANNOTATION_BOOTSTRAP_PORT] == "8998"
+    assert L.ANNOTATION_BOOTSTRAP_PORT not in dec["spec"]["template"]["metadata"]["annotations"]
+    assert "--enable-nvidia-megakernel" not in yaml.safe_dump(pre)  # plugins serve decode steps only
+    decode_cm = objs[("ConfigMap", f"dsv41-flash-{key[:6]}-decode-config")]
+    assert "enable-nvidia-megakernel: true" in decode_cm["data"]["config.yaml"]
+
+
+def test_gateway_selectors_include_the_compat_key(gb300_doc, catalog):
+    plan, objs = _objs(gb300_doc, catalog)
+    args = gateway_args(plan)
+    pre = args[args.index("--prefill-selector") + 1 : args.index("--decode-selector")]
+    assert f"{L.LABEL_COMPAT_KEY}={plan.compat_key}" in pre and f"{L.LABEL_ROLE}=prefill" in pre
+    svc = objs[("Service", "dsv41-flash")]
+    assert svc["spec"]["selector"][L.LABEL_COMPAT_KEY] == plan.compat_key
+    role = objs[("Role", "dsv41-flash-gateway")]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+
+
+def test_config_change_rolls_pods_and_replicas_do_not(gb300_doc, catalog):
+    plan, objs = _objs(gb300_doc, catalog)
+    key = plan.compat_key
+    ann = lambda o, r: o[("Deployment", f"dsv41-flash-{key[:6]}-{r}")]["spec"]["template"]["metadata"]["annotations"][L.ANNOTATION_CONFIG_HASH]  # noqa: E731
+    gb300_doc["spec"]["decode"]["replicas"] = 3
+    plan2, objs2 = _objs(gb300_doc, catalog)
+    assert plan2.compat_key == key and ann(objs2, "decode") == ann(objs, "decode")
+    gb300_doc["spec"]["decode"]["extraArgs"] = ["--max-running-requests", "64"]
+    plan3, objs3 = _objs(gb300_doc, catalog)
+    assert plan3.compat_key == key and ann(objs3, "decode") != ann(objs, "decode") and ann(objs3, "prefill") == ann(objs, "prefill")
+
+
+def test_omitted_replicas_are_left_to_an_autoscaler(gb300_doc, catalog):
+    del gb300_doc["spec"]["decode"]["replicas"]
+    plan, objs = _objs(gb300_doc, catalog)
+    assert "replicas" not in objs[("Deployment", f"dsv41-flash-{plan.compat_key[:6]}-decode")]["spec"]

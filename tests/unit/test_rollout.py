@@ -1,0 +1,116 @@
+"""Paired rollouts: the pure decision of which compat group serves and which groups go."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_pd_operator.planning.rollout import GroupState, RolloutSettings, RolloutStatus, decide
+
+S = RolloutSettings(progress_deadline_s=600, drain_grace_s=60)
+
+
+def _status(d, target):
+    return RolloutStatus(
+        target_key=target, phase=d.phase, phase_started=d.phase_started, draining_key=d.draining_key, drain_started=d.drain_started
+    )
+
+
+def test_first_deploy_serves_target_immediately_and_completes_when_ready():
+    d = decide(target="aaa", serving=None, groups={}, previous=RolloutStatus(), settings=S, target_gpus=12, now=0)
+    assert (d.serving_key, d.apply_target, d.delete_keys, d.phase) == ("aaa", True, (), "Surging")
+    d2 = decide(
+        target="aaa", serving="aaa", groups={"aaa": GroupState("aaa", ready=True)}, previous=_status(d, "aaa"), settings=S, target_gpus=12, now=5
+    )
+    assert d2.phase == "Complete" and ("RolloutComplete" in [e[0] for e in d2.events])
+
+
+def test_key_change_surges_then_cuts_over_then_drains_then_deletes():
+    old = GroupState("old", ready=True)
+    d = decide(target="new", serving="old", groups={"old": old}, previous=RolloutStatus(), settings=S, target_gpus=12, now=100)
+    assert d.serving_key == "old" and d.apply_target and d.delete_keys == () and d.phase == "Surging"
+    d = decide(target="new", serving="old", groups={"old": old, "new": GroupState("new", ready=False)},
+               previous=_status(d, "new"), settings=S, target_gpus=12, now=200)
+    assert d.serving_key == "old" and d.phase == "Surging" and d.phase_started == 100
+    d = decide(target="new", serving="old", groups={"old": old, "new": GroupState("new", ready=True)},
+               previous=_status(d, "new"), settings=S, target_gpus=12, now=300)
+    assert d.serving_key == "new" and d.phase == "Draining" and d.draining_key == "old" and d.delete_keys == ()
+    assert [e[0] for e in d.events] == ["Cutover", "Draining"]
+    d = decide(target="new", serving="new", groups={"old": old, "new": GroupState("new", ready=True)},
+               previous=_status(d, "new"), settings=S, target_gpus=12, now=330)
+    assert d.phase == "Draining" and d.delete_keys == ()
+    d = decide(target="new", serving="new", groups={"old": old, "new": GroupState("new", ready=True)},
+               previous=_status(d, "new"), settings=S, target_gpus=12, now=361)
+    assert d.phase == "Complete" and d.delete_keys == ("old",)
+
+
+def test_deadline_exceeded_keeps_old_group_serving_and_revert_cancels():
+    groups = {"old": GroupState("old", ready=True), "new": GroupState("new", ready=False)}
+    d = decide(target="new", serving="old", groups=groups, previous=RolloutStatus(), settings=S, target_gpus=12, now=0)
+    d = decide(target="new", serving="old", groups=groups, previous=_status(d, "new"), settings=S, target_gpus=12, now=601)
+    assert d.phase == "Failed" and d.serving_key == "old" and "old" not in d.delete_keys
+    assert "ProgressDeadlineExceeded" in [e[0] for e in d.events]
+    zero = decide(target="new", serving="old", groups=groups, previous=_status(d, "new"),
+                  settings=RolloutSettings(progress_deadline_s=600, scale_failed_to_zero=True), target_gpus=12, now=700)
+    assert zero.target_to_zero and zero.serving_key == "old"
+    revert = decide(target="old", serving="old", groups=groups, previous=_status(d, "new"), settings=S, target_gpus=12, now=702)
+    assert revert.serving_key == "old" and revert.delete_keys == ("new",) and revert.phase == "Complete"
+
+
+def test_surge_budget_queues_instead_of_creating():
+    d = decide(target="new", serving="old", groups={"old": GroupState("old", ready=True)}, previous=RolloutStatus(),
+               settings=RolloutSettings(max_surge_gpus=8), target_gpus=12, now=0)
+    assert d.phase == "WaitingForCapacity" and not d.apply_target and d.serving_key == "old"
+    assert "maxSurgeGPUs" in d.message
+
+
+def test_lost_service_is_repaired_to_a_ready_group():
+    groups = {"old": GroupState("old", ready=True), "new": GroupState("new", ready=False)}
+    d = decide(target="new", serving=None, groups=groups, previous=RolloutStatus(), settings=S, target_gpus=12, now=0)
+    assert d.serving_key == "old" and "old" not in d.delete_keys
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(["k1", "k2", "k3"]), st.booleans(), st.integers(min_value=1, max_value=400)),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_random_edit_sequences_never_serve_an_unready_group_over_a_ready_one(steps):
+    """Simulate a cluster: groups appear when applied, become ready at random, vanish when deleted.
+
+    Invariants at every step: the serving group is never deleted; once some group has
+    served Ready, the Service never moves to a group that is not Ready; each group's
+    gateway selects exactly its own key (names derive from the key, so no gateway can
+    select two keys); at most three groups exist (serving, draining, target).
+    """
+    groups: dict[str, GroupState] = {}
+    serving = None
+    previous = RolloutStatus()
+    now = 0.0
+    for target, becomes_ready, dt in steps:
+        now += dt
+        d = decide(target=target, serving=serving, groups=dict(groups), previous=previous, settings=S, target_gpus=4, now=now)
+        assert d.serving_key not in d.delete_keys
+        if serving is not None and serving in groups and groups[serving].ready and d.serving_key != serving:
+            assert d.serving_key in groups and groups[d.serving_key].ready, "cut over to a group that is not Ready"
+        for k in d.delete_keys:
+            groups.pop(k, None)
+        if d.apply_target and target not in groups:
+            groups[target] = GroupState(target, ready=False)
+        if target in groups and becomes_ready:
+            groups[target] = GroupState(target, ready=True)
+        serving = d.serving_key
+        previous = _status(d, target)
+        assert len(groups) <= 3
+    # with a Ready target and time to drain, the rollout converges to one group
+    groups[steps[-1][0]] = GroupState(steps[-1][0], ready=True)
+    for _ in range(3):
+        now += 1000
+        d = decide(target=steps[-1][0], serving=serving, groups=dict(groups), previous=previous, settings=S, target_gpus=4, now=now)
+        for k in d.delete_keys:
+            groups.pop(k, None)
+        serving, previous = d.serving_key, _status(d, steps[-1][0])
+    assert serving == steps[-1][0] and set(groups) == {serving} and d.phase == "Complete"
