@@ -24,6 +24,8 @@ def _metrics_hooks(port: int) -> Hooks:
         from .metrics import operator_metrics as m
     except ImportError:  # pragma: no cover - metrics package always ships
         return Hooks()
+    if not hasattr(m, "serve"):
+        return Hooks()
     if port:
         m.serve(port)
     return Hooks(on_write=m.record_write, on_reconcile=m.record_reconcile)

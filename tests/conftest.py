@@ -1,21 +1,9 @@
-"""Shared fixtures: repository paths, the built-in catalog, example specs."""
+"""Shared fixtures: the built-in catalog, example specs."""
 
 from __future__ import annotations
 
-import copy
-from pathlib import Path
-
 import pytest
-import yaml
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples"
-GB300_EXAMPLE = EXAMPLES / "dsv41-flash-gb300-low-latency.yaml"
-
-
-def load_example(path: Path = GB300_EXAMPLE) -> dict:
-    """The first document of an example file as a dict (a fresh copy every call)."""
-    return copy.deepcopy(yaml.safe_load(path.read_text()))
+from helpers import load_example
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 //go:build tools
 
 // Package tools pins every binary the local control plane needs, so `go mod tidy`
-// keeps them in go.mod/go.sum. build.sh compiles them all in one `go build`.
+// keeps them in go.mod/go.sum. operator/devcluster/build.py compiles them all (plus
+// ./cmd/etcd) in one `go build`.
 package tools
 
 import (

@@ -58,9 +58,9 @@ def _unwrap_optional(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    node = _unwrap_optional(_resolve(dict(node), defs))
-    if "$ref" in node or "anyOf" in node:
-        node = _convert(node, defs)
+    node = dict(node)
+    while "$ref" in node or "anyOf" in node:  # Optional[Model]: anyOf [$ref, null] -> $ref -> Model
+        node = _unwrap_optional(_resolve(node, defs))
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROP_KEYS:

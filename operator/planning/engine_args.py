@@ -44,6 +44,8 @@ MANAGED_FLAGS: dict[str, str] = {
     "--expert-parallel-size": "spec.<role>.parallelism.ep",
     "--ep": "spec.<role>.parallelism.ep",
     "--enable-dp-attention": "spec.<role>.parallelism.dpAttention",
+    "--attn-dp-size": "spec.<role>.parallelism.dpAttention",
+    "--attention-data-parallel-size": "spec.<role>.parallelism.dpAttention",
     "--nnodes": "spec.<role>.parallelism.nodes",
     "--node-rank": "spec.<role>.parallelism.nodes",
     "--dist-init-addr": "spec.<role>.parallelism.nodes",
@@ -80,6 +82,7 @@ MANAGED_ENV: dict[str, str] = {
     "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE": "spec.engram.placement",
     "SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS": "spec.engram.placement",
     "SGLANG_CACHE_DIR": "spec.kernels.cache",
+    "SGLANG_JIT_CACHE_DIR": "spec.kernels.cache",
     "MC_FORCE_TCP": "spec.transfer.forceTCP",
 }
 
@@ -134,13 +137,15 @@ def build_engine_command(
         args.append("--trust-remote-code")
     args += ["--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--enable-metrics"]
     args += ["--tp-size", str(p.tp)]
-    if p.dp > 1:
+    if p.dpAttention:
+        # --dp-size N --enable-dp-attention is deprecated in 0.5.23 and resolves to
+        # attn_dp_size N, dp_size 1 (arg_groups/parallel_hook.py): render the resolved form.
+        args += ["--attn-dp-size", str(p.dp)]
+    elif p.dp > 1:
         args += ["--dp-size", str(p.dp)]
     if p.ep > 1:
         args += ["--ep-size", str(p.ep)]
-    if p.dpAttention:
-        args.append("--enable-dp-attention")
-    args += ["--page-size", str(role.kv_layout.pageSize), "--kv-cache-dtype", kv_cache_dtype]
+    args += ["--page-size", str(role.page_size), "--kv-cache-dtype", kv_cache_dtype]
     if layout is not None:
         args += ["--dsv4-attn-backend", layout.attention_backend]
 
@@ -192,7 +197,8 @@ def build_engine_command(
             env.append(("SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE", "1"))
         elif spec.engram.placement == "peerShards":
             env.append(("SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS", "1"))
-    env.append(("SGLANG_CACHE_DIR", SGLANG_CACHE_DIR))
+    # One cache volume: SGLANG_JIT_CACHE_DIR does not follow SGLANG_CACHE_DIR (environ.py).
+    env += [("SGLANG_CACHE_DIR", SGLANG_CACHE_DIR), ("SGLANG_JIT_CACHE_DIR", f"{SGLANG_CACHE_DIR}/jit")]
     if spec.transfer.forceTCP:
         env.append(("MC_FORCE_TCP", "1"))
     if spec.model.source.hub is not None:

@@ -91,7 +91,7 @@ def _float(flags: Mapping[str, Any], key: str) -> float:
 _PROBES: dict[str, Callable[[Mapping[str, Any], Mapping[str, str]], bool]] = {
     "pipeline_parallel": lambda f, e: _int(f, "pp_size") > 1 or _int(f, "pipeline_parallel_size") > 1,
     "multi_node_tp": lambda f, e: _int(f, "nnodes") > 1,
-    "dp_attention": lambda f, e: _truthy(f, "enable_dp_attention"),
+    "dp_attention": lambda f, e: _truthy(f, "enable_dp_attention") or _int(f, "attn_dp_size") > 1,
     "expert_parallel": lambda f, e: _int(f, "ep_size") > 1,
     "eplb": lambda f, e: _truthy(f, "enable_eplb"),
     "context_parallel": lambda f, e: (

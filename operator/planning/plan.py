@@ -121,7 +121,7 @@ def _compat_inputs(spec: PDDeploymentSpec, inputs: RoleInputs, dtype: str, layou
         "image": inputs.runtime.image,
         "kvLayout": layout.pd_string if layout else None,
         "attentionBackend": layout.attention_backend if layout else None,
-        "pageSize": inputs.kv_layout.pageSize,
+        "pageSize": inputs.page_size,
         "kvCacheDtype": dtype,
         "transferBackend": spec.transfer.backend,
         "decodeAllocationPolicy": d.decodeAllocationPolicy,

@@ -21,6 +21,23 @@ from ..api.v1alpha1 import (
 from ..catalog import Accelerator, Catalog, KernelPlugin, ModelFacts
 
 Role = Literal["prefill", "decode"]
+DSV4_PAGE_SIZE = 256
+
+
+def _int_flag(args: list[str], flag: str, default: int) -> int:
+    """The integer value of ``flag`` in an argument list (``--f N`` or ``--f=N``), else ``default``."""
+    for i, tok in enumerate(args):
+        value = None
+        if tok == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif tok.startswith(flag + "="):
+            value = tok.split("=", 1)[1]
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return default
+    return default
 ROLES: tuple[Role, Role] = ("prefill", "decode")
 
 
@@ -60,9 +77,31 @@ class RoleInputs:
         return self.parallelism.dp if self.parallelism.dpAttention else 1
 
     @property
+    def attention_cp(self) -> int:
+        """Attention CP size from ``--attn-cp-size`` in extraArgs (1 when absent)."""
+        return _int_flag(self.spec.extraArgs, "--attn-cp-size", 1)
+
+    @property
+    def decode_cp(self) -> int:
+        """Decode context parallel size from ``--dcp-size`` in extraArgs (1 when absent)."""
+        return _int_flag(self.spec.extraArgs, "--dcp-size", 1)
+
+    @property
     def attention_tp(self) -> int:
         """Attention TP size = tp / attention DP / attention CP (runtime_context.derive_attn_tp_size)."""
-        return max(1, self.parallelism.tp // self.attention_dp)
+        return max(1, self.parallelism.tp // self.attention_dp // self.attention_cp)
+
+    @property
+    def page_size(self) -> int:
+        """The page size SGLang will use: 256 for DeepSeek-V4 models on CUDA and HIP.
+
+        Source: sglang 0.5.23 arg_groups/model_overrides/deepseek_v4.py declares
+        page_size 256 (declarations win over --page-size) and the DeepSeek-V4 pool asserts
+        "In paged swa mode, page_size must be 256" (kv_cache_configurator.py).
+        """
+        if self.is_deepseek_v4:
+            return DSV4_PAGE_SIZE
+        return self.kv_layout.pageSize
 
     @property
     def is_deepseek_v4(self) -> bool:

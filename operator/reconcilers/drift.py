@@ -49,17 +49,47 @@ def _scalar_equal(desired: Any, live: Any) -> bool:
     return False
 
 
+def _is_zero(value: Any) -> bool:
+    """A zero value the API server omits when stored (Go ``omitempty``): False, 0, "", [], {}, None."""
+    return value in (False, 0, "", None) or value == [] or value == {}
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``; ``{}`` when they are equal.
+
+    Keys absent from ``new`` become ``None`` (delete); nested dicts are diffed
+    recursively; lists and scalars are replaced whole. ``None`` values in ``new`` mean
+    "absent".
+    """
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch: dict[str, Any] = {}
+    for k in set(old) | set(new):
+        o, n = old.get(k), new.get(k)
+        if n is None:
+            if o is not None:
+                patch[k] = None
+        elif isinstance(o, dict) and isinstance(n, dict):
+            sub = merge_patch(o, n)
+            if sub != {}:
+                patch[k] = sub
+        elif o != n:
+            patch[k] = n
+    return patch
+
+
 def contains(desired: Any, live: Any) -> bool:
     """True when every field of ``desired`` is present in ``live`` with an equal value.
 
-    Dicts: each desired key must be in live and match recursively. Lists: same length,
+    Dicts: each desired key must be in live and match recursively (a zero value may be
+    absent: the API server omits it). Lists: same length,
     item i of desired contained in item i of live. Scalars: equal, or equal as strings,
     or equal as Kubernetes quantities.
     """
     if isinstance(desired, dict):
         if not isinstance(live, dict):
             return False
-        return all(k in live and contains(v, live[k]) for k, v in desired.items())
+        return all(contains(v, live[k]) if k in live else _is_zero(v) for k, v in desired.items())
     if isinstance(desired, list):
         if not isinstance(live, list) or len(desired) != len(live):
             return False

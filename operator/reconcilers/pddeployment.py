@@ -26,6 +26,7 @@ from ..render import render_group, render_shared
 from ..render import labels as L
 from ..render.gateway import endpoint
 from . import status as S
+from .drift import merge_patch
 from .kube import Kube
 from .observe import Observed, observe
 
@@ -124,8 +125,12 @@ def _refuse(
 ) -> Outcome:
     """An invalid generation: Valid=False and problems in status, one Warning event; children untouched."""
     new_status = dict(previous)
+    ever_valid = previous.get("observedGeneration") is not None
     new_status["conditions"] = S.merge_conditions(
-        previous.get("conditions") or [], S.invalid_conditions(problems), generation=generation, now=now
+        previous.get("conditions") or [],
+        S.invalid_conditions(problems, ever_valid=ever_valid),
+        generation=generation,
+        now=now,
     )
     new_status["problems"] = [p.to_dict() for p in problems]
     outcome = Outcome(valid=False)
@@ -181,12 +186,10 @@ def _delete_group(kube: Kube, *, name: str, namespace: str, key: str) -> None:
 
 
 def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any]) -> bool:
-    if S.comparable(new) == S.comparable(previous):
+    """Merge-patch status with exactly the difference; no write when nothing changed."""
+    patch = merge_patch(S.comparable(previous), S.comparable(new))
+    if not patch:
         return False
-    patch = dict(new)
-    for k in previous:  # merge patch: drop keys we no longer report
-        if k not in patch and k != "kopf":
-            patch[k] = None
     meta = body["metadata"]
     kube.patch_status(API_VERSION, "PDDeployment", meta["name"], meta["namespace"], patch)
     return True

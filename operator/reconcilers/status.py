@@ -105,10 +105,16 @@ def _group_summary(g: ObservedGroup, *, serving: str | None, target: str | None)
     }
 
 
-def invalid_conditions(problems: list[Problem]) -> list[Cond]:
-    """Conditions for a refused generation: Valid False with every error; Ready and Progressing untouched."""
+def invalid_conditions(problems: list[Problem], *, ever_valid: bool) -> list[Cond]:
+    """Conditions for a refused generation: Valid False with every error.
+
+    When an earlier generation was served (``ever_valid``), Ready and Progressing keep
+    describing it; otherwise Ready is False with reason InvalidSpec.
+    """
     errs = errors(problems)
     conds = [Cond("Valid", "False", "InvalidSpec", problems_message(errs))]
+    if not ever_valid:
+        conds.append(Cond("Ready", "False", "InvalidSpec", "the spec was refused; see the Valid condition"))
     warns = warnings(problems)
     conds.append(Cond("Warning", "True" if warns else "False", "CatalogWarnings" if warns else "NoWarnings", problems_message(warns)))
     return conds

@@ -236,7 +236,6 @@ def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> lis
             "clusterIP": "None",
             "selector": L.selector_labels(name, component, key),
             "ports": svc_ports,
-            "publishNotReadyAddresses": False,
         },
     }
     return [config_map, deployment, service]

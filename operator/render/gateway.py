@@ -31,7 +31,8 @@ def gateway_args(plan: Plan, compat_key: str | None = None) -> list[str]:
         "--host", "0.0.0.0",
         "--port", str(gw.port),
         "--pd-disaggregation",
-        "--service-discovery",
+        # smg 1.13: --service-discovery is the legacy spelling of --discovery-provider
+        # kubernetes and the two are mutually exclusive (router_args.py).
         "--discovery-provider", "kubernetes",
         "--service-discovery-namespace", plan.namespace,
         "--service-discovery-port", str(ENGINE_PORT),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sglang_pd_operator.api.crd import all_crds, render_yaml
-from tests.conftest import ROOT
+from helpers import ROOT
 
 
 def test_checked_in_crds_are_current():

@@ -13,7 +13,7 @@ from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..plan import RolePlan
 from ..problems import Problem
-from . import args, engram, handshake, kv, paged_experts, placement, plugins, transfer
+from . import args, deepseek_v4, engram, handshake, kv, paged_experts, placement, plugins, transfer
 
 ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     placement.accelerator_known,
@@ -22,6 +22,10 @@ ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     placement.memory_fits_node,
     kv.kv_layout_predictable,
     kv.kv_layout_servable,
+    deepseek_v4.dsv4_page_size,
+    deepseek_v4.dsv4_allocation_policy,
+    deepseek_v4.dsv4_speculative_algorithm,
+    deepseek_v4.dspark_pd_requirements,
     args.extra_args_not_managed,
     args.extra_args_parse,
     args.env_not_managed,

@@ -1,0 +1,122 @@
+"""``dev cluster up|down|status|build``: the dev cluster from the command line.
+
+The main CLI mounts the ``dev`` group (``sglang-pd-operator dev cluster up``);
+``python -m sglang_pd_operator.devcluster up`` runs the ``cluster`` group directly.
+``up`` stays in the foreground until Ctrl-C (then stops everything) unless ``--detach``;
+``down`` stops a detached run through its state file.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from sglang_pd_operator.devcluster import build, gomod, paths, supervise, teardown
+from sglang_pd_operator.devcluster.cluster import ClusterError, start_cluster
+
+
+def _echo(message: str) -> None:
+    click.echo(message)
+    sys.stdout.flush()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+_run_dir_option = click.option(
+    "--run-dir", type=click.Path(file_okay=False, path_type=Path),
+    default=None, help="Run directory (default: <checkout>/.run/cluster).")
+
+
+@click.group()
+def dev() -> None:
+    """Development tools."""
+
+
+@dev.group()
+def cluster() -> None:
+    """A local control plane (etcd, kube-apiserver, controller manager, scheduler, kwok)
+    with fake GPU nodes, built from the Kubernetes Go modules."""
+
+
+@cluster.command("build")
+def build_cmd() -> None:
+    """Build (or find in the cache) the seven binaries."""
+    try:
+        bins = build.ensure_binaries(log=_echo)
+    except (build.BuildError, gomod.GoModuleDownloadError, gomod.GoToolMissing) as err:
+        raise click.ClickException(str(err)) from err
+    if bins.build_seconds is not None:
+        _echo(f"build took {bins.build_seconds:.0f}s ({bins.packages_compiled} packages compiled; "
+              f"0 means Go's build cache was warm and only linking ran)")
+    _echo(str(bins.dir))
+
+
+@cluster.command()
+@_run_dir_option
+@click.option("--detach", is_flag=True, help="Return once ready; stop later with `down`.")
+def up(run_dir: Path | None, detach: bool) -> None:
+    """Start the cluster and print its kubeconfig path."""
+    run_dir = run_dir or paths.default_run_dir()
+    if not detach:
+        # SIGTERM behaves like Ctrl-C: unwind, so the finally below stops the cluster.
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        running = start_cluster(run_dir=run_dir, detach=detach, log=_echo)
+    except (ClusterError, build.BuildError, gomod.GoModuleDownloadError,
+            gomod.GoToolMissing) as err:
+        raise click.ClickException(str(err)) from err
+    except KeyboardInterrupt:
+        raise click.Abort() from None
+    _echo(f"export KUBECONFIG={running.kubeconfig}")
+    if detach:
+        _echo(f"detached; stop it with: python -m sglang_pd_operator.devcluster down "
+              f"--run-dir {running.run_dir}")
+        return
+    _echo("running; press Ctrl-C to stop")
+    try:
+        code = supervise.wait_until_interrupted(running, log=_echo)
+    finally:
+        running.stop(log=_echo)
+    sys.exit(code)
+
+
+@cluster.command()
+@_run_dir_option
+def down(run_dir: Path | None) -> None:
+    """Stop the cluster recorded in the run directory (only processes it started)."""
+    run_dir = run_dir or paths.default_run_dir()
+    stopped = teardown.stop_run(run_dir, log=_echo)
+    if not stopped:
+        _echo(f"nothing running in {run_dir}")
+
+
+@cluster.command()
+@_run_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(run_dir: Path | None, as_json: bool) -> None:
+    """Show the run's processes, /readyz and node readiness. Exit 1 when not running."""
+    run_dir = run_dir or paths.default_run_dir()
+    info = supervise.run_status(run_dir)
+    if as_json:
+        _echo(json.dumps(info, indent=2))
+    else:
+        _echo(f"run dir:    {info['run_dir']}")
+        _echo(f"phase:      {info['phase']}"
+              + (f" (stale: {info['stale_because']})"
+                 if info.get("stale_because") and info["phase"] != "stopped" else ""))
+        for key in ("kubeconfig", "server", "pod_network", "readyz"):
+            if info.get(key):
+                _echo(f"{key + ':':<11} {info[key]}")
+        if "nodes" in info:
+            _echo(f"nodes:      {info['nodes']['ready']}/{info['nodes']['total']} Ready")
+        for proc in info.get("processes", []):
+            mark = "running" if proc["running"] else "gone"
+            _echo(f"  {proc['name']:<24} pid {proc['pid']:<8} {mark:<8} {proc['log']}")
+    live = info["phase"] == "ready" and not info.get("stale_because")
+    sys.exit(0 if live else 1)

@@ -1,0 +1,314 @@
+"""Bring a dev cluster up: ``start_cluster`` returns a ``Cluster`` handle once it is usable.
+
+``start_cluster`` runs these steps, each a function below:
+
+1. ``ensure_binaries``    find or build the seven binaries (``build``)
+2. ``_claim_run_dir``     refuse a live run, clean a stale one (its own processes only)
+3. ``_write_pki``         certificates, keys, kubeconfigs (``pki``, ``kubeconfig``)
+4. ``_start_api``         etcd + kube-apiserver on free ports, wait for /readyz
+                          (new ports and a retry when a port was taken meanwhile)
+5. ``_start_controllers`` kube-controller-manager, kube-scheduler, kwok
+6. ``_create_nodes``      the fake GPU nodes of node-pools.yaml (``nodes``)
+7. ``_wait_settled``      nodes Ready and untainted, the default ServiceAccount exists
+
+Every started process is recorded in the state file at once (``state``), so whatever
+happens later (an exception, Ctrl-C, a SIGKILLed harness), ``teardown.stop_run`` or the next
+``up`` can stop exactly those processes. When a component exits early or the API does
+not get ready, the error names each component's log file and shows the failing one's
+last lines.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sglang_pd_operator.devcluster import (build, components, kubeconfig, netalloc, nodes,
+                                           paths, pki, procs, rest, state, teardown)
+from sglang_pd_operator.devcluster.handle import (Cluster, ClusterAlreadyRunning,
+                                                  ClusterError, ComponentFailed, Log,
+                                                  ToolFailed)
+from sglang_pd_operator.devcluster.teardown import stop_run, sweep_stale_runs
+
+__all__ = ["Cluster", "ClusterAlreadyRunning", "ClusterError", "ComponentFailed",
+           "ToolFailed", "start_cluster", "stop_run", "sweep_stale_runs"]
+#: Seconds allowed for kube-apiserver to answer /readyz after it was started.
+READYZ_TIMEOUT_S = 90.0
+#: Seconds allowed, after /readyz, for nodes to be Ready and the default SA to exist.
+SETTLE_TIMEOUT_S = 90.0
+_PORT_RETRIES = 3
+
+
+def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
+                  node_pools: Path | None = None) -> Cluster:
+    """Start a cluster in ``run_dir`` and return once it is usable.
+
+    "Usable": /readyz answers 200, every fake node is Ready without the not-ready taint
+    and the ``default`` ServiceAccount exists, so Deployments and Jobs run at once.
+    ``detach=False`` ties the components to this process (they get SIGTERM if it dies,
+    and an atexit hook stops them); ``detach=True`` leaves them running for ``down``.
+
+    Raises ClusterAlreadyRunning, ComponentFailed (with log paths and the failing log's
+    tail), ClusterError, build.BuildError or gomod.GoModuleDownloadError. On any error,
+    or Ctrl-C, everything started so far is stopped before the exception propagates.
+    """
+    begin = time.monotonic()
+    bins = build.ensure_binaries(log=log)
+    run_dir = run_dir.resolve()
+    layout = components.Layout(run_dir=run_dir)
+    _claim_run_dir(run_dir, log=log)
+    registry = paths.cache_root() / "runs"
+    state.register(registry=registry, run_dir=run_dir)
+    st = state.save(state.RunState.new(run_dir=run_dir, detached=detach)
+                     .with_(bin_dir=str(bins.dir), kubeconfig=str(layout.kubeconfig)))
+    die_with_parent = not detach and threading.current_thread() is threading.main_thread()
+    holder = _StateHolder(st)
+    stop_hook = None
+    if not detach:
+        stop_hook = _make_atexit_stop(run_dir)
+        atexit.register(stop_hook)
+    try:
+        network = netalloc.lease_pod_network(lease_dir=paths.cache_root() / "pod-networks",
+                                             run_dir=run_dir, is_live=_live_other(run_dir))
+        holder.update(pod_network=str(network))
+        _write_pki(layout)
+        started = time.monotonic()
+        api = _start_api(layout=layout, bins=bins, holder=holder, log=log,
+                         die_with_parent=die_with_parent)
+        readyz_s = time.monotonic() - started
+        cached = "binaries cached" if bins.cached else f"binaries built in {bins.build_seconds:.0f}s"
+        log(f"cluster: reached /readyz in {readyz_s:.1f}s ({cached})")
+        _start_controllers(layout=layout, bins=bins, holder=holder, network=network,
+                           die_with_parent=die_with_parent)
+        count = _create_nodes(api=api, network=network, node_pools=node_pools)
+        _wait_settled(api=api, holder=holder, node_count=count)
+        ready_s = time.monotonic() - started
+        holder.update(phase="ready")
+    except BaseException:
+        log(f"cluster: start failed; stopping what was started (logs in {layout.logs})")
+        teardown.stop_run(run_dir, log=log, quiet=True)
+        if stop_hook:
+            atexit.unregister(stop_hook)
+        raise
+    timings = {"readyz": round(readyz_s, 2), "ready": round(ready_s, 2),
+               "total": round(time.monotonic() - begin, 2)}
+    if bins.build_seconds is not None:
+        timings["build"] = round(bins.build_seconds, 1)
+    log(f"cluster: {count} fake GPU nodes Ready {ready_s:.1f}s after start "
+        f"(pod network {network})")
+    log(f"cluster: kubeconfig {layout.kubeconfig}")
+    log(f"cluster: run dir    {run_dir} (logs in {layout.logs})")
+    return Cluster(run_dir=run_dir, kubeconfig=layout.kubeconfig, bin_dir=bins.dir,
+                   server=holder.state.server, pod_network=str(network), timings=timings)
+
+
+# --- steps -----------------------------------------------------------------------------
+
+
+class _StateHolder:
+    """The current RunState; every change is saved at once (thread-safe)."""
+
+    def __init__(self, st: state.RunState) -> None:
+        self.state = st
+        self._lock = threading.Lock()
+
+    def update(self, **changes) -> None:
+        with self._lock:
+            self.state = state.save(self.state.with_(**changes))
+
+    def add(self, record: procs.ProcessRecord) -> None:
+        with self._lock:
+            self.state = state.save(self.state.with_process(record))
+
+
+def _make_atexit_stop(run_dir: Path) -> Callable[[], None]:
+    me = os.getpid()
+
+    def stop_at_exit() -> None:
+        st = state.load(run_dir)
+        if st is not None and st.owner_pid == me and st.phase != "stopped":
+            teardown.stop_run(run_dir, quiet=True)
+
+    return stop_at_exit
+
+
+def _live_other(run_dir: Path) -> Callable[[Path], bool]:
+    def is_live(other: Path) -> bool:
+        return other != run_dir and state.is_live_dir(other)
+    return is_live
+
+
+def _claim_run_dir(run_dir: Path, *, log: Log) -> None:
+    """Make ``run_dir`` an empty directory owned by this harness, or raise."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    old = state.load(run_dir)
+    if old is not None:
+        reason = state.why_not_live(old)
+        if reason is None:
+            raise ClusterAlreadyRunning(
+                f"a cluster is already running in {run_dir} (owner pid {old.owner_pid}, "
+                f"{'detached' if old.detached else 'attached'}); stop it with `dev cluster "
+                f"down --run-dir {run_dir}` or use another --run-dir")
+        if old.phase != "stopped":
+            teardown.clean_stale(old, reason=reason, log=log)
+    elif any(run_dir.iterdir()) and not (run_dir / state.MARKER_FILE).exists():
+        raise ClusterError(f"{run_dir} is not empty and was not made by this harness; "
+                           f"refusing to use it (pick another --run-dir)")
+    for child in run_dir.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    (run_dir / state.MARKER_FILE).write_text("made by sglang_pd_operator.devcluster\n")
+
+
+def _write_pki(layout: components.Layout) -> None:
+    pki.write_pki(layout.pki.dir, service_ip=components.service_ip())
+
+
+def admin_api(layout: components.Layout, server: str) -> rest.Api:
+    """A ``rest.Api`` for the run in ``layout`` as its admin user."""
+    p = layout.pki
+    return rest.Api(server=server, ca_cert=p.ca_cert, client_cert=p.client_cert("admin"),
+                    client_key=p.client_key("admin"))
+
+
+def _write_kubeconfigs(layout: components.Layout, server: str) -> None:
+    p = layout.pki
+    kubeconfig.write_kubeconfig(layout.kubeconfig, server=server, ca_cert=p.ca_cert,
+                                client_cert=p.client_cert("admin"),
+                                client_key=p.client_key("admin"))
+    for name in ("controller-manager", "scheduler", "kwok"):
+        kubeconfig.write_kubeconfig(layout.component_kubeconfig(name), server=server,
+                                    ca_cert=p.ca_cert, client_cert=p.client_cert(name),
+                                    client_key=p.client_key(name), user=name)
+
+
+def _spawn(*, name: str, argv: list[str], layout: components.Layout, holder: _StateHolder,
+           die_with_parent: bool, env: dict[str, str] | None = None) -> subprocess.Popen:
+    proc, record = procs.spawn(name=name, argv=argv, log_path=layout.log(name), env=env,
+                               cwd=layout.run_dir, die_with_parent=die_with_parent)
+    holder.add(record)
+    return proc
+
+
+def _check_alive(running: dict[str, subprocess.Popen], holder: _StateHolder) -> None:
+    for name, proc in running.items():
+        code = proc.poll()
+        if code is not None:
+            raise ComponentFailed(component=name, problem=f"exited early with code {code}",
+                                  st=holder.state)
+
+
+def _start_api(*, layout: components.Layout, bins: build.Binaries, holder: _StateHolder,
+               log: Log, die_with_parent: bool) -> rest.Api:
+    """Start etcd and kube-apiserver and wait for /readyz; retry on a port collision."""
+    for attempt in range(1, _PORT_RETRIES + 1):
+        etcd_client, etcd_peer, api_port = netalloc.free_ports(3)
+        server = f"https://127.0.0.1:{api_port}"
+        holder.update(server=server, ports={"etcd-client": etcd_client, "etcd-peer": etcd_peer,
+                                            "kube-apiserver": api_port})
+        _write_kubeconfigs(layout, server)
+        running = {
+            "etcd": _spawn(name="etcd", layout=layout, holder=holder,
+                           die_with_parent=die_with_parent,
+                           argv=components.etcd_argv(binary=bins.path("etcd"), layout=layout,
+                                                     client_port=etcd_client,
+                                                     peer_port=etcd_peer)),
+            "kube-apiserver": _spawn(name="kube-apiserver", layout=layout, holder=holder,
+                                     die_with_parent=die_with_parent,
+                                     argv=components.apiserver_argv(
+                                         binary=bins.path("kube-apiserver"), layout=layout,
+                                         port=api_port, etcd_port=etcd_client)),
+        }
+        api = admin_api(layout, server)
+        try:
+            _wait_readyz(api=api, running=running, holder=holder)
+            return api
+        except ComponentFailed as err:
+            if not err.port_in_use or attempt == _PORT_RETRIES:
+                raise
+            log(f"cluster: {err.component} found its port taken; retrying on new ports")
+            procs.stop([holder.state.processes[-1], holder.state.processes[-2]], grace_s=1)
+            holder.update(processes=holder.state.processes[:-2])
+            shutil.rmtree(layout.etcd_data, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _wait_readyz(*, api: rest.Api, running: dict[str, subprocess.Popen],
+                 holder: _StateHolder) -> None:
+    deadline = time.monotonic() + READYZ_TIMEOUT_S
+    reason = ""
+    while time.monotonic() < deadline:
+        _check_alive(running, holder)
+        ready, reason = api.readyz()
+        if ready:
+            return
+        time.sleep(0.2)
+    raise ComponentFailed(component="kube-apiserver",
+                          problem=f"did not pass /readyz within {READYZ_TIMEOUT_S:.0f}s "
+                                  f"(last answer: {reason[-200:]})", st=holder.state)
+
+
+def _start_controllers(*, layout: components.Layout, bins: build.Binaries,
+                       holder: _StateHolder, network, die_with_parent: bool) -> None:
+    layout.kwok_home.mkdir(parents=True, exist_ok=True)
+    stage_files = sorted(paths.kwok_stage_dir().glob("*.yaml"))
+    specs = [
+        ("kube-controller-manager", components.controller_manager_argv(
+            binary=bins.path("kube-controller-manager"), layout=layout), None),
+        ("kube-scheduler", components.scheduler_argv(
+            binary=bins.path("kube-scheduler"), layout=layout), None),
+        ("kwok", components.kwok_argv(binary=bins.path("kwok"), layout=layout,
+                                      stage_files=stage_files, pod_network=network),
+         {**os.environ, "HOME": str(layout.kwok_home)}),
+    ]
+    for name, argv, env in specs:
+        _spawn(name=name, argv=argv, layout=layout, holder=holder,
+               die_with_parent=die_with_parent, env=env)
+
+
+def _create_nodes(*, api: rest.Api, network, node_pools: Path | None) -> int:
+    pools = nodes.load_pools(node_pools or paths.node_pools_file())
+    objects = nodes.node_objects(pools, pod_network=network)
+    for node in objects:
+        api.create("/api/v1/nodes", node)
+    return len(objects)
+
+
+def node_ready(node: dict) -> bool:
+    """True when a Node (API JSON) is Ready and no longer tainted not-ready."""
+    conditions = node.get("status", {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    taints = node.get("spec", {}).get("taints") or []
+    return ready and not any(t.get("key") == "node.kubernetes.io/not-ready" for t in taints)
+
+
+def _wait_settled(*, api: rest.Api, holder: _StateHolder, node_count: int) -> None:
+    """Wait for all kwok nodes Ready (not-ready taint removed) and the default SA."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    names = {"kube-controller-manager", "kube-scheduler", "kwok", "etcd", "kube-apiserver"}
+    missing = "nodes"
+    while time.monotonic() < deadline:
+        for record in holder.state.processes:
+            if record.name in names and not procs.is_ours(record):
+                raise ComponentFailed(component=record.name, problem="exited early",
+                                      st=holder.state)
+        items = (api.get_json("/api/v1/nodes?labelSelector=type%3Dkwok") or {}).get("items", [])
+        ready = sum(node_ready(n) for n in items)
+        sa = api.get_json("/api/v1/namespaces/default/serviceaccounts/default")
+        if ready == node_count and sa is not None:
+            return
+        missing = (f"{ready}/{node_count} nodes Ready" if ready < node_count
+                   else "the default ServiceAccount")
+        time.sleep(0.25)
+    component = "kwok" if missing.endswith("Ready") else "kube-controller-manager"
+    raise ComponentFailed(component=component,
+                          problem=f"did not settle within {SETTLE_TIMEOUT_S:.0f}s "
+                                  f"(waiting for {missing})", st=holder.state)

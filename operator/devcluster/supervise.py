@@ -1,0 +1,55 @@
+"""Watching a run: ``status`` and the foreground loop of ``up``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sglang_pd_operator.devcluster import cluster, components, procs, state
+from sglang_pd_operator.devcluster.handle import Cluster, ComponentFailed
+
+Log = Callable[[str], None]
+
+
+def run_status(run_dir: Path) -> dict:
+    """What ``status`` prints: phase, liveness, each process, /readyz, node readiness."""
+    st = state.load(Path(run_dir).resolve())
+    if st is None:
+        return {"run_dir": str(run_dir), "phase": "absent"}
+    result = {
+        "run_dir": st.run_dir, "phase": st.phase, "detached": st.detached,
+        "stale_because": state.why_not_live(st), "kubeconfig": st.kubeconfig,
+        "server": st.server, "pod_network": st.pod_network, "ports": st.ports,
+        "processes": [{"name": r.name, "pid": r.pid, "running": procs.is_ours(r), "log": r.log}
+                      for r in st.processes],
+    }
+    if st.server and st.phase != "stopped":
+        api = cluster.admin_api(components.Layout(run_dir=Path(st.run_dir)), st.server)
+        ready, reason = api.readyz()
+        result["readyz"] = "ok" if ready else reason
+        if ready:
+            items = (api.get_json("/api/v1/nodes?labelSelector=type%3Dkwok") or {}).get("items", [])
+            result["nodes"] = {"total": len(items), "ready": sum(cluster.node_ready(n) for n in items)}
+    return result
+
+
+def wait_until_interrupted(running: Cluster, *, log: Log = print, poll_s: float = 1.0) -> int:
+    """Block while the cluster runs (foreground ``up``). Returns 0 after Ctrl-C/SIGTERM
+    (the caller stops the cluster), 1 when a component exited by itself (its log tail
+    is printed)."""
+    try:
+        while True:
+            st = state.load(running.run_dir)
+            if st is None or st.phase == "stopped":
+                log("cluster: stopped from elsewhere")
+                return 0
+            dead = [r for r in st.processes if not procs.is_ours(r)]
+            if dead:
+                err = ComponentFailed(component=dead[0].name, problem="exited unexpectedly", st=st)
+                log(f"cluster: {err}")
+                return 1
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        log("cluster: interrupted")
+        return 0

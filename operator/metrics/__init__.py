@@ -1,0 +1,19 @@
+"""Metrics: SLO measurement from SGLang's histograms, and the operator's own exporter.
+
+Modules, lowest layer first (each imports only from those above it in this list):
+
+- ``histogram``         classic Prometheus histograms and ``histogram_quantile`` (pure math).
+- ``exposition``        parse one pod's ``/metrics`` text into the SGLang / smg series we use.
+- ``slo``               :class:`~sglang_pd_operator.metrics.slo.SLOEvaluator`: per-pod increases
+                        over the window, percentiles, attainment, burn rates -> ``SLOResult``.
+- ``operator_metrics``  :class:`~sglang_pd_operator.metrics.operator_metrics.OperatorMetrics`:
+                        a dedicated registry with reconcile metrics and the published SLO figures.
+- ``monitoring``        pure rendering of the PodMonitor and PrometheusRule for clusters that run
+                        the Prometheus Operator.
+
+Each interval the reconciler calls, for every ready pod, ``evaluator.observe(key, role, pod,
+text, now)``, then ``result = evaluator.evaluate(key, spec.slo, now)`` and
+``operator_metrics.publish(result)``; ``slo.slo_condition(result)`` and
+``result.to_status()`` give the ``SLOMet`` condition and the ``status.slo`` block.
+docs/slo.md explains the choices (sources per role, windows, burn rates).
+"""

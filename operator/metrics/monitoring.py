@@ -1,0 +1,203 @@
+"""Prometheus Operator objects for a PDDeployment: a PodMonitor and a PrometheusRule (pure).
+
+For clusters that run the Prometheus Operator (the reconciler renders these only when
+the ``podmonitors.monitoring.coreos.com`` and ``prometheusrules.monitoring.coreos.com``
+CRDs exist). They let Prometheus compute the same figures as the operator's own
+``slo`` module:
+
+- the PodMonitor scrapes ``/metrics`` of the engine pods (SGLang's HTTP port) and of the
+  gateway pods (smg's ``--prometheus-port``), and labels every series with
+  ``deployment`` (the PDDeployment name) and ``role`` (from a pod label); the Prometheus
+  Operator adds ``namespace`` and ``pod`` itself;
+- the PrometheusRule records, per deployment, each targeted percentile as
+  ``histogram_quantile(q, sum by (namespace, deployment, le) (rate(<metric>_bucket
+  {role="decode"}[window])))`` (speed as 1 / the TPOT percentile), a 0/1 "window bad"
+  series, burn rates over the four windows of ``slo.burn_windows`` and the two
+  multi-window alerts, plus a KV-transfer-failure alert.
+
+The expressions are checked by ``promtool check rules`` in tests/contract/test_promql.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from sglang_pd_operator.api.v1alpha1 import SLOSpec, parse_duration
+from sglang_pd_operator.metrics import exposition as ex
+from sglang_pd_operator.metrics.slo import PERCENTILES, ROLE_DECODE, ROLE_PREFILL, burn_windows, format_duration
+
+MONITORING_API_VERSION = "monitoring.coreos.com/v1"
+RECORD_PREFIX = "sglang_pd"
+
+_SLO_METRICS = {  # spec field -> (histogram family, recorded name part)
+    "ttft": (ex.TTFT, "ttft_seconds"),
+    "itl": (ex.ITL, "itl_seconds"),
+    "e2e": (ex.E2E, "e2e_seconds"),
+    "perUserSpeed": (ex.TPOT, "per_user_speed_tokens_per_second"),
+}
+
+
+def _label_to_meta(key: str) -> str:
+    """Pod label key -> the Prometheus service-discovery meta label holding its value."""
+    return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+def _selector(name: str, namespace: str, role: str) -> str:
+    return f'namespace="{namespace}",deployment="{name}",role="{role}"'
+
+
+def recorded_name(metric: str, percentile: str) -> str:
+    """Recording-rule name of one target, e.g. ``sglang_pd:ttft_seconds:p90``."""
+    return f"{RECORD_PREFIX}:{_SLO_METRICS[metric][1]}:{percentile}"
+
+
+def render_monitoring(
+    *,
+    name: str,
+    namespace: str,
+    slo_spec: SLOSpec | None,
+    pod_selector: Mapping[str, str],
+    role_label: str,
+    engine_port: str = "http",
+    gateway_port: str = "metrics",
+    scrape_interval: str = "15s",
+    labels: Mapping[str, str] | None = None,
+    owner_references: list[dict] | None = None,
+) -> list[dict]:
+    """The PodMonitor and (when ``slo_spec`` is set) PrometheusRule of one PDDeployment.
+
+    ``pod_selector``: matchLabels selecting this deployment's engine AND gateway pods.
+    ``role_label``: pod label whose value is the role (prefill | decode | aggregated |
+    gateway); copied to the ``role`` series label. ``engine_port`` / ``gateway_port``:
+    container port NAMES serving /metrics on engine and gateway pods (a pod without the
+    named port is simply not scraped on that endpoint). ``labels`` go on both objects'
+    metadata (the Prometheus Operator's ruleSelector / podMonitorSelector match them).
+    Returns plain dicts, PodMonitor first. Raises ValueError for a bad duration.
+    """
+    meta_labels = dict(labels or {})
+    relabel = [
+        {"action": "replace", "targetLabel": "deployment", "replacement": name},
+        {"action": "replace", "sourceLabels": [_label_to_meta(role_label)], "targetLabel": "role"},
+    ]
+
+    def endpoint(port: str) -> dict:
+        return {"port": port, "path": "/metrics", "interval": scrape_interval, "relabelings": relabel}
+
+    metadata = {"name": name, "namespace": namespace, "labels": meta_labels}
+    if owner_references:
+        metadata["ownerReferences"] = owner_references
+    pod_monitor = {
+        "apiVersion": MONITORING_API_VERSION,
+        "kind": "PodMonitor",
+        "metadata": dict(metadata),
+        "spec": {
+            "selector": {"matchLabels": dict(pod_selector)},
+            "namespaceSelector": {"matchNames": [namespace]},
+            "podMetricsEndpoints": [endpoint(engine_port), endpoint(gateway_port)],
+        },
+    }
+    objects = [pod_monitor]
+    if slo_spec is not None:
+        objects.append({
+            "apiVersion": MONITORING_API_VERSION,
+            "kind": "PrometheusRule",
+            "metadata": dict(metadata),
+            "spec": prometheus_rule_spec(name=name, namespace=namespace, slo_spec=slo_spec),
+        })
+    return objects
+
+
+def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec) -> dict:
+    """``spec`` of the PrometheusRule: ``{"groups": [...]}``, also a valid promtool rules file.
+
+    Recording group ``<namespace>.<name>.sglang-pd-slo`` (interval = a tenth of the window,
+    at least 15s... capped to 1m) and alert group ``<namespace>.<name>.sglang-pd-slo-alerts``.
+    Alerts: ``SGLangPDErrorBudgetBurnFast`` (page: 12W and W above 14.4),
+    ``SGLangPDErrorBudgetBurnSlow`` (ticket: 72W and 6W above 6),
+    ``SGLangPDKVTransferFailing`` (any transfer/bootstrap failure over W, for W).
+    """
+    window_s = parse_duration(slo_spec.window)
+    w = format_duration(window_s)
+    dsel = f'namespace="{namespace}",deployment="{name}"'
+    by = "sum by (namespace, deployment, le)"
+    records: list[dict] = []
+    bad_terms: list[str] = []
+    for metric, (family, _) in _SLO_METRICS.items():
+        targets = getattr(slo_spec, metric)
+        if targets is None:
+            continue
+        for pname, q in PERCENTILES.items():
+            raw = getattr(targets, pname)
+            if raw is None:
+                continue
+            quantile = (f"histogram_quantile({q}, {by} (rate({family}_bucket{{{_selector(name, namespace, ROLE_DECODE)}}}"
+                        f"[{w}])))")
+            rec = recorded_name(metric, pname)
+            if metric == "perUserSpeed":
+                records.append({"record": rec, "expr": f"1 / {quantile}"})
+                bad_terms.append(f"({rec}{{{dsel}}} < bool {float(raw):g})")
+            else:
+                records.append({"record": rec, "expr": quantile})
+                bad_terms.append(f"({rec}{{{dsel}}} > bool {parse_duration(raw):g})")
+    traffic = (f"sum by (namespace, deployment) (rate({ex.E2E}_count{{{_selector(name, namespace, ROLE_DECODE)}}}"
+               f"[{w}])) > 0")
+    bad = f"{RECORD_PREFIX}:slo_window_bad"
+    budget = 1.0 - slo_spec.objective
+    if bad_terms:
+        records.append({
+            "record": bad,
+            "expr": f"clamp_max({' + '.join(bad_terms)}, 1) and on (namespace, deployment) ({traffic})",
+        })
+        for bw in burn_windows(window_s):
+            records.append({
+                "record": f"{RECORD_PREFIX}:slo_error_budget_burn_rate:{format_duration(bw.seconds)}",
+                "expr": f"avg_over_time({bad}{{{dsel}}}[{format_duration(bw.seconds)}]) / {budget:g}",
+            })
+    kv_failures = (f"sum by (namespace, deployment) (increase({ex.TRANSFER_FAILED}{{{dsel}}}[{w}]) "
+                   f"+ increase({ex.BOOTSTRAP_FAILED}{{{dsel}}}[{w}]))")
+    records.append({"record": f"{RECORD_PREFIX}:kv_transfer_failures:increase{w}", "expr": kv_failures})
+    for pname, q in PERCENTILES.items():
+        records.append({
+            "record": f"{RECORD_PREFIX}:kv_transfer_latency_seconds:{pname}",
+            "expr": (f"histogram_quantile({q}, {by} (rate({ex.KV_TRANSFER_LATENCY_MS}_bucket"
+                     f"{{{_selector(name, namespace, ROLE_PREFILL)}}}[{w}]))) / 1000"),
+        })
+    alerts: list[dict] = []
+    if bad_terms:
+        for pair, alert, severity in (("page", "SGLangPDErrorBudgetBurnFast", "critical"),
+                                      ("ticket", "SGLangPDErrorBudgetBurnSlow", "warning")):
+            wins = [bw for bw in burn_windows(window_s) if bw.pair == pair]
+            cond = " and ".join(
+                f"{RECORD_PREFIX}:slo_error_budget_burn_rate:{format_duration(bw.seconds)}{{{dsel}}} > {bw.threshold:g}"
+                for bw in sorted(wins, key=lambda b: -b.seconds))
+            long_w = format_duration(max(bw.seconds for bw in wins))
+            short_w = format_duration(min(bw.seconds for bw in wins))
+            alerts.append({
+                "alert": alert,
+                "expr": cond,
+                "for": "2m" if pair == "page" else "15m",
+                "labels": {"severity": severity, "slo_alert": pair},
+                "annotations": {
+                    "summary": f"PDDeployment {namespace}/{name} is burning its latency error budget",
+                    "description": (f"Burn rate over {long_w} and {short_w} is above "
+                                    f"{wins[0].threshold:g}x (objective {slo_spec.objective:g}, window {w}); "
+                                    "see the SLOMet condition of the PDDeployment."),
+                },
+            })
+    alerts.append({
+        "alert": "SGLangPDKVTransferFailing",
+        "expr": f"{RECORD_PREFIX}:kv_transfer_failures:increase{w}{{{dsel}}} > 0",
+        "for": w,
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": f"PDDeployment {namespace}/{name}: KV cache transfers are failing",
+            "description": "sglang:num_transfer_failed_reqs_total or sglang:num_bootstrap_failed_reqs_total "
+                           "increased on prefill or decode pods; check the transfer backend and IB devices.",
+        },
+    })
+    interval = format_duration(min(60.0, max(15.0, window_s / 10)))
+    return {"groups": [
+        {"name": f"{namespace}.{name}.sglang-pd-slo", "interval": interval, "rules": records},
+        {"name": f"{namespace}.{name}.sglang-pd-slo-alerts", "interval": interval, "rules": alerts},
+    ]}

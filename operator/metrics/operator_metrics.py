@@ -1,0 +1,199 @@
+"""The operator's own Prometheus metrics: reconcile health and the SLO figures it measured.
+
+Everything lives in one dedicated ``CollectorRegistry`` (:attr:`OperatorMetrics.registry`)
+so the operator's ``/metrics`` serves exactly these series and nothing a library
+registered globally. Serve it with ``prometheus_client.start_http_server(port,
+registry=metrics.registry)`` or ``generate_latest(metrics.registry)`` in an existing
+web app.
+
+Reconcile metrics are ordinary instruments the reconciler updates. SLO metrics come
+from the latest :class:`~sglang_pd_operator.metrics.slo.SLOResult` of each deployment,
+published with :meth:`OperatorMetrics.publish`; a custom collector renders them at
+scrape time, so a deleted deployment disappears as soon as :meth:`OperatorMetrics.remove`
+is called (no stale label sets).
+
+Names follow Prometheus conventions: ``sglang_pd_operator_`` prefix, base units
+(seconds, ratios 0..1, tokens per second), ``_total`` only on counters. Label
+``target`` is the spec field (``ttft``, ``itl``, ``e2e``, ``perUserSpeed``) and
+``percentile`` is ``p50`` | ``p90`` | ``p99``; ``role`` is the role the figure was read
+from (decode for request latencies under PD, prefill for KV transfer latency).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sglang_pd_operator.metrics.slo import UNIT_SECONDS, SLOResult, format_duration
+
+PREFIX = "sglang_pd_operator"
+
+#: Reconcile duration buckets, seconds: a no-op pass takes milliseconds, a pass that
+#: applies a dozen objects through server-side apply can take several seconds.
+RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def split_key(deployment_key: str) -> tuple[str, str]:
+    """``namespace/name`` -> (namespace, name); a key without ``/`` has namespace ``""``."""
+    namespace, _, name = deployment_key.rpartition("/")
+    return namespace, name
+
+
+class _SLOCollector(Collector):
+    """Renders the published SLO results as gauge families at scrape time."""
+
+    def __init__(self, owner: OperatorMetrics) -> None:
+        self._owner = owner
+
+    def describe(self):  # no pre-registration checks needed for dynamic families
+        return []
+
+    def collect(self):
+        results = self._owner.results()
+        dl = ["namespace", "deployment"]
+        tl = dl + ["role", "target", "percentile"]
+        measured_s = GaugeMetricFamily(f"{PREFIX}_slo_measured_seconds",
+                                       "Measured latency percentile over the SLO window, seconds.", labels=tl)
+        target_s = GaugeMetricFamily(f"{PREFIX}_slo_target_seconds",
+                                     "Latency target from spec.slo, seconds.", labels=tl)
+        measured_tps = GaugeMetricFamily(f"{PREFIX}_slo_measured_tokens_per_second",
+                                         "Measured per-user generation speed percentile (output tokens/s per "
+                                         "request, the reciprocal of SGLang's per-request TPOT).", labels=tl)
+        target_tps = GaugeMetricFamily(f"{PREFIX}_slo_target_tokens_per_second",
+                                       "Per-user generation speed target from spec.slo, tokens/s.", labels=tl)
+        target_met = GaugeMetricFamily(f"{PREFIX}_slo_target_met",
+                                       "1 when the target is met over the window, 0 when missed; absent "
+                                       "when unknown.", labels=tl)
+        met = GaugeMetricFamily(f"{PREFIX}_slo_met",
+                                "1 when every SLO target is met, 0 when one is missed; absent when unknown "
+                                "(no traffic).", labels=dl)
+        no_traffic = GaugeMetricFamily(f"{PREFIX}_slo_no_traffic",
+                                       "1 when no request finished in the SLO window.", labels=dl)
+        attainment = GaugeMetricFamily(f"{PREFIX}_slo_attainment_ratio",
+                                       "Fraction of evaluation intervals in the window that met every target.",
+                                       labels=dl)
+        objective = GaugeMetricFamily(f"{PREFIX}_slo_objective_ratio",
+                                      "spec.slo.objective: the fraction of intervals that must be good.",
+                                      labels=dl)
+        window = GaugeMetricFamily(f"{PREFIX}_slo_window_seconds", "spec.slo.window, seconds.", labels=dl)
+        burn = GaugeMetricFamily(f"{PREFIX}_slo_error_budget_burn_rate",
+                                 "Error budget burn rate (bad-interval fraction / (1 - objective)) over the "
+                                 "short and long window of the page and ticket pairs.",
+                                 labels=dl + ["alert", "window", "duration"])
+        kv_latency = GaugeMetricFamily(f"{PREFIX}_kv_transfer_latency_seconds",
+                                       "KV cache transfer latency percentile over the window (prefill pods), "
+                                       "seconds.", labels=dl + ["role", "percentile"])
+        kv_failures = GaugeMetricFamily(f"{PREFIX}_kv_transfer_failures_per_second",
+                                        "KV transfer + bootstrap failures per second over the window "
+                                        "(prefill and decode pods).", labels=dl)
+        kv_ratio = GaugeMetricFamily(f"{PREFIX}_kv_transfer_failure_ratio",
+                                     "KV transfer + bootstrap failures per request finished by decode over "
+                                     "the window.", labels=dl)
+        queue = GaugeMetricFamily(f"{PREFIX}_role_queue_requests",
+                                  "Requests in each SGLang queue, summed over the role's pods (latest scrape).",
+                                  labels=dl + ["role", "queue"])
+        pods = GaugeMetricFamily(f"{PREFIX}_role_scraped_pods",
+                                 "Pods of the role scraped within the window.", labels=dl + ["role"])
+        accept = GaugeMetricFamily(f"{PREFIX}_spec_accept_length",
+                                   "Mean speculative decoding accept length over the role's pods.",
+                                   labels=dl + ["role"])
+        for key, r in results.items():
+            ns, name = split_key(key)
+            d = [ns, name]
+            for t in r.targets:
+                labels = d + [t.source_role or "", t.metric, t.percentile]
+                if t.unit == UNIT_SECONDS:
+                    target_s.add_metric(labels, t.target)
+                    if t.measured is not None:
+                        measured_s.add_metric(labels, t.measured)
+                else:
+                    target_tps.add_metric(labels, t.target)
+                    if t.measured is not None:
+                        measured_tps.add_metric(labels, t.measured)
+                if t.met is not None:
+                    target_met.add_metric(labels, 1.0 if t.met else 0.0)
+            if r.met is not None:
+                met.add_metric(d, 1.0 if r.met else 0.0)
+            no_traffic.add_metric(d, 1.0 if r.no_traffic else 0.0)
+            if r.attainment is not None:
+                attainment.add_metric(d, r.attainment)
+            objective.add_metric(d, r.objective)
+            window.add_metric(d, r.window_seconds)
+            for b in r.burn_rates:
+                if b.value is not None:
+                    burn.add_metric(d + [b.window.pair, b.window.length, format_duration(b.window.seconds)],
+                                    b.value)
+            for p, v in r.kv_transfer.latency_seconds.items():
+                if v is not None:
+                    kv_latency.add_metric(d + ["prefill", p], v)
+            kv_failures.add_metric(d, r.kv_transfer.failures_per_second)
+            if r.kv_transfer.failure_ratio is not None:
+                kv_ratio.add_metric(d, r.kv_transfer.failure_ratio)
+            for role, summary in r.roles.items():
+                pods.add_metric(d + [role], summary.pods)
+                for qname, v in summary.queues.items():
+                    queue.add_metric(d + [role, qname], v)
+                if summary.spec_accept_length is not None:
+                    accept.add_metric(d + [role], summary.spec_accept_length)
+        yield from (measured_s, target_s, measured_tps, target_tps, target_met, met, no_traffic, attainment,
+                    objective, window, burn, kv_latency, kv_failures, kv_ratio, queue, pods, accept)
+
+
+class OperatorMetrics:
+    """All operator metrics in a dedicated registry (see the module docstring).
+
+    Reconcile instruments (label ``kind`` is the custom resource kind, e.g. PDDeployment):
+
+    - ``sglang_pd_operator_reconcile_duration_seconds`` histogram; use :meth:`time_reconcile`.
+    - ``sglang_pd_operator_reconcile_errors_total{kind,reason}`` counter.
+    - ``sglang_pd_operator_queue_depth{kind}`` gauge: objects waiting for a reconcile.
+    - ``sglang_pd_operator_scrape_errors_total{role}`` counter: failed pod scrapes.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.reconcile_duration = Histogram(
+            f"{PREFIX}_reconcile_duration_seconds", "Time spent in one reconcile pass, seconds.",
+            ["kind"], buckets=RECONCILE_BUCKETS, registry=self.registry)
+        self.reconcile_errors = Counter(
+            f"{PREFIX}_reconcile_errors_total", "Reconcile passes that ended in an error.",
+            ["kind", "reason"], registry=self.registry)
+        self.queue_depth = Gauge(
+            f"{PREFIX}_queue_depth", "Objects waiting for a reconcile pass.", ["kind"], registry=self.registry)
+        self.scrape_errors = Counter(
+            f"{PREFIX}_scrape_errors_total", "Engine or gateway /metrics scrapes that failed.",
+            ["role"], registry=self.registry)
+        self._results: dict[str, SLOResult] = {}
+        self._lock = threading.Lock()
+        self.registry.register(_SLOCollector(self))
+
+    @contextmanager
+    def time_reconcile(self, kind: str) -> Iterator[None]:
+        """Time the block into the duration histogram; an exception also counts an error
+        (reason = the exception's class name) and is re-raised."""
+        with self.reconcile_duration.labels(kind=kind).time():
+            try:
+                yield
+            except Exception as err:
+                self.reconcile_errors.labels(kind=kind, reason=type(err).__name__).inc()
+                raise
+
+    def publish(self, result: SLOResult) -> None:
+        """Make ``result`` the exported SLO state of its deployment (replaces the previous)."""
+        with self._lock:
+            self._results[result.deployment] = result
+
+    def remove(self, deployment_key: str) -> None:
+        """Stop exporting a deployment's SLO series (it was deleted)."""
+        with self._lock:
+            self._results.pop(deployment_key, None)
+
+    def results(self) -> dict[str, SLOResult]:
+        """A copy of the published results, by deployment key."""
+        with self._lock:
+            return dict(self._results)
