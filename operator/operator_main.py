@@ -12,23 +12,18 @@ import logging
 import kopf
 
 from . import handlers
+from .metrics.operator_metrics import OperatorMetrics
 from .reconcilers.kube import Kube
 from .reconcilers.runtime import Hooks, Runtime, api_client_from_env
 
 log = logging.getLogger(__name__)
 
 
-def _metrics_hooks(port: int) -> Hooks:
-    """Install the operator's Prometheus metrics and serve them on ``port`` (0: no server)."""
-    try:
-        from .metrics import operator_metrics as m
-    except ImportError:  # pragma: no cover - metrics package always ships
-        return Hooks()
-    if not hasattr(m, "serve"):
-        return Hooks()
+def _metrics_hooks(metrics: OperatorMetrics, port: int) -> Hooks:
+    """Serve the operator's Prometheus metrics on ``port`` (0: no server) and return the hooks that feed them."""
     if port:
-        m.serve(port)
-    return Hooks(on_write=m.record_write, on_reconcile=m.record_reconcile)
+        metrics.serve(port)
+    return Hooks(on_write=metrics.record_write, on_reconcile=metrics.record_reconcile)
 
 
 def run_operator(
@@ -41,7 +36,8 @@ def run_operator(
     liveness_port: int,
 ) -> None:
     """Run until interrupted. Watches ``namespaces`` (None: the whole cluster)."""
-    hooks = _metrics_hooks(metrics_port)
+    metrics = OperatorMetrics()
+    hooks = _metrics_hooks(metrics, metrics_port)
     kube = Kube(api_client_from_env(kubeconfig), on_write=hooks.on_write)
     handlers.RUNTIME = Runtime(kube=kube, operator_namespace=operator_namespace, hooks=hooks)
     handlers.RESYNC_SECONDS = resync

@@ -95,10 +95,11 @@ SGLANG_BUCKETS: Mapping[str, tuple[float, ...]] = {
 }
 SGLANG_BUCKETS = {**SGLANG_BUCKETS, TPOT: SGLANG_BUCKETS[ITL]}  # same list in 0.5.23
 
-#: Every family a :class:`Scrape` can hold, with its type.
+#: Every family the SLO reads, with its type (the default of ``parse_exposition``; pass
+#: ``families`` to read others, e.g. ``{KV_TRANSFER_SPEED_GB_S: Kind.HISTOGRAM}``).
 FAMILIES: Mapping[str, Kind] = {
     TTFT: Kind.HISTOGRAM, ITL: Kind.HISTOGRAM, E2E: Kind.HISTOGRAM, TPOT: Kind.HISTOGRAM,
-    KV_TRANSFER_LATENCY_MS: Kind.HISTOGRAM, KV_TRANSFER_SPEED_GB_S: Kind.HISTOGRAM,
+    KV_TRANSFER_LATENCY_MS: Kind.HISTOGRAM,
     SMG_TTFT: Kind.HISTOGRAM,
     TRANSFER_FAILED: Kind.COUNTER, BOOTSTRAP_FAILED: Kind.COUNTER, REQUESTS: Kind.COUNTER,
     ABORTED: Kind.COUNTER, GENERATION_TOKENS: Kind.COUNTER,

@@ -111,8 +111,9 @@ def render_monitoring(
 def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec) -> dict:
     """``spec`` of the PrometheusRule: ``{"groups": [...]}``, also a valid promtool rules file.
 
-    Recording group ``<namespace>.<name>.sglang-pd-slo`` (interval = a tenth of the window,
-    at least 15s... capped to 1m) and alert group ``<namespace>.<name>.sglang-pd-slo-alerts``.
+    Recording group ``<namespace>.<name>.sglang-pd-slo`` and alert group
+    ``<namespace>.<name>.sglang-pd-slo-alerts``, both evaluated every tenth of the window,
+    clamped to 15s..1m.
     Alerts: ``SGLangPDErrorBudgetBurnFast`` (page: 12W and W above 14.4),
     ``SGLangPDErrorBudgetBurnSlow`` (ticket: 72W and 6W above 6),
     ``SGLangPDKVTransferFailing`` (any transfer/bootstrap failure over W, for W).
@@ -131,8 +132,8 @@ def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec) -> dic
             raw = getattr(targets, pname)
             if raw is None:
                 continue
-            quantile = (f"histogram_quantile({q}, {by} (rate({family}_bucket{{{_selector(name, namespace, ROLE_DECODE)}}}"
-                        f"[{w}])))")
+            decode = _selector(name, namespace, ROLE_DECODE)
+            quantile = f"histogram_quantile({q}, {by} (rate({family}_bucket{{{decode}}}[{w}])))"
             rec = recorded_name(metric, pname)
             if metric == "perUserSpeed":
                 records.append({"record": rec, "expr": f"1 / {quantile}"})

@@ -153,6 +153,8 @@ class OperatorMetrics:
     - ``sglang_pd_operator_reconcile_errors_total{kind,reason}`` counter.
     - ``sglang_pd_operator_queue_depth{kind}`` gauge: objects waiting for a reconcile.
     - ``sglang_pd_operator_scrape_errors_total{role}`` counter: failed pod scrapes.
+    - ``sglang_pd_operator_api_writes_total{verb,kind}`` counter: every write to the API
+      server (apply, delete, patch-status, create Event); flat while specs are unchanged.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -168,6 +170,9 @@ class OperatorMetrics:
         self.scrape_errors = Counter(
             f"{PREFIX}_scrape_errors_total", "Engine or gateway /metrics scrapes that failed.",
             ["role"], registry=self.registry)
+        self.api_writes = Counter(
+            f"{PREFIX}_api_writes_total", "Write requests the operator sent to the API server.",
+            ["verb", "kind"], registry=self.registry)
         self._results: dict[str, SLOResult] = {}
         self._lock = threading.Lock()
         self.registry.register(_SLOCollector(self))
@@ -182,6 +187,22 @@ class OperatorMetrics:
             except Exception as err:
                 self.reconcile_errors.labels(kind=kind, reason=type(err).__name__).inc()
                 raise
+
+    def record_write(self, verb: str, kind: str) -> None:
+        """Count one write request (``Kube``'s ``on_write`` hook)."""
+        self.api_writes.labels(verb=verb, kind=kind).inc()
+
+    def record_reconcile(self, namespace: str, name: str, seconds: float, ok: bool) -> None:
+        """Record one reconcile pass (``Runtime``'s ``on_reconcile`` hook)."""
+        self.reconcile_duration.labels(kind="PDDeployment").observe(seconds)
+        if not ok:
+            self.reconcile_errors.labels(kind="PDDeployment", reason="Exception").inc()
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Serve this registry on ``http://addr:port/metrics`` from a daemon thread."""
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr=addr, registry=self.registry)
 
     def publish(self, result: SLOResult) -> None:
         """Make ``result`` the exported SLO state of its deployment (replaces the previous)."""

@@ -86,6 +86,17 @@ SOURCES: Mapping[str, Source] = {
 #: Alternative source: the gateway's own TTFT (includes the gateway hop; smg 1.13).
 GATEWAY_TTFT_SOURCE = Source(ex.SMG_TTFT, (ROLE_GATEWAY,))
 
+_COUNTERS_AND_GAUGES = {n: k for n, k in ex.FAMILIES.items() if k is not ex.Kind.HISTOGRAM}
+#: Families read from each role's pods besides the SLO sources (which are added per
+#: evaluator): request counters, PD failure counters and queue gauges everywhere, the KV
+#: transfer latency histogram on prefill (only prefill records it).
+ROLE_FAMILIES: Mapping[str, Mapping[str, ex.Kind]] = {
+    ROLE_PREFILL: {**_COUNTERS_AND_GAUGES, ex.KV_TRANSFER_LATENCY_MS: ex.Kind.HISTOGRAM},
+    ROLE_DECODE: dict(_COUNTERS_AND_GAUGES),
+    ROLE_AGGREGATED: dict(_COUNTERS_AND_GAUGES),
+    ROLE_GATEWAY: {},
+}
+
 
 @dataclass(frozen=True)
 class BurnWindow:
@@ -393,6 +404,11 @@ class SLOEvaluator:
         self._default_retention_s = default_retention_s
         self._resolution_s = resolution_s
         self.sources: Mapping[str, Source] = dict(sources or SOURCES)
+        #: role -> the families parsed from its pods (ROLE_FAMILIES plus the SLO sources)
+        self.families: dict[str, dict[str, ex.Kind]] = {r: dict(f) for r, f in ROLE_FAMILIES.items()}
+        for source in self.sources.values():
+            for role in source.roles:
+                self.families[role][source.family] = ex.Kind.HISTOGRAM
 
     # ------------------------------------------------------------------ observe
     def observe(self, deployment_key: str, role: str, pod_name: str, exposition_text: str,
@@ -408,8 +424,10 @@ class SLOEvaluator:
         unknown role and ``exposition.ExpositionError`` for unparsable text (the pod's
         previous state is kept).
         """
-        return self.observe_scrape(deployment_key, role, pod_name, ex.parse_exposition(exposition_text),
-                                   now, pod_uid=pod_uid)
+        if role not in ROLES:
+            raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
+        scrape = ex.parse_exposition(exposition_text, families=self.families[role])
+        return self.observe_scrape(deployment_key, role, pod_name, scrape, now, pod_uid=pod_uid)
 
     def observe_scrape(self, deployment_key: str, role: str, pod_name: str, scrape: ex.Scrape,
                        now: float, *, pod_uid: str | None = None) -> ex.Scrape:
