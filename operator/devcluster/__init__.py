@@ -8,12 +8,12 @@ of the GPU nodes listed in ``hack/cluster/node-pools.yaml``.
 Modules, lowest layer first (a module imports only modules above it in this list):
 
 - ``paths``      where the sources, the binary cache and run directories live
+- ``procs``      start/identify/stop processes by pid and start time; never others
 - ``gomod``      ``go mod download`` with errors that name the module and the proxy
 - ``build``      one ``go build`` of the seven binaries into a cache keyed by go.mod/go.sum
 - ``pki``        CA, serving and client certificates, service-account key
 - ``kubeconfig`` kubeconfig files with embedded certificates
 - ``netalloc``   free loopback ports; a leased loopback /16 for pod IPs per run
-- ``procs``      start/identify/stop processes by pid and start time; never others
 - ``state``      the run directory's state file (what was started, on which ports)
 - ``nodes``      node-pools.yaml -> Node objects (pure)
 - ``rest``       a minimal HTTPS client for /readyz and creating objects (no kubernetes lib)

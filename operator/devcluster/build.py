@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_pd_operator.devcluster import gomod, paths
+from sglang_pd_operator.devcluster import gomod, paths, procs
 
 #: Binary name -> the Go package that builds it (relative to hack/cluster's module).
 TARGETS: dict[str, str] = {
@@ -189,8 +190,10 @@ def _build(*, source: Path, final: Path, log: Log) -> tuple[float, int]:
     log(f"binaries: {env_info.get('GOVERSION', 'go')}, GOCACHE={env_info.get('GOCACHE')} "
         f"(from an empty Go build cache this takes about 8 minutes on 2 cores; with a "
         f"warm one it only links, well under a minute)")
+    # We hold the lock of this hash: any temp dir of it is left over by a killed build.
+    for stale in final.parent.glob(f".{final.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         ldflags = " ".join(["-s", "-w", *version_ldflags((source / "go.mod").read_text())])
@@ -219,8 +222,10 @@ def _run_with_progress(*, cmd: list[str], cwd: Path, log: Log, started: float) -
     """Run go build -v, printing a progress line every PROGRESS_EVERY_S seconds.
 
     Returns the number of packages compiled (go -v names each one it compiles)."""
+    parent = os.getpid()
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1)
+                            text=True, bufsize=1,
+                            preexec_fn=lambda: procs.tie_to_parent(parent, signal.SIGTERM))
     compiled = 0
     last = ""
     tail: list[str] = []

@@ -93,14 +93,15 @@ def is_ours(record: ProcessRecord) -> bool:
     return bool(argv) and argv[0] == record.exe
 
 
-def _die_with_parent(parent: int) -> None:
-    """preexec_fn: SIGKILL this child when the spawning thread dies.
+def tie_to_parent(parent: int, sig: int = signal.SIGKILL) -> None:
+    """For ``preexec_fn``: the kernel sends ``sig`` to this child when the thread that
+    spawned it dies; ``parent`` is the spawner's pid (``os.getpid()`` before the fork).
 
-    SIGKILL, not SIGTERM: all components would get the signal at once, etcd would exit
-    first and kube-apiserver's graceful shutdown would then hang without its storage.
+    SIGKILL by default: components all get the signal at once, etcd would exit first and
+    kube-apiserver's graceful shutdown would then hang without its storage.
     """
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
 
@@ -120,7 +121,7 @@ def spawn(*, name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, s
         proc = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
-            preexec_fn=(lambda: _die_with_parent(parent)) if die_with_parent else None,
+            preexec_fn=(lambda: tie_to_parent(parent)) if die_with_parent else None,
         )
     ticks = start_ticks(proc.pid)
     record = ProcessRecord(name=name, pid=proc.pid, start_ticks=ticks or -1, boot_id=boot_id(),

@@ -1,0 +1,71 @@
+"""The e2e tests' real control plane: one session-scoped ``cluster`` fixture.
+
+``cluster`` is a ``sglang_pd_operator.devcluster.Cluster``: a real etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler and kwok (fake GPU nodes from
+hack/cluster/node-pools.yaml), started in a fresh temporary run directory per session
+and stopped at the end. Attributes tests use: ``kubeconfig`` (path), ``bin_dir``,
+``run_dir``, ``kubectl(*args)`` -> CompletedProcess, ``helm(*args)``, ``api_client()``
+-> kubernetes.client.ApiClient.
+
+The first session on a machine builds the binaries (tens of minutes, progress printed);
+later sessions start in a few seconds. Set SGLANG_PD_E2E_RUN_DIR to the run directory of
+a cluster started with ``python -m sglang_pd_operator.devcluster up --detach`` to reuse
+it instead (it is then left running).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from sglang_pd_operator.devcluster import cluster as devcluster
+
+
+@pytest.fixture(scope="session")
+def cluster_log(request) -> Callable[[str], None]:
+    """Print a line to the terminal even while pytest captures output."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+
+    def log(message: str) -> None:
+        if reporter is None or capture is None:
+            print(message, flush=True)
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(message)
+
+    return log
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory, cluster_log) -> Iterator[devcluster.Cluster]:
+    """A running dev cluster for the whole session (see the module docstring)."""
+    reuse = os.environ.get("SGLANG_PD_E2E_RUN_DIR")
+    if reuse:
+        yield devcluster.Cluster.from_run_dir(Path(reuse))
+        return
+    devcluster.sweep_stale_runs(log=cluster_log)
+    run_dir = tmp_path_factory.mktemp("cluster")
+    running = devcluster.start_cluster(run_dir=run_dir, log=cluster_log)
+    t = running.timings
+    cluster_log(f"dev cluster: /readyz {t['readyz']:.1f}s, nodes Ready {t['ready']:.1f}s, "
+                f"whole start {t['total']:.1f}s"
+                + (f" (including a {t['build']:.0f}s build)" if "build" in t else
+                   " (warm start, binaries cached)"))
+    try:
+        yield running
+    finally:
+        running.stop(log=cluster_log)
+
+
+@pytest.fixture
+def namespace(cluster) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards (without waiting)."""
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
