@@ -7,7 +7,6 @@ for "converges", not performance assertions.
 
 from __future__ import annotations
 
-import copy
 import signal
 import time
 import uuid

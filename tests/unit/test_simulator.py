@@ -1,0 +1,186 @@
+"""The SGLang engine simulator over real HTTP on loopback (tools/engine_simulator)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from sglang_pd_operator.metrics import exposition as ex
+from sglang_pd_operator.metrics.histogram import bucket_width_at
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+if str(TOOLS) not in sys.path:  # not an installed package (and the repo root must not be on sys.path)
+    sys.path.insert(0, str(TOOLS))
+
+from engine_simulator import LogNormal, SimConfig, serve  # noqa: E402
+from loadgen import percentile, run_load, summarize  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def config(role: str, **kw) -> SimConfig:
+    kw.setdefault("ttft", LogNormal(0.03, 0.2))
+    kw.setdefault("prefill", LogNormal(0.02, 0.2))
+    kw.setdefault("itl", LogNormal(0.004, 0.1))
+    return SimConfig(role=role, host="127.0.0.1", port=0, bootstrap_port=0, model="sim/m", seed=1, **kw)
+
+
+async def sse_events(resp: aiohttp.ClientResponse) -> list:
+    body = (await resp.read()).decode()
+    events = [e[len("data: "):] for e in body.split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_info_endpoints_answer_like_sglang():
+    async def main():
+        sim = await serve(config("prefill", dp_size=2))
+        try:
+            async with aiohttp.ClientSession() as s:
+                for path in ("/health", "/health_generate", "/ready"):
+                    assert (await s.get(sim.url + path)).status == 200
+                info = await (await s.get(sim.url + "/get_server_info")).json()
+                assert info["disaggregation_mode"] == "prefill" and info["version"] == "0.5.23"
+                assert info["disaggregation_bootstrap_port"] == sim.simulator.config.bootstrap_port
+                assert await (await s.get(sim.url + "/server_info")).json() == info | {
+                    "internal_states": info["internal_states"]}
+                model = await (await s.get(sim.url + "/get_model_info")).json()
+                assert model["model_path"] == "sim/m" and model["is_generation"] is True
+                models = await (await s.get(sim.url + "/v1/models")).json()
+                assert models["data"][0]["id"] == "sim/m"
+                loads = await (await s.get(sim.url + "/v1/loads")).json()
+                assert [entry["dp_rank"] for entry in loads["loads"]] == [0, 1]
+                boot = f"http://127.0.0.1:{sim.simulator.config.bootstrap_port}/health"
+                assert (await s.get(boot)).status == 200      # the prefill bootstrap listener
+        finally:
+            await sim.close()
+    run(main())
+
+
+def test_decode_streams_tokens_and_records_sglang_metrics():
+    async def main():
+        sim = await serve(config("decode", dp_size=4))
+        try:
+            async with aiohttp.ClientSession() as s:
+                body = {"model": "sim/m", "messages": [{"role": "user", "content": "a b c"}], "stream": True,
+                        "max_tokens": 5, "stream_options": {"include_usage": True},
+                        "bootstrap_host": "127.0.0.1", "bootstrap_port": 8998, "bootstrap_room": 42}
+                resp = await s.post(sim.url + "/v1/chat/completions", json=body)
+                chunks = await sse_events(resp)
+                text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+                assert text == " tok0 tok1 tok2 tok3 tok4"
+                assert chunks[-1]["usage"]["completion_tokens"] == 5
+                full = await (await s.post(sim.url + "/v1/completions",
+                                           json={"model": "sim/m", "prompt": "x", "max_tokens": 3})).json()
+                assert full["choices"][0]["text"] == " tok0 tok1 tok2" and full["usage"]["completion_tokens"] == 3
+                gen = await (await s.post(sim.url + "/generate",
+                                          json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})).json()
+                assert gen["meta_info"]["completion_tokens"] == 2
+                gen_stream = await sse_events(await s.post(sim.url + "/generate", json={
+                    "text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 3}}))
+                assert gen_stream[-1]["text"] == " tok0 tok1 tok2"
+                text = await (await s.get(sim.url + "/metrics")).text()
+                state = await (await s.get(sim.url + "/simulator/state")).json()
+        finally:
+            await sim.close()
+        assert state["pd_requests"] == [{"bootstrap_host": "127.0.0.1", "bootstrap_port": 8998,
+                                         "bootstrap_room": 42}]
+        scrape = ex.parse_exposition(text)
+        assert scrape.histograms[ex.TTFT].total == 4
+        assert scrape.histograms[ex.ITL].total == 4 + 2 + 1 + 2     # n-1 gaps per request
+        assert scrape.histograms[ex.TPOT].total == 4
+        assert scrape.counters[ex.REQUESTS] == 4
+        assert scrape.gauges[ex.QUEUE_REQS].series == 4                  # one per dp_rank
+        assert ex.KV_TRANSFER_LATENCY_MS not in scrape.histograms       # prefill-side metric
+        assert 'engine_type="decode"' in text and 'dp_rank="3"' in text
+        assert "_created" not in text                                    # as SGLang's multiprocess mode
+    run(main())
+
+
+def test_prefill_answers_one_token_and_records_no_ttft():
+    async def main():
+        sim = await serve(config("prefill"))
+        try:
+            async with aiohttp.ClientSession() as s:
+                req = {"text": "hi", "sampling_params": {"max_new_tokens": 50}, "bootstrap_room": 1}
+                r = await (await s.post(sim.url + "/generate", json=req)).json()
+                await s.post(sim.url + "/simulator/mode", json={"mode": "kv_fail"})
+                assert (await s.post(sim.url + "/generate", json=req)).status == 500
+                text = await (await s.get(sim.url + "/metrics")).text()
+        finally:
+            await sim.close()
+        assert r["meta_info"]["completion_tokens"] == 1
+        scrape = ex.parse_exposition(text)
+        assert scrape.counters[ex.TRANSFER_FAILED] == 1
+        assert ex.TTFT not in scrape.histograms and ex.ITL not in scrape.histograms
+        assert scrape.histograms[ex.KV_TRANSFER_LATENCY_MS].total == 1
+        assert scrape.histograms[ex.E2E].total == 1
+    run(main())
+
+
+def test_modes_switch_at_run_time():
+    async def main():
+        sim = await serve(config("aggregated", ttft=LogNormal(0.02, 0.0), slow_factor=10.0))
+        try:
+            async with aiohttp.ClientSession() as s:
+                req = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+                fast = await (await s.post(sim.url + "/generate", json=req)).json()
+                r = await s.post(sim.url + "/simulator/mode", json={"mode": "slow"})
+                assert (await r.json())["mode"] == "slow"
+                slow = await (await s.post(sim.url + "/generate", json=req)).json()
+                await s.post(sim.url + "/simulator/mode", json={"mode": "fail"})
+                assert (await s.post(sim.url + "/generate", json=req)).status == 503
+                assert (await s.get(sim.url + "/health")).status == 503
+                assert (await s.post(sim.url + "/simulator/mode", json={"mode": "nope"})).status == 400
+                await s.post(sim.url + "/simulator/mode", json={"mode": "kv_fail"})
+                # an aggregated server transfers no KV cache: kv_fail changes nothing
+                assert (await s.post(sim.url + "/generate", json=req)).status == 200
+                text = await (await s.get(sim.url + "/metrics")).text()
+        finally:
+            await sim.close()
+        # TTFT is exactly 20 ms (sigma 0) in normal mode and 200 ms in slow mode
+        assert fast["meta_info"]["e2e_latency"] < slow["meta_info"]["e2e_latency"]
+        assert slow["meta_info"]["e2e_latency"] >= 0.2
+        ttft = ex.parse_exposition(text).histograms[ex.TTFT]
+        assert ttft.counts[ttft.bounds.index(0.1)] == 2 and ttft.total == 3    # 20 ms twice, 200 ms once
+        assert ttft.counts[ttft.bounds.index(0.2)] == 3
+        assert ex.parse_exposition(text).counters[ex.TRANSFER_FAILED] == 0
+    run(main())
+
+
+def test_loadgen_percentiles_agree_with_the_simulator_histograms():
+    """Client-side percentiles vs the percentile the operator computes from /metrics.
+
+    Bound: one histogram bucket (where the server-side estimate interpolates) plus the
+    client's extra time (HTTP + event loop, a few ms on loopback)."""
+    async def main():
+        sim = await serve(config("aggregated", ttft=LogNormal(0.25, 0.4), itl=LogNormal(0.01, 0.2)))
+        try:
+            results = await run_load(url=sim.url, model="sim/m", requests=60, concurrency=12, max_tokens=6)
+            async with aiohttp.ClientSession() as s:
+                text = await (await s.get(sim.url + "/metrics")).text()
+        finally:
+            await sim.close()
+        return results, text
+    results, text = run(main())
+    summary = summarize(results)
+    assert summary["succeeded"] == 60 and summary["itl_seconds"]["count"] == 60 * 5
+    server = ex.parse_exposition(text).histograms[ex.TTFT]
+    client_p90 = summary["ttft_seconds"]["p90"]
+    server_p90 = server.quantile(0.9)
+    assert abs(client_p90 - server_p90) <= bucket_width_at(client_p90, server.bounds) + 0.05
+
+
+def test_percentile_helper():
+    assert percentile([], 0.5) is None
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == pytest.approx(2.5)
+    assert percentile([5.0], 0.99) == 5.0
