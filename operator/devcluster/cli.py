@@ -120,3 +120,31 @@ def status(run_dir: Path | None, as_json: bool) -> None:
             _echo(f"  {proc['name']:<24} pid {proc['pid']:<8} {mark:<8} {proc['log']}")
     live = info["phase"] == "ready" and not info.get("stale_because")
     sys.exit(0 if live else 1)
+
+
+@dev.command()
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run directory of the demo's cluster (default: <checkout>/.run/demo).")
+@click.option("--example", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="PDDeployment to apply (default: the GB300 low-latency example).")
+@click.option("--once", is_flag=True, help="Stop everything after printing the results.")
+def demo(run_dir: Path | None, example: Path | None, once: bool) -> None:
+    """The main job: cluster up, CRDs, operator, apply the GB300 example, show plan and children."""
+    from sglang_pd_operator.devcluster.demo import GB300_EXAMPLE, run_demo
+
+    run_dir = run_dir or paths.default_run_dir().parent / "demo"
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        running = start_cluster(run_dir=run_dir, log=_echo)
+    except (ClusterError, build.BuildError, gomod.GoModuleDownloadError, gomod.GoToolMissing) as err:
+        raise click.ClickException(str(err)) from err
+    except KeyboardInterrupt:
+        raise click.Abort() from None
+    code = 1
+    try:
+        code = run_demo(cluster=running, example=(example or GB300_EXAMPLE).resolve(), log=_echo, once=once)
+    except KeyboardInterrupt:
+        code = 0
+    finally:
+        running.stop(log=_echo)
+    sys.exit(code)

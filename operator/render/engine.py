@@ -33,7 +33,8 @@ def split_config(args: tuple[str, ...] | list[str]) -> tuple[dict[str, Any], lis
     """Split SGLang flags into a ``--config`` YAML mapping and the flags that must stay on the command line.
 
     Keys are the flags without their leading dashes (SGLang's config parser turns a key
-    back into ``--key``); switches map to ``true``; values stay strings. Flags the
+    back into ``--key`` and the value back into a string); switches map to ``true``;
+    whole numbers are written as YAML integers, every other value as a string. Flags the
     config parser refuses (BooleanOptionalAction, nargs +/*) are returned in order.
     """
     table = flag_table()
@@ -52,7 +53,8 @@ def split_config(args: tuple[str, ...] | list[str]) -> tuple[dict[str, Any], lis
                 i += 1
             continue
         if info.takes_value and has_value:
-            config[tok[2:]] = args[i + 1]
+            value = args[i + 1]
+            config[tok[2:]] = int(value) if value.isdigit() else value
             i += 2
         else:
             config[tok[2:]] = True

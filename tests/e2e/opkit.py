@@ -7,26 +7,13 @@ conftest). Nothing here fakes the API server: every call goes to the dev cluster
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-OPERATOR_BIN = Path(sys.executable).parent / "sglang-pd-operator"
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from sglang_pd_operator.devcluster.demo import OperatorProcess, free_port, model_store  # noqa: F401 (re-exported)
 
 
 def wait_for(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.5, what: str = "condition") -> Any:
@@ -39,53 +26,6 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float, interval: float = 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
-
-class OperatorProcess:
-    """``sglang-pd-operator run`` as a child process with its own log file and metrics port."""
-
-    def __init__(self, *, kubeconfig: Path, log_path: Path, resync: float = 2.0):
-        self.kubeconfig = kubeconfig
-        self.log_path = log_path
-        self.resync = resync
-        self.metrics_port = free_port()
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> "OperatorProcess":
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONSAFEPATH": "1"}
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [
-                str(OPERATOR_BIN), "run", "--kubeconfig", str(self.kubeconfig), "--resync", str(self.resync),
-                "--metrics-port", str(self.metrics_port), "--liveness-port", "0",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd="/",
-            start_new_session=True,
-        )  # fmt: skip
-        return self
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Stop the process (SIGKILL by default: a crash, no cleanup) and wait for it."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(timeout=30)
-        self.proc = None
-
-    def stop(self) -> None:
-        """Graceful stop (SIGTERM)."""
-        self.kill(signal.SIGTERM)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 def kget(cluster, *args: str) -> dict[str, Any] | None:
@@ -110,37 +50,6 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
         if c.get("type") == type_:
             return c
     return None
-
-
-def model_store(namespace: str) -> list[dict[str, Any]]:
-    """A statically bound PV + PVC named model-store in ``namespace`` (kwok pods never read it)."""
-    pv = f"model-store-{namespace}"
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": pv},
-            "spec": {
-                "capacity": {"storage": "1Ti"},
-                "accessModes": ["ReadOnlyMany"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "",
-                "hostPath": {"path": "/tmp/model-store"},
-                "claimRef": {"namespace": namespace, "name": "model-store"},
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": "model-store", "namespace": namespace},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": pv,
-                "resources": {"requests": {"storage": "1Ti"}},
-            },
-        },
-    ]
 
 
 def children(cluster, namespace: str, name: str) -> dict[str, list[str]]:

@@ -39,7 +39,7 @@ def test_config_file_round_trips_to_the_same_args(gb300_doc, catalog):
 
 def test_dp_attention_switch_stays_on_the_command_line():
     config, cli = split_config(["--tp-size", "4", "--enable-dp-attention", "--dp-size", "4"])
-    assert config == {"tp-size": "4", "dp-size": "4"} and cli == ["--enable-dp-attention"]
+    assert config == {"tp-size": 4, "dp-size": 4} and cli == ["--enable-dp-attention"]
 
 
 def test_pods_carry_selectors_bootstrap_annotation_resources_and_owner(gb300_doc, catalog):
