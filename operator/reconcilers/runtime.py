@@ -87,25 +87,34 @@ class Runtime:
         return catalog
 
     def reconcile_body(self, body: dict[str, Any]) -> Outcome:
-        """Reconcile a PDDeployment body under its lock, timing it for the metrics hook."""
+        """Reconcile a PDDeployment body under its lock (the body must be fresh: read under the same lock)."""
         meta = body["metadata"]
         with self.lock(meta["namespace"], meta["name"]):
-            start = time.perf_counter()
-            ok = False
-            try:
-                outcome = reconcile(kube=self.kube, body=body, catalog=self.catalog())
-                ok = True
-                return outcome
-            finally:
-                if self.hooks.on_reconcile:
-                    self.hooks.on_reconcile(meta["namespace"], meta["name"], time.perf_counter() - start, ok)
+            return self._reconcile_locked(body)
+
+    def _reconcile_locked(self, body: dict[str, Any]) -> Outcome:
+        meta = body["metadata"]
+        start = time.perf_counter()
+        ok = False
+        try:
+            outcome = reconcile(kube=self.kube, body=body, catalog=self.catalog())
+            ok = True
+            return outcome
+        finally:
+            if self.hooks.on_reconcile:
+                self.hooks.on_reconcile(meta["namespace"], meta["name"], time.perf_counter() - start, ok)
 
     def reconcile_key(self, namespace: str, name: str) -> Outcome | None:
-        """Read the PDDeployment fresh and reconcile it; None when it no longer exists."""
-        body = self.kube.get(API_VERSION, "PDDeployment", name, namespace)
-        if body is None:
-            return None
-        return self.reconcile_body(body)
+        """Read the PDDeployment and reconcile it, both under its lock; None when it no longer exists.
+
+        Reading under the lock matters: a reconcile that waited for another must see the
+        status that one wrote, or it would act on a stale rollout status.
+        """
+        with self.lock(namespace, name):
+            body = self.kube.get(API_VERSION, "PDDeployment", name, namespace)
+            if body is None:
+                return None
+            return self._reconcile_locked(body)
 
     def list_keys(self, namespaces: list[str] | None = None) -> list[tuple[str, str]]:
         """(namespace, name) of every PDDeployment (in ``namespaces``, or cluster-wide)."""
