@@ -279,17 +279,219 @@ class KernelsSpec(_Model):
 TransferBackend = Literal["mooncake", "nixl", "mori", "fake"]
 
 
+IBDevice = Annotated[
+    str,
+    Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        max_length=64,
+        description="An RDMA device name as in /sys/class/infiniband (mlx5_0, bnxt_re3), without a port suffix.",
+    ),
+]
+
+
 class TransferSpec(_Model):
-    """KV transfer between prefill and decode."""
+    """KV transfer between prefill and decode: backend and the RDMA NICs each GPU uses.
+
+    The operator renders --disaggregation-ib-device as SGLang's per-GPU JSON mapping
+    (process-visible GPU id -> NICs on that GPU's NUMA node / PCIe switch), computed from
+    the accelerator catalog's rails, identical on every rank of a replica; see
+    docs/transfer.md.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.forceTCP) || !self.forceTCP || !has(self.backend) || self.backend == 'mooncake'",
+                    "spec.transfer.forceTCP applies to the mooncake backend only (MC_FORCE_TCP); remove it or use "
+                    "backend: mooncake",
+                    field_path=".forceTCP",
+                ),
+            ]
+        }
+    )
 
     backend: TransferBackend = Field(
-        default="mooncake", description="--disaggregation-transfer-backend. fake is for tests only."
+        default="mooncake",
+        description=(
+            "--disaggregation-transfer-backend: mooncake (RDMA via Mooncake's transfer engine), nixl (UCX), "
+            "mori (AMD GPUs only) or fake (moves no KV; for tests only)."
+        ),
     )
-    ibDevices: list[str] | None = Field(
+    ibDevices: list[IBDevice] | None = Field(
         default=None,
-        description="RDMA devices (--disaggregation-ib-device); default: from the accelerator catalog's rails.",
+        max_length=64,
+        description=(
+            "RDMA NICs KV transfer may use, on both roles unless a role sets its own (spec.<role>.transfer). "
+            "Each name must be a NIC of the role's node type in the accelerator catalog; each GPU is mapped to "
+            "the listed NICs on its own NUMA node. Default: every NIC of the rail class both roles share."
+        ),
     )
-    forceTCP: bool = Field(default=False, description="Mooncake over TCP (MC_FORCE_TCP=1): slow, for debugging.")
+    railClass: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description=(
+            "Rail class (accelerator catalog rails[].railClass) of the NICs that carry KV; NICs of one class "
+            "reach each other across nodes. Both roles use the same class. Default: the class both roles' node "
+            "types share."
+        ),
+    )
+    forceTCP: bool = Field(
+        default=False,
+        description=(
+            "Mooncake over TCP instead of RDMA (MC_FORCE_TCP=1): slow, for debugging. No RDMA resource or "
+            "IPC_LOCK is requested and a Warning condition says transfer will be slow."
+        ),
+    )
+
+
+class RoleTransferSpec(_Model):
+    """Per-role KV transfer settings, for roles on different node types (cross-hardware PD)."""
+
+    ibDevices: list[IBDevice] | None = Field(
+        default=None,
+        max_length=64,
+        description=(
+            "RDMA NICs this role may use, instead of spec.transfer.ibDevices. Must be NICs of this role's node type "
+            "and of the same rail class as the other role's NICs."
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- KV cache tiers
+class MooncakeMasterSpec(_Model):
+    """The Mooncake Store master (mooncake_master) the operator runs for this PDDeployment."""
+
+    image: str | None = Field(
+        default=None,
+        description="Image with the mooncake_master binary; default: the runtime image (SGLang images ship it).",
+    )
+    rpcPort: int = Field(default=50051, ge=1024, le=65535, description="Port engines reach the master on (--rpc_port).")
+    metricsPort: int = Field(
+        default=9003,
+        ge=1024,
+        le=65535,
+        description="HTTP port of /health and Prometheus /metrics (--metrics_port); scraped by the operator.",
+    )
+    cpu: Quantity = Field(default="2", description="CPU request of the master pod.")
+    memory: Quantity = Field(default="4Gi", description="Memory request and limit of the master pod (metadata only).")
+    evictionHighWatermarkRatio: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Store fill ratio at which the master starts evicting (--eviction_high_watermark_ratio; default 0.9).",
+    )
+
+
+class MooncakeStorageSpec(_Model):
+    """HiCache L3 in a Mooncake Store: every engine pod lends host memory to one pool that a master indexes."""
+
+    globalSegmentSize: Quantity = Field(
+        default="16Gi",
+        description=(
+            "Host memory each engine pod lends to the store (global_segment_size; SGLang splits it over the pod's "
+            "ranks). Added to the pod's memory request."
+        ),
+    )
+    protocol: Literal["rdma", "tcp"] | None = Field(
+        default=None,
+        description="Store transfer protocol; default rdma when KV transfer uses RDMA, else tcp.",
+    )
+    master: MooncakeMasterSpec = Field(
+        default_factory=MooncakeMasterSpec, description="The Mooncake Store master the operator runs."
+    )
+
+
+class FileStorageSpec(_Model):
+    """HiCache L3 in files (SGLang's file backend), namespaced per compat group by directory."""
+
+    claimName: DNSLabel | None = Field(
+        default=None,
+        description="PersistentVolumeClaim (ReadWriteMany) shared by every engine pod; default: an emptyDir per pod.",
+    )
+    size: Quantity = Field(default="200Gi", description="Size limit of the per-pod emptyDir when no claim is given.")
+
+
+class HiCacheStorageSpec(_Model):
+    """The shared L3 tier of HiCache: where KV pages go beyond host memory."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.mooncake) || (has(self.backend) && self.backend == 'mooncake')",
+                    "kvCache.hicache.storage.mooncake needs backend: mooncake",
+                    field_path=".mooncake",
+                ),
+                cel(
+                    "!has(self.file) || (has(self.backend) && self.backend == 'file')",
+                    "kvCache.hicache.storage.file needs backend: file",
+                    field_path=".file",
+                ),
+            ]
+        }
+    )
+
+    backend: Literal["mooncake", "file", "none"] = Field(
+        default="none",
+        description=(
+            "--hicache-storage-backend: mooncake (a Mooncake Store master the operator runs), file, or none "
+            "(host memory only)."
+        ),
+    )
+    mooncake: MooncakeStorageSpec | None = Field(default=None, description="Mooncake Store settings.")
+    file: FileStorageSpec | None = Field(default=None, description="File backend settings.")
+
+
+class HiCacheSpec(_Model):
+    """SGLang HiCache (--enable-hierarchical-cache) on prefill: GPU -> host memory -> shared storage.
+
+    Storage keys are namespaced by the compat key (extra_backend_tag), so groups whose KV
+    layouts differ never read each other's pages while replicas of one group share them.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.decodeOffload) || !self.decodeOffload || "
+                    "(has(self.storage) && has(self.storage.backend) && self.storage.backend != 'none')",
+                    "kvCache.hicache.decodeOffload needs a storage backend (mooncake or file)",
+                    field_path=".decodeOffload",
+                ),
+            ]
+        }
+    )
+
+    hostRatio: float | None = Field(
+        default=None,
+        gt=0,
+        le=100,
+        description=(
+            "Host KV pool size as a multiple of the GPU KV pool (--hicache-ratio). Default: SGLang's 2.0, reduced "
+            "to fit the pod's memory limit."
+        ),
+    )
+    writePolicy: Literal["write_through", "write_back", "write_through_selective"] = Field(
+        default="write_through", description="--hicache-write-policy."
+    )
+    storage: HiCacheStorageSpec = Field(
+        default_factory=HiCacheStorageSpec, description="The shared L3 tier (--hicache-storage-backend)."
+    )
+    decodeOffload: bool = Field(
+        default=False,
+        description=(
+            "Decode writes finished requests' KV to the storage tier for the next turn's prefill "
+            "(--disaggregation-decode-enable-offload-kvcache)."
+        ),
+    )
+
+
+class KVCacheSpec(_Model):
+    """KV cache tiers beyond GPU memory."""
+
+    hicache: HiCacheSpec | None = Field(default=None, description="Hierarchical cache (HiCache) on prefill.")
 
 
 class DisaggregationSpec(_Model):
@@ -401,6 +603,9 @@ class RoleSpec(_Model):
         ),
     )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
+    transfer: RoleTransferSpec | None = Field(
+        default=None, description="Override spec.transfer's NIC choice for this role (cross-hardware PD)."
+    )
 
 
 class GatewaySpec(_Model):
@@ -489,6 +694,21 @@ class RolloutSpec(_Model):
     )
 
 
+def _single_gpu(role: str) -> str:
+    """CEL: the role's parallelism is tp = dp = ep = 1 (absent fields default to 1)."""
+    p = f"{role}.parallelism"
+    return (
+        f"(!has({p}) || ((!has({p}.tp) || {p}.tp == 1) && (!has({p}.dp) || {p}.dp == 1) && "
+        f"(!has({p}.ep) || {p}.ep == 1)))"
+    )
+
+
+def _multi_gpu(role: str) -> str:
+    """CEL: the role's replicas span more than one GPU (tp > 1)."""
+    p = f"{role}.parallelism"
+    return f"(has({p}) && has({p}.tp) && {p}.tp > 1)"
+
+
 # --------------------------------------------------------------------------- spec
 class PDDeploymentSpec(_Model):
     """One served model: prefill + decode engines and the smg gateway."""
@@ -507,6 +727,25 @@ class PDDeploymentSpec(_Model):
                     "!has(self.pagedExperts)",
                     "spec.kernels.plugin cannot be combined with spec.pagedExperts; set kernels.plugin: none",
                     field_path=".kernels.plugin",
+                ),
+                cel(
+                    "!has(self.pagedExperts) || (" + _single_gpu("self.prefill") + " && " + _single_gpu("self.decode") + ")",
+                    "spec.pagedExperts runs on a single GPU: set parallelism tp, dp and ep to 1 on both roles "
+                    "(scale with replicas)",
+                    field_path=".pagedExperts",
+                ),
+                cel(
+                    "!has(self.engram) || !has(self.engram.placement) || self.engram.placement != 'peerShards' || "
+                    "(" + _multi_gpu("self.prefill") + " && " + _multi_gpu("self.decode") + ")",
+                    "spec.engram.placement peerShards splits the Engram table over a replica's GPUs: both roles "
+                    "need parallelism.tp > 1, or use placement host or device",
+                    field_path=".engram.placement",
+                ),
+                cel(
+                    "!has(self.transfer) || !has(self.transfer.forceTCP) || !self.transfer.forceTCP || "
+                    "!has(self.transfer.backend) || self.transfer.backend == 'mooncake'",
+                    "spec.transfer.forceTCP applies to the mooncake backend only (MC_FORCE_TCP)",
+                    field_path=".transfer.forceTCP",
                 ),
                 cel(
                     "!has(self.kvLayout) || !has(self.kvLayout.attentionBackend) || "
@@ -530,7 +769,10 @@ class PDDeploymentSpec(_Model):
     pagedExperts: PagedExpertsSpec | None = Field(default=None, description="Paged Experts for both roles.")
     speculative: SpeculativeSpec | None = Field(default=None, description="Speculative decoding.")
     kernels: KernelsSpec = Field(default_factory=KernelsSpec, description="Vendor kernel plugin and kernel cache.")
-    transfer: TransferSpec = Field(default_factory=TransferSpec, description="KV transfer backend.")
+    transfer: TransferSpec = Field(default_factory=TransferSpec, description="KV transfer backend and RDMA NICs.")
+    kvCache: KVCacheSpec = Field(
+        default_factory=KVCacheSpec, description="KV cache tiers beyond GPU memory (HiCache, shared storage)."
+    )
     disaggregation: DisaggregationSpec = Field(
         default_factory=DisaggregationSpec, description="PD settings shared by both roles."
     )

@@ -170,6 +170,10 @@ def test_schema_refuses_bad_objects_naming_the_field(cluster, crds, ns):
     trtllm = _spec(ns, **{"kvLayout.attentionBackend": "trtllm"})
     res = kapply(cluster, trtllm, check=False)
     assert res.returncode != 0 and "trtllm does not support PD" in res.stderr, res.stderr
+    paged = _spec(ns, **{"pagedExperts": {"residentExperts": 32}})
+    del paged["spec"]["speculative"], paged["spec"]["kernels"]
+    res = kapply(cluster, paged, check=False)
+    assert res.returncode != 0 and "spec.pagedExperts" in res.stderr and "single GPU" in res.stderr, res.stderr
     unknown_field = _spec(ns, **{"decode.replica": 2})
     res = kapply(cluster, unknown_field, check=False)
     assert res.returncode != 0 and "replica" in res.stderr, res.stderr
