@@ -31,13 +31,13 @@ class Problem:
     def line(self) -> str:
         """One line for a person: field path first, the fix last."""
         tag = "" if self.severity == "error" else "warning: "
-        return f"{self.field}: {tag}{self.message}. Fix: {self.fix}"
+        return f"{self.field}: {tag}{self.message.rstrip('.')}. Fix: {self.fix}"
 
     def to_dict(self) -> dict[str, str]:
         """JSON shape used by ``check -o json`` and ``status.problems``."""
         return {
             "field": self.field,
-            "message": f"{self.message}. Fix: {self.fix}",
+            "message": f"{self.message.rstrip('.')}. Fix: {self.fix}",
             "severity": self.severity,
             "rule": self.rule,
         }
