@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from . import v1alpha1
+from . import kernelbuild, v1alpha1
 
 _DROP_KEYS = {"title", "default", "examples"}
 MAX_NAME_LENGTH = 40
@@ -117,6 +117,13 @@ def pddeployment_crd() -> dict[str, Any]:
     )
 
 
+_PDD_NAME_RULE = {
+    "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+    "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters: child "
+    "objects are named <name>-<group id>-<role> and Service names are limited to 63",
+}
+
+
 def _crd(
     *,
     kind: str,
@@ -126,6 +133,7 @@ def _crd(
     spec_schema: dict[str, Any],
     status_schema: dict[str, Any],
     printer_columns: list[dict[str, Any]],
+    name_rule: dict[str, str] = _PDD_NAME_RULE,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -154,13 +162,7 @@ def _crd(
                             "type": "object",
                             "description": description.strip(),
                             "required": ["spec"],
-                            "x-kubernetes-validations": [
-                                {
-                                    "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
-                                    "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters: child "
-                                    "objects are named <name>-<group id>-<role> and Service names are limited to 63",
-                                }
-                            ],
+                            "x-kubernetes-validations": [dict(name_rule)],
                             "properties": {
                                 "apiVersion": {"type": "string", "description": "API version."},
                                 "kind": {"type": "string", "description": "Kind."},
@@ -176,9 +178,42 @@ def _crd(
     }
 
 
+def _kernelbuild_printer_columns() -> list[dict[str, Any]]:
+    return [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Role", "type": "string", "jsonPath": ".spec.role"},
+        {"name": "Accelerator", "type": "string", "jsonPath": ".spec.accelerator"},
+        {"name": "Digest", "type": "string", "jsonPath": ".status.digest", "priority": 1},
+        {"name": "Size", "type": "integer", "jsonPath": ".status.sizeBytes"},
+        {"name": "Attempts", "type": "integer", "jsonPath": ".status.attempts"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+def kernelbuild_crd() -> dict[str, Any]:
+    """The KernelBuild CRD (``kb``) as a dict, from ``KernelBuildSpec``/``Status``."""
+    spec_schema = structural_schema(kernelbuild.KernelBuildSpec)
+    status_schema = structural_schema(kernelbuild.KernelBuildStatus)
+    status_schema["x-kubernetes-preserve-unknown-fields"] = True
+    return _crd(
+        kind=kernelbuild.KIND,
+        plural=kernelbuild.PLURAL,
+        short_names=[kernelbuild.SHORT_NAME],
+        description=kernelbuild.KernelBuild.__doc__ or "",
+        spec_schema=spec_schema,
+        status_schema=status_schema,
+        printer_columns=_kernelbuild_printer_columns(),
+        name_rule={
+            "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+            "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters: the build Jobs are named "
+            "<name>-<inputs>-<attempt> and Job names are limited to 63",
+        },
+    )
+
+
 def all_crds() -> dict[str, dict[str, Any]]:
     """File name (under ``crds/``) -> CRD dict, for every kind this operator serves."""
-    return {"pddeployments.yaml": pddeployment_crd()}
+    return {"pddeployments.yaml": pddeployment_crd(), "kernelbuilds.yaml": kernelbuild_crd()}
 
 
 def render_yaml(crd: dict[str, Any]) -> str:
