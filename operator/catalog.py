@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ISA = Literal["sm_103", "sm_100", "sm_90a", "sm_89", "gfx950", "gfx942"]
 FeatureSupport = Literal["accepted", "refused", "unknown"]
@@ -33,12 +33,20 @@ class _Entry(BaseModel):
 
 
 class Rail(_Entry):
-    """One RDMA NIC and the GPUs (process-visible ids on the node) closest to it."""
+    """One RDMA NIC and the GPUs (process-visible ids on the node) closest to it.
 
-    device: str = Field(min_length=1)
+    ``gpus`` are the GPUs behind the same PCIe switch (or, without one, the GPUs the NIC
+    serves on its NUMA node); ``numa`` is the NIC's NUMA node; ``railClass`` groups NICs
+    that reach each other across nodes (one fabric, or one rail of a rail-only fabric):
+    prefill and decode must use NICs of the same class. ``pcieSwitch`` names the switch
+    the NIC shares with ``gpus`` (informational, from ``nvidia-smi topo -m`` / ``lspci -t``).
+    """
+
+    device: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     gpus: tuple[int, ...]
     numa: int = 0
     railClass: str = Field(default="default", description="NICs of one class reach each other across nodes.")
+    pcieSwitch: str | None = None
 
 
 class Accelerator(_Entry):
@@ -57,6 +65,47 @@ class Accelerator(_Entry):
     sharedMemory: str = "64Gi"
     nodeLabels: dict[str, str]
     rails: tuple[Rail, ...] = ()
+    gpuNuma: tuple[int, ...] = Field(
+        default=(), description="NUMA node of each GPU, indexed by GPU id (nvidia-smi topo -m, NUMA Affinity)."
+    )
+
+    @model_validator(mode="after")
+    def _rails_consistent(self) -> "Accelerator":
+        """Rails name GPUs of this node, each NIC once, on the NUMA node of the GPUs it serves."""
+        if self.gpuNuma and len(self.gpuNuma) != self.gpusPerNode:
+            raise ValueError(f"gpuNuma lists {len(self.gpuNuma)} GPUs, gpusPerNode is {self.gpusPerNode}")
+        seen: set[str] = set()
+        for rail in self.rails:
+            if rail.device in seen:
+                raise ValueError(f"rail device {rail.device} is listed twice")
+            seen.add(rail.device)
+            for gpu in rail.gpus:
+                if not 0 <= gpu < self.gpusPerNode:
+                    raise ValueError(f"rail {rail.device} names GPU {gpu}; the node has GPUs 0..{self.gpusPerNode - 1}")
+                if self.gpuNuma and self.gpuNuma[gpu] != rail.numa:
+                    raise ValueError(
+                        f"rail {rail.device} is on NUMA node {rail.numa} but serves GPU {gpu} on NUMA node "
+                        f"{self.gpuNuma[gpu]}"
+                    )
+        return self
+
+    def gpu_numa(self, gpu: int) -> int | None:
+        """NUMA node of GPU ``gpu``: from ``gpuNuma``, else from a rail that serves it, else None."""
+        if self.gpuNuma:
+            return self.gpuNuma[gpu]
+        for rail in self.rails:
+            if gpu in rail.gpus:
+                return rail.numa
+        return None
+
+    @property
+    def rail_classes(self) -> tuple[str, ...]:
+        """The rail classes of this node type's NICs, sorted."""
+        return tuple(sorted({r.railClass for r in self.rails}))
+
+    def rail(self, device: str) -> Rail | None:
+        """The rail of NIC ``device``, or None when this node type has no such NIC."""
+        return next((r for r in self.rails if r.device == device), None)
 
     @property
     def is_blackwell(self) -> bool:

@@ -16,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..api.v1alpha1 import PDDeploymentSpec
+from .hicache import LOCAL_HOSTNAME_ENV, hicache_args
 from .kvlayout import LayoutPrediction
 from .roles import RoleInputs
+from .transfer import TransferPlan
 
 ENGINE_PORT = 30000
 MODEL_MOUNT = "/models"
@@ -49,6 +51,7 @@ MANAGED_FLAGS: dict[str, str] = {
     "--nnodes": "spec.<role>.parallelism.nodes",
     "--node-rank": "spec.<role>.parallelism.nodes",
     "--dist-init-addr": "spec.<role>.parallelism.nodes",
+    "--nccl-init-addr": "spec.<role>.parallelism.nodes",
     "--page-size": "spec.kvLayout.pageSize",
     "--kv-cache-dtype": "spec.kvLayout.dtype",
     "--dsv4-attn-backend": "spec.kvLayout.attentionBackend",
@@ -68,11 +71,19 @@ MANAGED_FLAGS: dict[str, str] = {
     "--speculative-draft-model": "spec.speculative.draftModelPath",
     "--enable-nvidia-megakernel": "spec.kernels.plugin",
     "--enable-amd-monokernel": "spec.kernels.plugin",
+    "--monokernel-backend": "spec.kernels.plugin",
     "--enable-paged-experts": "spec.pagedExperts",
     "--paged-experts-num-resident": "spec.pagedExperts.residentExperts",
     "--enable-decoder-swa-bounded-replay": "spec.rlRollout",
     "--no-enable-decoder-swa-bounded-replay": "spec.rlRollout",
     "--config": "(the operator's config file)",
+    "--enable-hierarchical-cache": "spec.kvCache.hicache",
+    "--enable-hicache": "spec.kvCache.hicache",
+    "--hicache-ratio": "spec.kvCache.hicache.hostRatio",
+    "--hicache-write-policy": "spec.kvCache.hicache.writePolicy",
+    "--hicache-storage-backend": "spec.kvCache.hicache.storage.backend",
+    "--hicache-storage-backend-extra-config": "spec.kvCache.hicache.storage",
+    "--disaggregation-decode-enable-offload-kvcache": "spec.kvCache.hicache.decodeOffload",
 }
 
 # Environment variables the operator sets from typed fields.
@@ -84,7 +95,16 @@ MANAGED_ENV: dict[str, str] = {
     "SGLANG_CACHE_DIR": "spec.kernels.cache",
     "SGLANG_JIT_CACHE_DIR": "spec.kernels.cache",
     "MC_FORCE_TCP": "spec.transfer.forceTCP",
+    LOCAL_HOSTNAME_ENV: "spec.kvCache.hicache.storage (the pod IP)",
 }
+
+
+EAGLE_TOPK_FLAG = "--speculative-eagle-topk"
+
+
+def _has_flag(args: list[str], flag: str) -> bool:
+    """``flag`` appears in ``args`` as ``--f`` or ``--f=value``."""
+    return any(tok == flag or tok.startswith(flag + "=") for tok in args)
 
 
 @dataclass(frozen=True)
@@ -108,26 +128,29 @@ def model_path(spec: PDDeploymentSpec) -> str:
     return f"{MODEL_MOUNT}/{sub}" if sub else MODEL_MOUNT
 
 
-def ib_devices_flag(spec: PDDeploymentSpec, role: RoleInputs) -> str | None:
-    """--disaggregation-ib-device value: explicit devices, else the catalog's rails (comma list)."""
-    if spec.transfer.backend == "fake" or spec.transfer.forceTCP:
-        return None
-    if spec.transfer.ibDevices:
-        return ",".join(spec.transfer.ibDevices)
-    acc = role.accelerator
-    if acc is None or not acc.rails:
-        return None
-    return ",".join(r.device for r in acc.rails)
+def ib_devices_flag(transfer: TransferPlan | None) -> str | None:
+    """--disaggregation-ib-device value: the per-GPU NIC mapping of planning/transfer.py, or None."""
+    return transfer.flag if transfer is not None else None
 
 
 def build_engine_command(
-    *, spec: PDDeploymentSpec, role: RoleInputs, layout: LayoutPrediction | None, kv_cache_dtype: str
+    *,
+    spec: PDDeploymentSpec,
+    role: RoleInputs,
+    layout: LayoutPrediction | None,
+    kv_cache_dtype: str,
+    transfer: TransferPlan | None = None,
+    compat_key: str | None = None,
+    name: str = "",
+    namespace: str = "default",
 ) -> EngineCommand:
     """The SGLang flags and env of ``role``.
 
     ``layout`` is the role's predicted layout (None when the model is not a DeepSeek-V4
     family model or the prediction was refused; then no DeepSeek-V4 flags are written).
-    ``kv_cache_dtype`` is the resolved --kv-cache-dtype.
+    ``kv_cache_dtype`` is the resolved --kv-cache-dtype. ``transfer`` is the role's NIC
+    mapping (planning/transfer.py); ``compat_key``, ``name`` and ``namespace`` place the
+    HiCache storage tier (the group's key namespace, the Mooncake master's Service).
     """
     p = role.parallelism
     args: list[str] = ["--model-path", model_path(spec), "--revision", spec.model.revision]
@@ -156,7 +179,7 @@ def build_engine_command(
         "--disaggregation-bootstrap-port", str(d.bootstrapPort),
         "--disaggregation-decode-allocation-policy", d.decodeAllocationPolicy,
     ]  # fmt: skip
-    ib = ib_devices_flag(spec, role)
+    ib = ib_devices_flag(transfer)
     if ib:
         args += ["--disaggregation-ib-device", ib]
     if d.samplingMaskMaxTokens is not None:
@@ -175,6 +198,10 @@ def build_engine_command(
             args += ["--speculative-num-steps", str(sp.numSteps)]
         if sp.draftModelPath:
             args += ["--speculative-draft-model-path", sp.draftModelPath]
+        if sp.algorithm == "EAGLE" and role.is_deepseek_v4 and not _has_flag(role.spec.extraArgs, EAGLE_TOPK_FLAG):
+            # apply_deepseek_v4_defaults asserts speculative_eagle_topk == 1 for EAGLE, and it
+            # runs before the speculative hook would default it (deepseek_v4_hook.py).
+            args += [EAGLE_TOPK_FLAG, "1"]
 
     if role.plugin is not None:
         args.append(role.plugin.flag)
@@ -184,6 +211,11 @@ def build_engine_command(
             args.append("--disable-shared-experts-fusion")
     if spec.rlRollout:
         args.append("--no-enable-decoder-swa-bounded-replay")
+    args += hicache_args(
+        spec=spec, role=role.role, name=name, namespace=namespace, compat_key=compat_key,
+        rdma=transfer.rdma if transfer is not None else False,
+        devices=transfer.devices if transfer is not None else (),
+    )  # fmt: skip
     args += list(role.spec.extraArgs)
 
     env: list[tuple[str, str]] = []

@@ -4,7 +4,8 @@ Host memory (the pod's memory request) = engine base + Paged Experts' pinned exp
 store (every routed expert of every layer: sglang layers/moe/paged_experts keeps the full
 expert set in pinned host memory) + the Engram host table when
 ``engram.placement: host`` (SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE, one copy per node) +
-/dev/shm (an in-memory emptyDir counts against the pod's memory).
+/dev/shm (an in-memory emptyDir counts against the pod's memory) + the host memory the pod
+lends to the Mooncake Store when HiCache stores KV there (``globalSegmentSize``).
 
 GPU memory outside KV sizing: decoder SWA bounded replay's tail CUDA graphs take about
 2.2 GiB per GPU on GB300 TP4 (seed 003, sglang #45059) and are not counted by SGLang's
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from kubernetes.utils import parse_quantity
 
 from ..api.v1alpha1 import PDDeploymentSpec
+from .features import parse_flags
+from .hicache import segment_bytes
 from .roles import RoleInputs
 
 GIB = 1 << 30
@@ -60,10 +63,31 @@ class MemoryPlan:
 
 
 def bounded_replay_on(spec: PDDeploymentSpec, role: RoleInputs) -> bool:
-    """Decoder SWA bounded replay is on: DeepSeek-V4.1, not an RL rollout, not turned off by a flag."""
+    """Decoder SWA bounded replay resolves on for this PD role.
+
+    As sglang 0.5.23 deepseek_v4_hook.validate_deepseek_v41_features resolves the unset
+    flag: DeepSeek-V4.1, not an RL rollout (the operator renders it off), CUDA (PD on ROCm
+    has not been run with it), no prefill / attention / decode context parallelism, no
+    --enable-return-hidden-states, a breakable or disabled prefill CUDA graph, and DP
+    attention only as attn_dp = tp with MoE all-to-all none or megamoe.
+    """
     if spec.rlRollout or role.model is None or not role.model.is_deepseek_v41:
         return False
-    return "--no-enable-decoder-swa-bounded-replay" not in role.spec.extraArgs
+    if role.accelerator is None or role.accelerator.vendor != "nvidia":
+        return False
+    flags = parse_flags(role.spec.extraArgs)
+    if flags.get("enable_decoder_swa_bounded_replay") is False:
+        return False
+    if role.prefill_cp or role.attention_cp != 1 or role.decode_cp != 1:
+        return False
+    if flags.get("enable_return_hidden_states") not in (None, False):
+        return False
+    if flags.get("cuda_graph_backend_prefill") == "full":
+        return False
+    p = role.parallelism
+    if p.dpAttention and not (p.dp == p.tp and flags.get("moe_a2a_backend", "none") in ("none", "megamoe")):
+        return False
+    return True
 
 
 def tail_graphs_on(spec: PDDeploymentSpec, role: RoleInputs) -> bool:
@@ -82,6 +106,9 @@ def plan_memory(*, spec: PDDeploymentSpec, role: RoleInputs) -> MemoryPlan:
     if role.paged_experts_k is not None and role.model is not None:
         pinned = role.model.expert_bytes_total
         items.append(("Paged Experts pinned expert store", pinned))
+    segment = segment_bytes(spec, role.role)
+    if segment:
+        items.append(("Mooncake Store segment (HiCache L3)", segment))
     engram_unknown = False
     if spec.engram is not None and spec.engram.placement == "host":
         table = role.model.engramTableBytes if role.model is not None else None

@@ -21,6 +21,7 @@ from .kvlayout import LayoutInputs, LayoutPrediction, LayoutRefusal, predict_lay
 from .memory import MemoryPlan, plan_memory
 from .problems import Problem, errors
 from .roles import ROLES, Role, RoleInputs, resolve_role
+from .transfer import TransferPlan, plan_transfer
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class RolePlan:
     ``layout`` is None when the model is not a DeepSeek-V4 family model (no PD layout
     string to predict) or when SGLang would refuse the layout (then ``layout_refusal``
     holds SGLang's reason). ``compat_inputs`` are the values hashed into the compat key.
+    ``transfer`` is the role's KV transfer wiring (NIC per GPU, rail classes).
     """
 
     inputs: RoleInputs
@@ -40,6 +42,7 @@ class RolePlan:
     features: frozenset[str]
     memory: MemoryPlan
     compat_inputs: dict[str, Any] = field(hash=False)
+    transfer: TransferPlan | None = None
 
     @property
     def role(self) -> Role:
@@ -131,11 +134,22 @@ def _compat_inputs(spec: PDDeploymentSpec, inputs: RoleInputs, dtype: str, layou
     }
 
 
-def plan_role(*, spec: PDDeploymentSpec, role: Role, catalog: Catalog) -> RolePlan:
-    """Resolve one role: inputs, KV dtype and layout, command, features, memory, compat inputs."""
+def plan_role(
+    *, spec: PDDeploymentSpec, role: Role, catalog: Catalog, name: str = "", namespace: str = "default"
+) -> RolePlan:
+    """Resolve one role: inputs, KV dtype and layout, NICs, command, features, memory, compat inputs.
+
+    ``name`` and ``namespace`` (the PDDeployment's) place the Mooncake master the HiCache
+    storage tier talks to; the compat key namespaces that tier's keys.
+    """
     inputs = resolve_role(spec=spec, role=role, catalog=catalog)
     dtype, layout, refusal = _predict(spec, inputs)
-    command = build_engine_command(spec=spec, role=inputs, layout=layout, kv_cache_dtype=dtype)
+    compat_inputs = _compat_inputs(spec, inputs, dtype, layout)
+    transfer = plan_transfer(spec=spec, role=inputs, catalog=catalog)
+    command = build_engine_command(
+        spec=spec, role=inputs, layout=layout, kv_cache_dtype=dtype, transfer=transfer,
+        compat_key=compat.compat_key(compat_inputs), name=name, namespace=namespace,
+    )  # fmt: skip
     return RolePlan(
         inputs=inputs,
         kv_cache_dtype=dtype,
@@ -144,7 +158,8 @@ def plan_role(*, spec: PDDeploymentSpec, role: Role, catalog: Catalog) -> RolePl
         command=command,
         features=features_in_use(command.args, command.env_dict()),
         memory=plan_memory(spec=spec, role=inputs),
-        compat_inputs=_compat_inputs(spec, inputs, dtype, layout),
+        compat_inputs=compat_inputs,
+        transfer=transfer,
     )
 
 
@@ -157,7 +172,9 @@ def build_plan(pdd: PDDeployment, catalog: Catalog) -> Plan:
     from .rules import run_all_rules  # rules import plan types; keep the import local
 
     spec = pdd.spec
-    prefill, decode = (plan_role(spec=spec, role=r, catalog=catalog) for r in ROLES)
+    prefill, decode = (
+        plan_role(spec=spec, role=r, catalog=catalog, name=pdd.name, namespace=pdd.namespace) for r in ROLES
+    )
     problems = tuple(run_all_rules(spec=spec, prefill=prefill, decode=decode, catalog=catalog))
     return Plan(
         name=pdd.name,

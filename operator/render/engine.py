@@ -16,7 +16,9 @@ from typing import Any
 
 import yaml
 
+from ..planning import transfer as T
 from ..planning.engine_args import ENGINE_PORT, HF_CACHE, MODEL_MOUNT, SGLANG_CACHE_DIR
+from ..planning.hicache import FILE_STORAGE_MOUNT, LOCAL_HOSTNAME_ENV, hicache_spec, storage_backend
 from ..planning.memory import gib, quantity_bytes
 from ..planning.plan import Plan, RolePlan
 from ..planning.sglang_flags import flag_table
@@ -26,7 +28,7 @@ CONFIG_DIR = "/etc/sglang"
 CONFIG_FILE = "config.yaml"
 STARTUP_PROBE_PERIOD_S = 10
 STARTUP_PROBE_FAILURES = 360  # 60 minutes: weight loading of a large MoE from a PVC
-RDMA_BACKENDS = ("mooncake", "nixl", "mori")
+RDMA_BACKENDS = T.RDMA_BACKENDS
 
 
 def split_config(args: tuple[str, ...] | list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -81,9 +83,9 @@ def config_hash(role: RolePlan, image: str) -> str:
 
 
 def uses_rdma(plan: Plan) -> bool:
-    """KV moves over RDMA: a real transfer backend and no TCP fallback."""
-    t = plan.spec.transfer
-    return t.backend in RDMA_BACKENDS and not t.forceTCP
+    """KV moves over RDMA: a real transfer backend and no TCP fallback (then, and only then, the
+    pods request the accelerator's RDMA resource and the IPC_LOCK capability)."""
+    return T.uses_rdma(plan.spec)
 
 
 def _resources(plan: Plan, role: RolePlan) -> dict[str, Any]:
@@ -114,6 +116,13 @@ def _volumes(plan: Plan, role: RolePlan, config_map: str) -> tuple[list[dict], l
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "kernel-cache", "mountPath": SGLANG_CACHE_DIR},
     ]
+    if _stores_files(plan, role):
+        fs = hicache_spec(spec).storage.file
+        if fs is not None and fs.claimName:
+            volumes.append({"name": "hicache", "persistentVolumeClaim": {"claimName": fs.claimName}})
+        else:
+            volumes.append({"name": "hicache", "emptyDir": {"sizeLimit": fs.size if fs is not None else "200Gi"}})
+        mounts.append({"name": "hicache", "mountPath": FILE_STORAGE_MOUNT})
     source = spec.model.source
     if source.pvc is not None:
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": source.pvc.claimName, "readOnly": True}})
@@ -124,8 +133,22 @@ def _volumes(plan: Plan, role: RolePlan, config_map: str) -> tuple[list[dict], l
     return volumes, mounts
 
 
+def _renders_storage(plan: Plan, role: RolePlan) -> bool:
+    """The role's pods talk to the HiCache storage tier (prefill always, decode with offload)."""
+    hc = hicache_spec(plan.spec)
+    return storage_backend(plan.spec) is not None and (role.role == "prefill" or bool(hc and hc.decodeOffload))
+
+
+def _stores_files(plan: Plan, role: RolePlan) -> bool:
+    return _renders_storage(plan, role) and storage_backend(plan.spec) == "file"
+
+
 def _env(plan: Plan, role: RolePlan) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in role.command.env]
+    if _renders_storage(plan, role) and storage_backend(plan.spec) == "mooncake":
+        # The address Mooncake Store peers reach this pod on; SGLang prefers the variable over
+        # the extra config's local_hostname (MooncakeStoreConfig._resolve_local_hostname).
+        env.append({"name": LOCAL_HOSTNAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     hub = plan.spec.model.source.hub
     if hub is not None and hub.tokenSecret is not None:
         env.append(

@@ -13,7 +13,7 @@ from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..plan import RolePlan
 from ..problems import Problem
-from . import args, deepseek_v4, engram, handshake, kv, paged_experts, placement, plugins, transfer
+from . import args, deepseek_v4, engram, handshake, kv, kvcache, paged_experts, placement, plugins, transfer
 
 ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     placement.accelerator_known,
@@ -26,6 +26,8 @@ ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     deepseek_v4.dsv4_allocation_policy,
     deepseek_v4.dsv4_speculative_algorithm,
     deepseek_v4.dspark_pd_requirements,
+    deepseek_v4.dsv41_unsupported_features,
+    handshake.prefill_complete_requirements,
     args.extra_args_not_managed,
     args.extra_args_parse,
     args.env_not_managed,
@@ -44,6 +46,13 @@ ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     engram.engram_peer_shards,
     engram.engram_memory,
     transfer.transfer_backend_vendor,
+    transfer.transfer_devices_exist,
+    transfer.transfer_rail_class_known,
+    transfer.transfer_numa_local,
+    transfer.transfer_nixl_devices,
+    transfer.transfer_mori_devices,
+    kvcache.hicache_allocation_policy,
+    kvcache.hicache_extra_args,
 )
 
 PAIR_RULES: tuple[Callable[..., list[Problem]], ...] = (
@@ -52,6 +61,9 @@ PAIR_RULES: tuple[Callable[..., list[Problem]], ...] = (
     handshake.dspark_attention_tp_equal,
     handshake.mxfp8_attention_tp_equal,
     transfer.transfer_tcp_fallback,
+    transfer.transfer_rails_reach,
+    transfer.transfer_force_tcp_backend,
+    kvcache.hicache_store_protocol,
 )
 
 

@@ -1,16 +1,47 @@
-"""KV transfer rules: backend fits the GPU vendor; TCP fallback warns.
+"""KV transfer rules: backend fits the GPU vendor, NICs exist and reach each other, TCP fallback warns.
 
-Source: sglang 0.5.23 arg_groups/fields/disagg.py (--disaggregation-transfer-backend:
-mooncake, nixl, mori, fake ...); mori is AMD's transfer engine (ROCm); Mooncake's
-MC_FORCE_TCP turns RDMA off.
+Sources (sglang 0.5.23): ``arg_groups/fields/disagg.py`` (--disaggregation-transfer-backend
+mooncake, nixl, mori, fake ...; --disaggregation-ib-device formats, "Supported by Mooncake
+and NIXL UCX", "a non-empty UCX_NET_DEVICES takes precedence"), ``arg_groups/
+validation_hook.validate_ib_devices`` (every name must be in /sys/class/infiniband, else
+"Invalid IB devices specified"), ``disaggregation/nixl/conn.py`` (UCX_NET_DEVICES wins;
+a device_list in SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS that differs raises "Conflicting
+NIXL UCX device_list"; other NIXL backends ignore the devices), ``disaggregation/mori/
+conn.py`` (mori is AMD's transfer engine; it overwrites MORI_RDMA_DEVICES), Mooncake's
+MC_FORCE_TCP (RDMA off). The NIC mapping itself is planning/transfer.py.
 """
 
 from __future__ import annotations
 
+import json
+
 from ...api.v1alpha1 import PDDeploymentSpec
-from ...catalog import Catalog
+from ...catalog import Accelerator, Catalog
 from ..plan import RolePlan
 from ..problems import Problem
+from ..transfer import TransferPlan, explicit_devices, shared_rail_classes
+
+
+def _tp(role: RolePlan) -> TransferPlan | None:
+    return role.transfer
+
+
+def _describe(acc: Accelerator | None, names: tuple[str, ...]) -> str:
+    """``mlx5_0 (infiniband), mlx5_1 (infiniband)``: NICs with their rail classes."""
+    out = []
+    for n in names:
+        rail = acc.rail(n) if acc is not None else None
+        out.append(f"{n} ({rail.railClass})" if rail is not None else f"{n} (not on this node type)")
+    return ", ".join(out) if out else "none"
+
+
+def _role_nics(spec: PDDeploymentSpec, role: RolePlan) -> tuple[str, ...]:
+    """The NICs a role may use before the class filter: its explicit list, else every rail of its node type."""
+    names, _ = explicit_devices(spec, role.role)
+    if names is not None:
+        return names
+    acc = role.inputs.accelerator
+    return tuple(r.device for r in acc.rails) if acc is not None else ()
 
 
 def transfer_backend_vendor(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
@@ -24,6 +55,201 @@ def transfer_backend_vendor(*, spec: PDDeploymentSpec, role: RolePlan, catalog: 
             message=f"mori is AMD's transfer engine; the {role.role} role runs on {role.inputs.accelerator_name}",
             fix="use mooncake or nixl on NVIDIA GPUs",
             rule="transfer_backend_vendor",
+        )
+    ]
+
+
+def transfer_devices_exist(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """Explicit IB devices must be NICs of the role's node type (SGLang refuses others at startup).
+
+    SGLang checks the names against the node's /sys/class/infiniband only when the pod
+    starts (validate_ib_devices: "Invalid IB devices specified for all GPUs"); the catalog
+    knows them before any pod exists.
+    """
+    names, field = explicit_devices(spec, role.role)
+    acc = role.inputs.accelerator
+    if names is None or acc is None or spec.transfer.backend == "fake":
+        return []
+    missing = [n for n in names if acc.rail(n) is None]
+    if not missing:
+        return []
+    have = ", ".join(r.device for r in acc.rails) or "none in the catalog"
+    return [
+        Problem(
+            field=field or "spec.transfer.ibDevices",
+            message=(
+                f"the {role.role} role runs on {role.inputs.accelerator_name}, which has no RDMA device "
+                f"{', '.join(missing)} (its NICs: {have})"
+            ),
+            fix=f"list NICs of {role.inputs.accelerator_name}, or set spec.{role.role}.transfer.ibDevices for this role",
+            rule="transfer_devices_exist",
+        )
+    ]
+
+
+def transfer_rail_class_known(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """spec.transfer.railClass must be a class of the role's NICs."""
+    want = spec.transfer.railClass
+    acc = role.inputs.accelerator
+    if not want or acc is None or spec.transfer.backend == "fake":
+        return []
+    names, _ = explicit_devices(spec, role.role)
+    classes = {r.railClass for r in acc.rails if names is None or r.device in names}
+    if want in classes:
+        return []
+    return [
+        Problem(
+            field="spec.transfer.railClass",
+            message=(
+                f"the {role.role} role's NICs on {role.inputs.accelerator_name} "
+                f"({_describe(acc, _role_nics(spec, role))}) have no rail class {want}"
+            ),
+            fix=f"use one of {', '.join(sorted(classes)) or 'the catalog rail classes'}, or remove railClass",
+            rule="transfer_rail_class_known",
+        )
+    ]
+
+
+def transfer_rails_reach(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: RolePlan) -> list[Problem]:
+    """Prefill's and decode's NICs must sit on the same rail classes (NICs of one class reach each other).
+
+    A prefill NIC whose class decode lacks (or the reverse) cannot reach its peer: the
+    first request would wait out the transfer timeout. The message names both roles'
+    devices with their classes.
+    """
+    if spec.transfer.backend == "fake" or spec.transfer.forceTCP:
+        return []
+    pacc, dacc = prefill.inputs.accelerator, decode.inputs.accelerator
+    if pacc is None or dacc is None:
+        return []
+    pnames, dnames = _role_nics(spec, prefill), _role_nics(spec, decode)
+    if not pnames or not dnames:
+        return []
+    pclasses = {pacc.rail(n).railClass for n in pnames if pacc.rail(n) is not None}
+    dclasses = {dacc.rail(n).railClass for n in dnames if dacc.rail(n) is not None}
+    if not pclasses or not dclasses:
+        return []  # unknown names: transfer_devices_exist reports them
+    if spec.transfer.railClass:
+        return []  # transfer_rail_class_known reports a role that lacks the class
+    shared = pclasses & dclasses
+    pexplicit = explicit_devices(spec, "prefill")[0] is not None
+    dexplicit = explicit_devices(spec, "decode")[0] is not None
+    # A role whose NICs the catalog picks keeps only the shared classes; an explicit list must
+    # lie wholly in them, or its extra NICs would reach nothing on the other role.
+    if shared and (not pexplicit or pclasses == shared) and (not dexplicit or dclasses == shared):
+        return []
+    field = (
+        explicit_devices(spec, "prefill")[1]
+        or explicit_devices(spec, "decode")[1]
+        or next((r.inputs.accelerator_field for r in (decode, prefill) if r.inputs.spec.accelerator), "spec.accelerator")
+    )
+    return [
+        Problem(
+            field=field,
+            message=(
+                f"prefill IB devices {_describe(pacc, pnames)} and decode IB devices {_describe(dacc, dnames)} "
+                "sit on rail classes that cannot reach each other"
+            ),
+            fix="list NICs of the same rail class on both roles (spec.<role>.transfer.ibDevices), or place both "
+            "roles on node types of one fabric",
+            rule="transfer_rails_reach",
+        )
+    ]
+
+
+def transfer_numa_local(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """Every GPU should get a NIC on its own NUMA node; a cross-socket NIC slows every transfer."""
+    tp = _tp(role)
+    if tp is None or not tp.not_local:
+        return []
+    acc = role.inputs.accelerator
+    gpus = ", ".join(str(g) for g in tp.not_local)
+    return [
+        Problem(
+            field=tp.pool_field or "spec.transfer.ibDevices",
+            message=(
+                f"{role.role} GPUs {gpus} on {role.inputs.accelerator_name} have no allowed NIC on their NUMA node "
+                f"(allowed: {_describe(acc, tp.pool)}); they use NICs across the socket"
+            ),
+            fix="add a NIC of each GPU's NUMA node to the list (see rails in the accelerator catalog)",
+            rule="transfer_numa_local",
+            severity="warning",
+        )
+    ]
+
+
+def _env(role: RolePlan) -> dict[str, str]:
+    return {e.name: e.value for e in role.inputs.spec.env}
+
+
+def transfer_nixl_devices(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """NIXL (UCX) takes the per-GPU mapping unless the environment overrides or contradicts it."""
+    tp = _tp(role)
+    if spec.transfer.backend != "nixl" or tp is None or tp.flag is None:
+        return []
+    env = _env(role)
+    field = f"spec.{role.role}.env"
+    problems = []
+    backend = env.get("SGLANG_DISAGGREGATION_NIXL_BACKEND", "UCX")
+    if backend != "UCX":
+        problems.append(Problem(
+            field=field,
+            message=f"NIXL backend {backend} ignores --disaggregation-ib-device; only UCX reads the NIC mapping",
+            fix="remove SGLANG_DISAGGREGATION_NIXL_BACKEND to use UCX, or select NICs through that backend's own settings",
+            rule="transfer_nixl_devices", severity="warning",
+        ))  # fmt: skip
+    if env.get("UCX_NET_DEVICES"):
+        problems.append(Problem(
+            field=field,
+            message="UCX_NET_DEVICES takes precedence over --disaggregation-ib-device: the per-GPU NIC mapping is ignored",
+            fix="remove UCX_NET_DEVICES and let the operator map each GPU to its NICs",
+            rule="transfer_nixl_devices", severity="warning",
+        ))  # fmt: skip
+    raw = env.get("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS")
+    if raw and backend == "UCX" and not env.get("UCX_NET_DEVICES"):
+        try:
+            params = json.loads(raw)
+        except ValueError:
+            params = None
+        if isinstance(params, dict) and params.get("device_list") is not None:
+            problems.append(Problem(
+                field=field,
+                message=(
+                    "SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS sets device_list; SGLang refuses it at startup when it "
+                    "differs from the operator's per-GPU mapping (Conflicting NIXL UCX device_list)"
+                ),
+                fix="remove device_list from SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS",
+                rule="transfer_nixl_devices",
+            ))  # fmt: skip
+    return problems
+
+
+def transfer_mori_devices(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """mori overwrites MORI_RDMA_DEVICES with the rendered NIC list: a value in env would be lost."""
+    tp = _tp(role)
+    if spec.transfer.backend != "mori" or tp is None or tp.flag is None or "MORI_RDMA_DEVICES" not in _env(role):
+        return []
+    return [
+        Problem(
+            field=f"spec.{role.role}.env",
+            message="MORI_RDMA_DEVICES is overwritten by SGLang with --disaggregation-ib-device (the operator's NICs)",
+            fix="remove MORI_RDMA_DEVICES; choose NICs with spec.transfer.ibDevices",
+            rule="transfer_mori_devices",
+            severity="warning",
+        )
+    ]
+
+
+def transfer_force_tcp_backend(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: RolePlan) -> list[Problem]:
+    """forceTCP is Mooncake's MC_FORCE_TCP: it means nothing to nixl, mori or fake (the CRD refuses it too)."""
+    if not spec.transfer.forceTCP or spec.transfer.backend == "mooncake":
+        return []
+    return [
+        Problem(
+            field="spec.transfer.forceTCP",
+            message=f"forceTCP applies to the mooncake backend only, not {spec.transfer.backend}",
+            fix="remove forceTCP or use backend: mooncake",
+            rule="transfer_force_tcp_backend",
         )
     ]
 
@@ -52,3 +278,17 @@ def transfer_tcp_fallback(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: 
             )
         )
     return problems
+
+
+__all__ = [
+    "shared_rail_classes",
+    "transfer_backend_vendor",
+    "transfer_devices_exist",
+    "transfer_force_tcp_backend",
+    "transfer_mori_devices",
+    "transfer_nixl_devices",
+    "transfer_numa_local",
+    "transfer_rail_class_known",
+    "transfer_rails_reach",
+    "transfer_tcp_fallback",
+]
