@@ -11,15 +11,25 @@ contract=""
 [ "${1:-}" = "--contract" ] && contract="-contract"
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-hash=$(cat pyproject.toml requirements/contract.txt requirements/contract-nodeps.txt requirements/cuda_stubs.py | sha256sum | cut -c1-16)
+hash=$(cat pyproject.toml requirements/*.txt requirements/cuda_stubs.py | sha256sum | cut -c1-16)
 stamp=".venv/.installed-${hash}${contract}"
 if [ ! -f "$stamp" ]; then
   echo "setup: installing the project into .venv"
   .venv/bin/pip install -q -e '.[test]'
   if [ -n "$contract" ]; then
+    # mooncake_master (the KV store e2e) links libibverbs; Debian's package provides it.
+    if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1 '; then
+      if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "setup: installing libibverbs1 (Debian) for mooncake_master"
+        apt-get install -y -q libibverbs1 >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q libibverbs1 >/dev/null; }
+      else
+        echo "setup: warning: libibverbs.so.1 missing; the Mooncake master e2e test will fail (apt-get install libibverbs1)" >&2
+      fi
+    fi
     echo "setup: installing the real SGLang and smg parsers (CPU) into .venv"
     .venv/bin/pip install -q -r requirements/contract.txt
     .venv/bin/pip install -q --no-deps -r requirements/contract-nodeps.txt
+    .venv/bin/pip install -q -r requirements/lint.txt
     .venv/bin/python requirements/cuda_stubs.py
   fi
   touch "$stamp"
