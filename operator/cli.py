@@ -168,24 +168,26 @@ def render(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None
 
 
 @main.command()
-@click.option("--out-dir", default=None, help="Folder to write into (default: the repository's crds/).")
+@click.option("--out-dir", default=None, help="Folder to write into (default: crds/ and the chart's files/crds/).")
 @click.option("--check", "check_only", is_flag=True, help="Exit 1 when the files differ from the models.")
 def crds(out_dir: str | None, check_only: bool) -> None:
-    """Write crds/*.yaml from the API models (or --check that they are current)."""
+    """Write crds/*.yaml (and the Helm chart's copy) from the API models, or --check that they are current."""
     from .api.crd import all_crds, render_yaml
 
-    directory = Path(out_dir) if out_dir else Path(__file__).resolve().parent.parent / "crds"
+    repo = Path(__file__).resolve().parent.parent
+    directories = [Path(out_dir)] if out_dir else [repo / "crds", repo / "charts" / "sglang-pd-operator" / "files" / "crds"]
     stale = []
-    for name, crd in all_crds().items():
-        path = directory / name
-        text = render_yaml(crd)
-        if check_only:
-            if not path.is_file() or path.read_text() != text:
-                stale.append(str(path))
-        else:
-            directory.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            click.echo(path)
+    for directory in directories:
+        for name, crd in all_crds().items():
+            path = directory / name
+            text = render_yaml(crd)
+            if check_only:
+                if not path.is_file() or path.read_text() != text:
+                    stale.append(str(path))
+            else:
+                directory.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+                click.echo(path)
     if stale:
         click.echo(f"stale: {', '.join(stale)}; run `sglang-pd-operator crds`", err=True)
         sys.exit(1)
@@ -194,10 +196,21 @@ def crds(out_dir: str | None, check_only: bool) -> None:
 @main.command()
 @click.option("--kubeconfig", default=None, envvar="KUBECONFIG", help="Kubeconfig (default: in-cluster).")
 @click.option("--namespace", "namespaces", multiple=True, help="Watch only these namespaces (repeatable).")
-@click.option("--operator-namespace", envvar="POD_NAMESPACE", default=None, help="Where the catalog ConfigMap lives.")
+@click.option("--operator-namespace", envvar="POD_NAMESPACE", default=None, help="Where the catalog ConfigMap and the leader Lease live.")
 @click.option("--resync", default=15.0, show_default=True, help="Seconds between full resyncs.")
 @click.option("--metrics-port", default=8080, show_default=True, help="Port of /metrics (0: off).")
 @click.option("--liveness-port", default=8081, show_default=True, help="Port of kopf's /healthz (0: off).")
+@click.option("--crds", "crd_policy", type=click.Choice(["check", "apply", "skip"]), default="check", show_default=True,
+              help="At start: refuse to run when our CRDs are missing or older than this operator (check); "
+                   "server-side apply them first when missing or older (apply); no CRD access (skip).")
+@click.option("--leader-elect/--no-leader-elect", default=False, show_default=True,
+              help="Reconcile only while holding a coordination.k8s.io Lease (run several replicas).")
+@click.option("--leader-elect-lease", default="sglang-pd-operator", show_default=True,
+              help="Name of the Lease, in --operator-namespace.")
+@click.option("--leader-elect-timing", default="15,10,2", show_default=True, metavar="LEASE,RENEW,RETRY",
+              help="Lease duration, renew deadline and retry period, whole seconds.")
+@click.option("--slo-interval", default=15.0, show_default=True,
+              help="Seconds between scrapes of the engine and gateway pods' /metrics (SLOs, health; 0: off).")
 def run(
     kubeconfig: str | None,
     namespaces: tuple[str, ...],
@@ -205,18 +218,46 @@ def run(
     resync: float,
     metrics_port: int,
     liveness_port: int,
+    crd_policy: str,
+    leader_elect: bool,
+    leader_elect_lease: str,
+    leader_elect_timing: str,
+    slo_interval: float,
 ) -> None:
-    """Run the operator (kopf) until interrupted."""
+    """Run the operator (kopf) until interrupted; exits 1 when the CRDs are missing or older, 3 on lost leadership."""
+    from .leader import LeaderSettings, default_identity
     from .operator_main import run_operator
+    from .reconcilers.crds import CRDSchemaError
 
-    run_operator(
-        kubeconfig=kubeconfig,
-        namespaces=list(namespaces) or None,
-        operator_namespace=operator_namespace,
-        resync=resync,
-        metrics_port=metrics_port,
-        liveness_port=liveness_port,
-    )
+    leader = None
+    if leader_elect:
+        if not operator_namespace:
+            raise click.UsageError("--leader-elect needs --operator-namespace (or $POD_NAMESPACE) for the Lease")
+        try:
+            lease, renew, retry = (int(x) for x in leader_elect_timing.split(","))
+        except ValueError:
+            raise click.BadParameter("expected three whole numbers of seconds, e.g. 15,10,2",
+                                     param_hint="--leader-elect-timing") from None
+        if not lease > renew > 1.2 * retry >= 1.2:
+            raise click.BadParameter("need LEASE > RENEW > 1.2 * RETRY >= 1.2", param_hint="--leader-elect-timing")
+        leader = LeaderSettings(lease_name=leader_elect_lease, namespace=operator_namespace,
+                                identity=default_identity(), lease_duration=lease, renew_deadline=renew,
+                                retry_period=retry)
+    try:
+        run_operator(
+            kubeconfig=kubeconfig,
+            namespaces=list(namespaces) or None,
+            operator_namespace=operator_namespace,
+            resync=resync,
+            metrics_port=metrics_port,
+            liveness_port=liveness_port,
+            crd_policy=crd_policy,
+            leader=leader,
+            slo_interval=slo_interval,
+        )
+    except CRDSchemaError as e:
+        logging.getLogger("sglang_pd_operator").error("refusing to run: %s", e)
+        sys.exit(1)
 
 
 def _mount_dev() -> None:

@@ -1,0 +1,105 @@
+{{/* Names, labels and the RBAC rules shared by the ClusterRole and the per-namespace Roles. */}}
+
+{{- define "sglang-pd-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sglang-pd-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sglang-pd-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sglang-pd-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "sglang-pd-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "sglang-pd-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sglang-pd-operator
+{{- end }}
+
+{{- define "sglang-pd-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sglang-pd-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sglang-pd-operator.leaseName" -}}
+{{- default (include "sglang-pd-operator.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
+{{- define "sglang-pd-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The permissions the operator needs where PDDeployments live: a ClusterRole (watchNamespaces
+empty) or one Role per watched namespace. tests/unit/test_chart_rbac.py derives the same
+set from the code (reconcilers, render, handlers) and fails when they differ either way.
+*/}}
+{{- define "sglang-pd-operator.workloadRules" -}}
+# PDDeployments: kopf lists and watches them, a reconcile reads one, the resync lists them.
+- apiGroups: [pd.sglang-operator.io]
+  resources: [pddeployments]
+  verbs: [get, list, watch]
+# Status is the only thing the operator writes on the user's object (merge patch).
+- apiGroups: [pd.sglang-operator.io]
+  resources: [pddeployments/status]
+  verbs: [patch]
+# Children carry ownerReferences with blockOwnerDeletion: clusters with the
+# OwnerReferencesPermissionEnforcement admission plugin require update on the owner's finalizers.
+- apiGroups: [pd.sglang-operator.io]
+  resources: [pddeployments/finalizers]
+  verbs: [update]
+# Prefill, decode and gateway Deployments: server-side apply (create/patch), read, prune
+# drained groups; kopf watches them so status follows readiness.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch, delete]
+# Per-role ConfigMaps and headless Services, the user-facing Service: apply, read, prune.
+- apiGroups: [""]
+  resources: [configmaps, services]
+  verbs: [get, list, create, patch, delete]
+# The gateway's ServiceAccount, Role and RoleBinding (pod discovery): apply only.
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, create, patch]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, create, patch]
+# Pods: listed to observe readiness; get and watch are held because the operator grants
+# them to the gateway's Role (RBAC lets it grant only what it holds).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+# With the Prometheus Operator installed: a PodMonitor per PDDeployment, and a
+# PrometheusRule with spec.slo (deleted when spec.slo is removed).
+- apiGroups: [monitoring.coreos.com]
+  resources: [podmonitors]
+  verbs: [get, create, patch]
+- apiGroups: [monitoring.coreos.com]
+  resources: [prometheusrules]
+  verbs: [get, create, patch, delete]
+# Events on PDDeployments (InvalidSpec, rollout steps).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}
