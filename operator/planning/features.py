@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from .sglang_flags import flag_table
+
 FEATURE_DESCRIPTIONS: dict[str, str] = {
     "pipeline_parallel": "pipeline parallelism",
     "multi_node_tp": "multi-node tensor parallelism",
@@ -35,16 +37,28 @@ FEATURE_DESCRIPTIONS: dict[str, str] = {
     "cpu_offload": "CPU offload",
     "torch_compile": "torch-compiled decode",
     "deterministic_inference": "deterministic inference",
+    "eagle3_hidden_states": "EAGLE3 hidden states at covered layers",
+}
+
+# Features each vendor binding probes (nvidia binding.py FEATURE_PROBES, amd binding.py
+# _PROBES): AMD has no hisparse / deterministic inference probe, NVIDIA no EAGLE3 one.
+VENDOR_FEATURES: dict[str, frozenset[str]] = {
+    "nvidia": frozenset(FEATURE_DESCRIPTIONS) - {"eagle3_hidden_states"},
+    "amd": frozenset(FEATURE_DESCRIPTIONS) - {"hisparse", "deterministic_inference"},
 }
 
 
 def parse_flags(args: Sequence[str]) -> dict[str, Any]:
     """Map each ``--flag`` in ``args`` to its value: the next token, or True for a switch.
 
-    ``--flag=value`` is split; ``--no-flag`` sets ``flag`` to False. Keys are the flag
-    names without dashes, with ``-`` turned into ``_`` (SGLang's dest names). A later
-    occurrence wins, as with argparse.
+    ``--flag=value`` is split; ``--no-flag`` sets ``flag`` to False. Keys are SGLang's
+    dest names: an option of the pinned parser maps to its dest (so aliases such as
+    ``--enable-hicache`` or ``--attention-context-parallel-size`` land on the field
+    SGLang sets), any other flag to its name without dashes, ``-`` turned into ``_``.
+    Known switches never take the next token as a value. A later occurrence wins, as
+    with argparse.
     """
+    table = flag_table()
     out: dict[str, Any] = {}
     i = 0
     while i < len(args):
@@ -53,10 +67,14 @@ def parse_flags(args: Sequence[str]) -> dict[str, Any]:
             i += 1
             continue
         name, eq, value = tok[2:].partition("=")
-        key = name.replace("-", "_")
-        if eq:
+        info = table.get("--" + name)
+        key = info.dest if info is not None else name.replace("-", "_")
+        positive = table.get("--" + name[3:]) if name.startswith("no-") else None
+        if info is not None and positive is not None and positive.dest == info.dest:  # --no-x of --x
+            out[key] = False
+        elif eq:
             out[key] = value
-        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+        elif (info is None or info.takes_value) and i + 1 < len(args) and not args[i + 1].startswith("--"):
             out[key] = args[i + 1]
             i += 1
         elif key.startswith("no_"):
@@ -113,6 +131,7 @@ _PROBES: dict[str, Callable[[Mapping[str, Any], Mapping[str, str]], bool]] = {
     "cpu_offload": lambda f, e: _float(f, "cpu_offload_gb") > 0 or _int(f, "offload_group_size", 0) > 0,
     "torch_compile": lambda f, e: _truthy(f, "enable_torch_compile"),
     "deterministic_inference": lambda f, e: _truthy(f, "enable_deterministic_inference", "rl_on_policy_target"),
+    "eagle3_hidden_states": lambda f, e: str(f.get("speculative_algorithm") or "").upper() == "EAGLE3",
 }
 
 

@@ -19,25 +19,21 @@ from ..api.v1alpha1 import (
     RuntimeSpec,
 )
 from ..catalog import Accelerator, Catalog, KernelPlugin, ModelFacts
+from .features import parse_flags
 
 Role = Literal["prefill", "decode"]
 DSV4_PAGE_SIZE = 256
 
 
-def _int_flag(args: list[str], flag: str, default: int) -> int:
-    """The integer value of ``flag`` in an argument list (``--f N`` or ``--f=N``), else ``default``."""
-    for i, tok in enumerate(args):
-        value = None
-        if tok == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif tok.startswith(flag + "="):
-            value = tok.split("=", 1)[1]
-        if value is not None:
-            try:
-                return int(value)
-            except ValueError:
-                return default
-    return default
+def _int_flag(args: list[str], dest: str, default: int) -> int:
+    """The integer value SGLang's ``dest`` gets from an argument list (any alias, ``--f N`` or ``--f=N``)."""
+    value = parse_flags(args).get(dest)
+    try:
+        return int(value) if value is not None else default
+    except (TypeError, ValueError):
+        return default
+
+
 ROLES: tuple[Role, Role] = ("prefill", "decode")
 
 
@@ -77,14 +73,25 @@ class RoleInputs:
         return self.parallelism.dp if self.parallelism.dpAttention else 1
 
     @property
+    def prefill_cp(self) -> bool:
+        """``--enable-prefill-cp`` is in extraArgs."""
+        return parse_flags(self.spec.extraArgs).get("enable_prefill_cp") not in (None, False)
+
+    @property
     def attention_cp(self) -> int:
-        """Attention CP size from ``--attn-cp-size`` in extraArgs (1 when absent)."""
-        return _int_flag(self.spec.extraArgs, "--attn-cp-size", 1)
+        """Attention CP size: ``--attn-cp-size`` (or its alias) in extraArgs, 1 when absent.
+
+        For DeepSeek-V4 models with ``--enable-prefill-cp``, SGLang sets it to
+        tp / attention DP whatever the flag says (deepseek_v4_hook.validate_deepseek_v4_cp).
+        """
+        if self.prefill_cp and self.is_deepseek_v4:
+            return max(1, self.parallelism.tp // self.attention_dp)
+        return _int_flag(self.spec.extraArgs, "attn_cp_size", 1)
 
     @property
     def decode_cp(self) -> int:
-        """Decode context parallel size from ``--dcp-size`` in extraArgs (1 when absent)."""
-        return _int_flag(self.spec.extraArgs, "--dcp-size", 1)
+        """Decode context parallel size from ``--dcp-size`` (or its alias) in extraArgs (1 when absent)."""
+        return _int_flag(self.spec.extraArgs, "dcp_size", 1)
 
     @property
     def attention_tp(self) -> int:

@@ -83,9 +83,11 @@ def validate_args(args: list[str] | tuple[str, ...]) -> list[ArgError]:
         info = table.get(name)
         if info is None:
             hint = suggest(name)
-            more = f"; did you mean {' or '.join(hint)}?" if hint else ""
+            more = f"; did you mean {' or '.join(hint)}" if hint else ""  # no "?": the line goes on ". Fix: ..."
             out.append(ArgError(i, f"{name} is not a flag of SGLang 0.5.23{more}"))
             i += 1
+            while i < len(args) and not args[i].startswith("--"):
+                i += 1  # its values: one problem per unknown flag
             continue
         if not info.takes_value:
             if eq:

@@ -1,7 +1,8 @@
 """Rules SGLang 0.5.23 applies to DeepSeek-V4 / V4.1 at startup, checked before any pod exists.
 
 Sources: arg_groups/model_overrides/deepseek_v4.py (page size 256),
-arg_groups/deepseek_v4_hook.py (speculative algorithms; DSpark PD requirements),
+arg_groups/deepseek_v4_hook.py (speculative algorithms; DSpark PD requirements; flags
+validate_deepseek_v41_features refuses),
 disaggregation/common/conn.py (prefill_complete refuses pools with SWA state);
 docs/sglang-0.5.23-facts.md sections d and j.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
+from ..features import parse_flags
 from ..plan import RolePlan
 from ..problems import Problem
 from ..roles import DSV4_PAGE_SIZE
@@ -53,25 +55,53 @@ def dsv4_allocation_policy(*, spec: PDDeploymentSpec, role: RolePlan, catalog: C
 
 
 def dsv4_speculative_algorithm(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
-    """DeepSeek-V4 serves only EAGLE and DSPARK speculative decoding (deepseek_v4_hook.py assertion)."""
+    """DeepSeek-V4 serves only EAGLE (with top-k 1) and DSPARK speculative decoding; V4.1 only DSPARK.
+
+    Source: deepseek_v4_hook.py: apply_deepseek_v4_defaults asserts the algorithm is EAGLE
+    or DSPARK and, for EAGLE, ``speculative_eagle_topk == 1`` (the operator renders
+    --speculative-eagle-topk 1; a different value in extraArgs is refused here);
+    validate_deepseek_v41_features raises "DeepSeek-V4.1 does not support speculative
+    decoding other than DSpark yet".
+    """
     sp = spec.speculative
-    if role.role != "prefill" or sp is None or not role.inputs.is_deepseek_v4 or sp.algorithm in DSV4_SPECULATIVE:
+    if sp is None or not role.inputs.is_deepseek_v4:
         return []
+    v41 = role.inputs.model is not None and role.inputs.model.is_deepseek_v41
+    allowed = ("DSPARK",) if v41 else DSV4_SPECULATIVE
+    if sp.algorithm not in allowed:
+        if role.role != "prefill":
+            return []
+        which = "DeepSeek-V4.1 supports only DSPARK" if v41 else "DeepSeek-V4 models support only EAGLE and DSPARK"
+        return [
+            Problem(
+                field="spec.speculative.algorithm",
+                message=f"in SGLang 0.5.23 {which} speculative decoding, not {sp.algorithm}",
+                fix="use algorithm: DSPARK",
+                rule="dsv4_speculative_algorithm",
+            )
+        ]
+    topk = parse_flags(role.inputs.spec.extraArgs).get("speculative_eagle_topk")
+    if sp.algorithm != "EAGLE" or topk is None or str(topk) == "1":
+        return []
+    index = next(i for i, tok in enumerate(role.inputs.spec.extraArgs) if tok.startswith("--speculative-eagle-topk"))
     return [
         Problem(
-            field="spec.speculative.algorithm",
-            message=f"SGLang supports only EAGLE and DSPARK speculative decoding for DeepSeek-V4 models, not {sp.algorithm}",
-            fix="use algorithm: DSPARK",
+            field=f"spec.{role.role}.extraArgs[{index}]",
+            message=f"SGLang supports EAGLE for DeepSeek-V4 models only with top-k 1, not "
+            f"--speculative-eagle-topk {topk}",
+            fix="remove --speculative-eagle-topk (the operator sets 1)",
             rule="dsv4_speculative_algorithm",
         )
     ]
 
 
 def dspark_pd_requirements(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
-    """DeepSeek-V4.1 DSpark under PD: static verify, Mooncake or NIXL, DCP=1 and CP=1 on decode.
+    """DeepSeek-V4.1 DSpark under PD: static verify, Mooncake or NIXL, DCP=1, CP=1 on decode,
+    prefill CP only with --enable-prefill-cp and the interleave strategy.
 
-    Source: deepseek_v4_hook.py raises "DeepSeek-V4.1 DSpark PD requires static verify,
-    Mooncake or NIXL, DCP=1, and CP=1 on decode" at startup.
+    Source: deepseek_v4_hook.py validate_deepseek_v41_features raises "DeepSeek-V4.1 DSpark
+    PD requires static verify, Mooncake or NIXL, DCP=1, and CP=1 on decode. Prefill CP
+    requires --enable-prefill-cp with the interleave strategy." at startup.
     """
     model, sp = role.inputs.model, spec.speculative
     if model is None or not model.is_deepseek_v41 or sp is None or sp.algorithm != "DSPARK":
@@ -98,13 +128,91 @@ def dspark_pd_requirements(*, spec: PDDeploymentSpec, role: RolePlan, catalog: C
                 rule="dspark_pd_requirements",
             )
         )
-    if role.role == "decode" and (role.inputs.decode_cp > 1 or role.inputs.attention_cp > 1):
+    flags = parse_flags(role.inputs.spec.extraArgs)
+    uses_cp = role.inputs.prefill_cp or str(flags.get("attn_cp_size", "1")) != "1"
+    if role.role == "decode" and (role.inputs.decode_cp != 1 or uses_cp):
         problems.append(
             Problem(
                 field="spec.decode.extraArgs",
                 message="DeepSeek-V4.1 DSpark under PD needs DCP=1 and CP=1 on decode",
-                fix="remove --dcp-size / --attn-cp-size from the decode role",
+                fix="remove --dcp-size / --attn-cp-size / --enable-prefill-cp from the decode role",
                 rule="dspark_pd_requirements",
             )
         )
+    if role.role == "prefill" and role.inputs.decode_cp != 1:
+        problems.append(
+            Problem(
+                field="spec.prefill.extraArgs",
+                message="DeepSeek-V4.1 DSpark under PD needs DCP=1",
+                fix="remove --dcp-size from the prefill role",
+                rule="dspark_pd_requirements",
+            )
+        )
+    if role.role == "prefill" and uses_cp and not (role.inputs.prefill_cp and flags.get("cp_strategy") == "interleave"):
+        problems.append(
+            Problem(
+                field="spec.prefill.extraArgs",
+                message="DeepSeek-V4.1 DSpark under PD runs prefill context parallelism only with --enable-prefill-cp "
+                "and the interleave strategy",
+                fix="use --enable-prefill-cp --cp-strategy interleave (instead of --attn-cp-size) on the prefill role",
+                rule="dspark_pd_requirements",
+            )
+        )
+    return problems
+
+
+# (flag dest, what SGLang calls it): refused for DeepSeek-V4.1 by validate_deepseek_v41_features.
+_DSV41_UNSUPPORTED = (
+    ("enable_two_batch_overlap", "two-batch overlap"),
+    ("enable_hisparse", "HiSparse"),
+)
+
+
+def dsv41_unsupported_features(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """Flags SGLang 0.5.23 refuses for DeepSeek-V4.1 at startup, and encoder replay off V4.1 or on decode.
+
+    Source: deepseek_v4_hook.py validate_deepseek_v41_features: "DeepSeek-V4.1 does not
+    support {two-batch overlap, HiSparse, pipeline parallelism} yet";
+    --enable-encoder-swa-bounded-replay "requires DeepSeek-V4.1" and "does not support PD
+    decode / PD prefill on ROCm yet".
+    """
+    model = role.inputs.model
+    if model is None or not role.inputs.is_deepseek_v4:
+        return []
+    flags = parse_flags(role.inputs.spec.extraArgs)
+    field = f"spec.{role.role}.extraArgs"
+    found: list[str] = []
+    if model.is_deepseek_v41:
+        found += [what for dest, what in _DSV41_UNSUPPORTED if flags.get(dest) not in (None, False)]
+        pp = flags.get("pp_size")
+        if pp is not None and str(pp) != "1":
+            found.append("pipeline parallelism")
+    problems = [
+        Problem(
+            field=field,
+            message=f"SGLang 0.5.23 does not support {what} for DeepSeek-V4.1 yet and refuses to start",
+            fix=f"remove the {what} flag from the {role.role} role",
+            rule="dsv41_unsupported_features",
+        )
+        for what in found
+    ]
+    if flags.get("enable_encoder_swa_bounded_replay") not in (None, False):
+        acc = role.inputs.accelerator
+        if not model.is_deepseek_v41:
+            why = "requires DeepSeek-V4.1"
+        elif role.role == "decode":
+            why = "does not support PD decode (decode receives the SWA window from prefill)"
+        elif acc is not None and acc.vendor == "amd":
+            why = "does not support PD prefill on ROCm"
+        else:
+            why = None
+        if why:
+            problems.append(
+                Problem(
+                    field=field,
+                    message=f"--enable-encoder-swa-bounded-replay {why} in SGLang 0.5.23",
+                    fix=f"remove --enable-encoder-swa-bounded-replay from the {role.role} role",
+                    rule="dsv41_unsupported_features",
+                )
+            )
     return problems

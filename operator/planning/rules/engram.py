@@ -13,6 +13,11 @@ from ..plan import RolePlan
 from ..problems import Problem
 
 
+def _no_engram(role: RolePlan) -> bool:
+    """The model is known to have no Engram table (engram_model warns; nothing else applies)."""
+    return role.inputs.model is not None and not role.inputs.model.engram
+
+
 def engram_model(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
     """Engram placement is meaningful only for a model with an Engram table (DeepSeek-V4.1)."""
     model = role.inputs.model
@@ -31,7 +36,7 @@ def engram_model(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) ->
 
 def engram_peer_shards(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
     """Peer shards need more than one GPU per replica and an NVLink / xGMI domain."""
-    if spec.engram is None or spec.engram.placement != "peerShards":
+    if spec.engram is None or spec.engram.placement != "peerShards" or _no_engram(role):
         return []
     acc = role.inputs.accelerator
     problems = []
@@ -63,7 +68,7 @@ def engram_memory(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -
     The table size comes from the model catalog (engramTableBytes); when it is unknown the
     operator warns instead of guessing.
     """
-    if spec.engram is None or spec.engram.placement == "peerShards":
+    if spec.engram is None or spec.engram.placement == "peerShards" or _no_engram(role):
         return []
     model = role.inputs.model
     table = model.engramTableBytes if model is not None else None

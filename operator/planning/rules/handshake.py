@@ -1,14 +1,18 @@
 """What SGLang's PD handshake refuses, checked before any pod exists.
 
 Source: sglang 0.5.23 disaggregation/common/conn.py (the handshake: page size, KV dtype,
-KV layout, DSpark layout and attention TP), arg_groups/fields/disagg.py (flags that must
-be set the same on both roles), and ../shared/reference/sglang-0.5.23.md.
+KV layout, DSpark layout and attention TP; the decode allocation policy per request),
+arg_groups/fields/disagg.py (flags that must be set the same on both roles),
+arg_groups/pd_disaggregation_hook.py (prefill_complete), and
+../shared/reference/sglang-0.5.23.md.
 """
 
 from __future__ import annotations
 
 from ...api.v1alpha1 import PDDeploymentSpec
+from ...catalog import Catalog
 from ..compat import differing_inputs
+from ..features import parse_flags
 from ..plan import RolePlan
 from ..problems import Problem
 
@@ -43,20 +47,26 @@ def must_equal_fields(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: Role
 
     Source: conn.py (page size, KV dtype), disagg.py help texts (allocation policy,
     sampling mask, KV checksum), seed 003 (prefill and decode upgrade together).
-    The KV layout string itself is :func:`..kv.kv_layouts_match`. One problem per field.
+    The KV layout string itself is :func:`..kv.kv_layouts_match` (which also covers a
+    differing attention backend when the strings differ). One problem per field.
     """
     problems = []
-    for name in differing_inputs(prefill.compat_inputs, decode.compat_inputs):
-        if name == "kvLayout":
-            continue
+    differing = differing_inputs(prefill.compat_inputs, decode.compat_inputs)
+    for name in differing:
+        if name == "kvLayout" or (name == "attentionBackend" and "kvLayout" in differing):
+            continue  # one root cause, one problem: kv_layouts_match reports the layout mismatch
         field, why = _MUST_EQUAL_FIELDS.get(name, (f"spec.{name}", "must be equal on both roles"))
-        role_field = field.replace("<role>", "decode")
+        # Point at the role whose kvLayout override differs (decode first), else the shared field.
+        prefill_only = prefill.inputs.spec.kvLayout is not None and decode.inputs.spec.kvLayout is None
+        owner, other = (prefill, decode) if prefill_only else (decode, prefill)
+        role_field = field.replace("spec.<role>.kvLayout", owner.inputs.kv_layout_field)
+        other_field = field.replace("spec.<role>.kvLayout", other.inputs.kv_layout_field)
         problems.append(
             Problem(
                 field=role_field,
                 message=f"{name} differs between roles (prefill {prefill.compat_inputs[name]!r}, decode "
                 f"{decode.compat_inputs[name]!r}): {why}",
-                fix=f"set the same value for both roles (compare {field.replace('<role>', 'prefill')})",
+                fix=f"set the same value for both roles (compare {other_field})",
                 rule="must_equal_fields",
             )
         )
@@ -68,8 +78,10 @@ def dspark_attention_tp_equal(*, spec: PDDeploymentSpec, prefill: RolePlan, deco
 
     Attention TP = tp / (DP-attention size x attention CP) (runtime_context.derive_attn_tp_size).
     DEP on both roles (attention TP 1) or TP on both (attention TP = tp) pass; DEP prefill
-    with TP decode is refused by conn.py at the handshake. Source: sglang 0.5.23
-    disaggregation/common/conn.py; ../shared/reference/sglang-0.5.23.md.
+    with TP decode is refused by conn.py at the handshake, unless the prefill uses
+    attention CP on an MLA model, decode does not, and prefill attention TP x CP equals
+    decode attention TP. Source: sglang 0.5.23 disaggregation/common/conn.py
+    (decode_tp_size_aligns_prefill_world_size); ../shared/reference/sglang-0.5.23.md.
     """
     model = prefill.inputs.model
     sp = spec.speculative
@@ -77,6 +89,9 @@ def dspark_attention_tp_equal(*, spec: PDDeploymentSpec, prefill: RolePlan, deco
         return []
     a, b = prefill.inputs.attention_tp, decode.inputs.attention_tp
     if a == b:
+        return []
+    cp = prefill.inputs.attention_cp
+    if cp > 1 and model.mla and decode.inputs.attention_cp == 1 and a * cp == b:
         return []
 
     def shape(r: RolePlan) -> str:
@@ -115,3 +130,47 @@ def mxfp8_attention_tp_equal(*, spec: PDDeploymentSpec, prefill: RolePlan, decod
             rule="mxfp8_attention_tp_equal",
         )
     ]
+
+
+def prefill_complete_requirements(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """--disaggregation-decode-allocation-policy prefill_complete: Mooncake, attention TP 1, no PP / CP.
+
+    Source: sglang 0.5.23 arg_groups/pd_disaggregation_hook._validate_prefill_complete
+    refuses at startup "transfer backends other than Mooncake", "pipeline or attention
+    context parallelism", "attention tensor parallelism greater than one" (it compares
+    tp_size with dp_size under the deprecated --enable-dp-attention, so with --attn-dp-size
+    only tp 1 passes), HiSparse and decode radix cache; conn.py fails every request whose
+    peer is not at attention TP1/CP1/PP1. HiCache combinations: rules/kvcache.py; DeepSeek-V4
+    pools: rules/deepseek_v4.py.
+    """
+    if spec.disaggregation.decodeAllocationPolicy != "prefill_complete":
+        return []
+    problems = []
+
+    def add(field: str, message: str, fix: str) -> None:
+        problems.append(
+            Problem(
+                field=field,
+                message=f"prefill_complete does not support {message} in SGLang 0.5.23",
+                fix=fix,
+                rule="prefill_complete_requirements",
+            )
+        )
+
+    if role.role == "prefill" and spec.transfer.backend != "mooncake":
+        add("spec.transfer.backend", f"the {spec.transfer.backend} transfer backend", "use transfer.backend: mooncake")
+    if role.inputs.parallelism.tp != 1:
+        add(
+            f"spec.{role.role}.parallelism.tp",
+            f"attention tensor parallelism (the {role.role} role has tp {role.inputs.parallelism.tp})",
+            "use tp 1 on both roles, or decodeAllocationPolicy: early",
+        )
+    flags = parse_flags(role.inputs.spec.extraArgs)
+    pp = str(flags.get("pp_size", "1"))
+    if pp != "1" or role.inputs.attention_cp != 1 or role.inputs.decode_cp != 1 or role.inputs.prefill_cp:
+        add(f"spec.{role.role}.extraArgs", "pipeline or context parallelism", "remove --pp-size / CP flags")
+    if flags.get("enable_hisparse") not in (None, False):
+        add(f"spec.{role.role}.extraArgs", "HiSparse", "remove --enable-hisparse")
+    if role.role == "decode" and flags.get("disaggregation_decode_enable_radix_cache") not in (None, False):
+        add("spec.decode.extraArgs", "a decode radix cache", "remove --disaggregation-decode-enable-radix-cache")
+    return problems

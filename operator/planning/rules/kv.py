@@ -22,9 +22,9 @@ def kv_layout_servable(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catal
     layouts need SM100/SM103 or gfx950 with aiter_sparse; v41_new not on HIP; V4 main cache
     with compressed fp4). One problem naming the field most likely to need a change.
     """
-    reason = role.layout_refusal
-    if reason is None:
+    if role.layout_refusal is None:
         return []
+    reason = role.layout_refusal.rstrip(".")
     kv = role.inputs.kv_layout_field
     acc = role.inputs.accelerator
     where = f"{role.inputs.accelerator_name} ({acc.isa})" if acc else role.inputs.accelerator_name
@@ -37,7 +37,9 @@ def kv_layout_servable(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catal
                 rule="kv_layout_servable",
             )
         ]
-    if "attn-backend" in reason:
+    if "trtllm does not support PD" in reason:
+        field, fix = f"{kv}.attentionBackend", "use attentionBackend auto, flashmla or flashmla_mega (trtllm has no PD)"
+    elif "attn-backend" in reason:
         field, fix = f"{kv}.attentionBackend", "use attentionBackend auto or flashmla, or an SM100/SM103 accelerator"
     elif "pairs with V4" in reason:
         field, fix = f"{kv}.compressed", "use compressed auto or fp8 with a v4 main layout, or layout v41"

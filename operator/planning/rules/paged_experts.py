@@ -122,14 +122,14 @@ def paged_experts_resident_count(*, spec: PDDeploymentSpec, role: RolePlan, cata
             )
         )
     graph_bs = k // model.topK if model.topK else 0
-    cap = parse_flags(role.inputs.spec.extraArgs).get("cuda_graph_max_bs")
+    cap = parse_flags(role.inputs.spec.extraArgs).get("cuda_graph_max_bs_decode")
     if graph_bs and cap is not None and str(cap).isdigit() and int(cap) > graph_bs:
         problems.append(
             Problem(
                 field=f"spec.{role.role}.extraArgs",
-                message=f"--cuda-graph-max-bs {cap} exceeds K // top_k = {graph_bs}: Paged Experts captures full "
-                "decode CUDA graphs only up to that batch, larger batches run without a full graph",
-                fix=f"set --cuda-graph-max-bs {graph_bs} or raise residentExperts",
+                message=f"--cuda-graph-max-bs-decode {cap} exceeds K // top_k = {graph_bs}: Paged Experts captures "
+                "full decode CUDA graphs only up to that batch, larger batches run without a full graph",
+                fix=f"set --cuda-graph-max-bs-decode {graph_bs} or raise residentExperts",
                 rule="paged_experts_resident_count",
                 severity="warning",
             )

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
-from ..features import FEATURE_DESCRIPTIONS
+from ..features import FEATURE_DESCRIPTIONS, VENDOR_FEATURES, parse_flags
 from ..plan import RolePlan
 from ..problems import Problem
 
-PLUGIN_FLAGS = ("--enable-nvidia-megakernel", "--enable-amd-monokernel")
+PLUGIN_DESTS = ("enable_nvidia_megakernel", "enable_amd_monokernel")
 
 
 def plugin_in_catalog(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
@@ -103,15 +103,16 @@ def plugin_model(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) ->
 def plugin_features(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
     """Every SGLang feature the role's arguments turn on must be accepted by the plugin's spec.
 
-    Features are computed from the rendered args with SGLang's probes (features.py);
-    ``refused`` in the catalog is a refusal, ``unknown`` a warning naming the risk.
+    Features are computed from the rendered args with SGLang's probes (features.py), the
+    ones the plugin vendor's binding probes; ``refused`` in the catalog is a refusal,
+    ``unknown`` a warning naming the risk.
     Source: spec.py Feature ("refused unless a spec lists them"), binding.py FEATURE_PROBES.
     """
     plugin = role.inputs.plugin
     if plugin is None:
         return []
     problems = []
-    for feature in sorted(role.features):
+    for feature in sorted(role.features & VENDOR_FEATURES[plugin.vendor]):
         support = plugin.features.get(feature, "unknown")
         what = FEATURE_DESCRIPTIONS.get(feature, feature)
         if support == "accepted":
@@ -161,9 +162,12 @@ def plugin_no_weight_updates(*, spec: PDDeploymentSpec, role: RolePlan, catalog:
 
 
 def one_plugin_flag(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
-    """Never both plugin flags on one engine (each binding replaces the model's forward)."""
-    flags = [f for f in role.command.args if f in PLUGIN_FLAGS]
-    if len(set(flags)) < 2:
+    """Never both plugin flags on one engine (each binding replaces the model's forward).
+
+    Read by SGLang dest, so the deprecated alias ``--monokernel-backend amd`` counts too.
+    """
+    flags = parse_flags(role.command.args)
+    if not all(flags.get(dest) not in (None, False) for dest in PLUGIN_DESTS):
         return []
     return [
         Problem(

@@ -1,0 +1,328 @@
+"""Table-driven test of every planning rule, through the real ``check -o json`` command.
+
+Cases live in tests/unit/rules_cases/*.yaml (bases in bases.yaml). A case names a base
+spec and a compact overlay: ``set`` (dotted field path -> value; ``[i]`` for list
+items), ``unset`` (paths to delete) and ``catalog`` (catalog file -> entries merged over
+the built-in kernels/ catalog, given to ``check --catalog-dir``). ``expect`` is the
+outcome: ``errors`` and ``warnings`` as exact sets of ``[field path, rule]`` (empty
+lists when none), optionally ``contains`` (substrings of the problem messages) and
+``roles`` (values of the JSON's per-role fields). Every case runs through the real
+``sglang-pd-operator check ... -o json`` (and the human-readable ``check``) in a
+subprocess, batched by expected outcome so the exit code is asserted too: 0 for valid
+specs (warnings allowed), 1 for refused ones; unreadable input (a missing file, invalid
+YAML) must exit 2.
+
+The table must trigger every rule in ``planning.rules`` (ROLE_RULES + PAIR_RULES) at
+least once, and hold at least 40 specs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES_DIR = Path(__file__).resolve().parent / "rules_cases"
+EXAMPLES = ROOT / "examples"
+CATALOG_DIR = ROOT / "kernels"
+_PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+# --------------------------------------------------------------------------- overlay
+
+
+def _parts(path: str) -> list[str | int]:
+    return [name if name else int(index) for name, index in _PATH_PART.findall(path)]
+
+
+def set_path(doc: Any, path: str, value: Any) -> None:
+    """Set ``doc[path]``, creating mappings on the way; ``[i]`` indexes (or appends to) a list."""
+    parts = _parts(path)
+    node = doc
+    for part, nxt in zip(parts, parts[1:]):
+        if isinstance(part, int):
+            node = node[part]
+        else:
+            if node.get(part) is None:
+                node[part] = [] if isinstance(nxt, int) else {}
+            node = node[part]
+    last = parts[-1]
+    if isinstance(last, int) and last == len(node):
+        node.append(copy.deepcopy(value))
+    else:
+        node[last] = copy.deepcopy(value)
+
+
+def unset_path(doc: Any, path: str) -> None:
+    """Delete ``doc[path]`` (missing paths are an error in the table, not silently ignored)."""
+    parts = _parts(path)
+    node = doc
+    for part in parts[:-1]:
+        node = node[part]
+    del node[parts[-1]]
+
+
+@lru_cache(maxsize=1)
+def bases() -> dict[str, dict]:
+    return yaml.safe_load((CASES_DIR / "bases.yaml").read_text())
+
+
+def build_doc(base: str, overlay: dict) -> dict:
+    """The base's example document with the base's and then the case's overlay applied."""
+    b = bases()[base]
+    doc = yaml.safe_load((EXAMPLES / b["example"]).read_text())
+    for layer in (b, overlay):
+        for path in layer.get("unset", []):
+            unset_path(doc, path)
+        for path, value in (layer.get("set") or {}).items():
+            set_path(doc, path, value)
+    return doc
+
+
+def load_cases() -> list[dict]:
+    """Every case of every table file, each with a unique id ``<file>:<name>``."""
+    cases = []
+    for path in sorted(CASES_DIR.glob("*.yaml")):
+        if path.name == "bases.yaml":
+            continue
+        for case in yaml.safe_load(path.read_text()):
+            case = dict(case)
+            case["id"] = f"{path.stem}:{case['name']}"
+            cases.append(case)
+    ids = [c["id"] for c in cases]
+    assert len(ids) == len(set(ids)), "duplicate case names"
+    return cases
+
+
+CASES = load_cases()
+
+
+# --------------------------------------------------------------------------- running check
+
+
+def cli() -> list[str]:
+    """The installed console script next to this interpreter, else ``python -m`` of the module."""
+    script = Path(sys.executable).parent / "sglang-pd-operator"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "sglang_pd_operator.cli"]
+
+
+def run_check(paths: list[str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}  # never let the repo's operator/ shadow the stdlib
+    return subprocess.run(
+        [*cli(), "check", *paths, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
+    )
+
+
+def _catalog_dir(tmp: Path, overrides: dict) -> Path:
+    """A copy of kernels/ with ``overrides`` (file -> section -> name -> entry or null) merged in."""
+    out = tmp / "catalog"
+    shutil.copytree(CATALOG_DIR, out)
+    for fname, sections in overrides.items():
+        data = yaml.safe_load((out / fname).read_text())
+        for section, entries in sections.items():
+            for name, entry in entries.items():
+                if entry is None:
+                    data[section].pop(name)
+                else:
+                    merged = copy.deepcopy(data[section].get(name, {}))
+                    for k, v in entry.items():
+                        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+                            merged[k] = {**merged[k], **v}
+                        else:
+                            merged[k] = v
+                    data[section][name] = merged
+        (out / fname).write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def _write_case(case: dict, tmp: Path) -> tuple[Path, list[str]]:
+    """The case's spec file and the extra ``check`` arguments (its catalog folder, if any)."""
+    work = tmp / case["id"].replace(":", "-")
+    work.mkdir(parents=True)
+    spec_path = work / "pdd.yaml"
+    spec_path.write_text(yaml.safe_dump(build_doc(case["base"], case), sort_keys=False))
+    extra: list[str] = []
+    if case.get("catalog"):
+        extra = ["--catalog-dir", str(_catalog_dir(work, case["catalog"]))]
+    return spec_path, extra
+
+
+def _split_text(stdout: str) -> dict[str, str]:
+    """Human output of several files -> {file path: its block} (a block starts at a non-indented line)."""
+    blocks: dict[str, list[str]] = {}
+    current = None
+    for line in stdout.splitlines():
+        if not line.startswith("  "):
+            current = line.split(": ", 1)[0]
+            blocks[current] = []
+        blocks[current].append(line)
+    return {path: "\n".join(lines) + "\n" for path, lines in blocks.items()}
+
+
+@pytest.fixture(scope="session")
+def results(tmp_path_factory) -> dict[str, dict]:
+    """Every case through the real ``check``, keyed by case id.
+
+    Cases are batched: one ``check -o json`` and one human-output ``check`` per group of
+    files sharing a catalog folder and an expected outcome (all valid, or all refused), so
+    the group's exit code is the cases' exit code (0 or 1). Each case gets its own JSON
+    document and its own block of human output.
+    """
+    tmp = tmp_path_factory.mktemp("rules")
+    written = {c["id"]: _write_case(c, tmp) for c in CASES}
+    groups: dict[tuple, list[str]] = {}
+    for c in CASES:
+        refused = bool(c["expect"]["errors"])
+        groups.setdefault((tuple(written[c["id"]][1]), refused), []).append(c["id"])
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        runs = {
+            key: (
+                pool.submit(run_check, [str(written[cid][0]) for cid in cids], "-o", "json", *key[0], cwd=tmp),
+                pool.submit(run_check, [str(written[cid][0]) for cid in cids], *key[0], cwd=tmp),
+            )
+            for key, cids in groups.items()
+        }
+        out: dict[str, dict] = {}
+        for key, cids in groups.items():
+            json_run, text_run = (f.result() for f in runs[key])
+            docs = json.loads(json_run.stdout)
+            docs = docs if isinstance(docs, list) else [docs]
+            assert [d["file"] for d in docs] == [str(written[cid][0]) for cid in cids], json_run.stderr
+            text = _split_text(text_run.stdout)
+            for cid, doc in zip(cids, docs):
+                out[cid] = {"json": doc, "exit": json_run.returncode, "text_exit": text_run.returncode,
+                            "text": text[str(written[cid][0])]}  # fmt: skip
+    return out
+
+
+def _pairs(items: list) -> set[tuple[str, str]]:
+    return {(field, rule) for field, rule in items}
+
+
+# --------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_case(case, results):
+    run = results[case["id"]]
+    out = run["json"]
+    problems = out["problems"]
+    errors = _pairs([p["field"], p["rule"]] for p in problems if p["severity"] == "error")
+    warnings = _pairs([p["field"], p["rule"]] for p in problems if p["severity"] == "warning")
+    expect = case["expect"]
+    assert errors == _pairs(expect["errors"]), "\n".join(p["field"] + ": " + p["message"] for p in problems)
+    assert warnings == _pairs(expect["warnings"]), "\n".join(p["field"] + ": " + p["message"] for p in problems)
+    assert run["exit"] == run["text_exit"] == (1 if errors else 0)
+    assert out["valid"] is (not errors)
+    text = "\n".join(p["message"] for p in problems)
+    for needle in expect.get("contains", []):
+        assert needle in text
+    if "compatKey" in out and not errors:
+        roles = out["roles"]
+        assert set(roles) == {"prefill", "decode"}
+        assert re.fullmatch(r"[0-9a-f]{10}", out["compatKey"])
+        assert roles["prefill"]["kvLayout"] == roles["decode"]["kvLayout"]
+    for key, value in (expect.get("roles") or {}).items():
+        role, _, field = key.partition(".")
+        assert out["roles"][role][field] == value, key
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_human_output_has_one_line_per_problem_field_first_fix_last(case, results):
+    run = results[case["id"]]
+    out = run["json"]
+    lines = run["text"].splitlines()
+    head, body = lines[0], lines[1:]
+    assert ("refused" in head) == (not out["valid"])
+    problem_lines = [ln for ln in body if not re.match(r"^  (prefill|decode): KV layout ", ln)]
+    assert len(problem_lines) == len(out["problems"])
+    errors_first = sorted(out["problems"], key=lambda p: p["severity"] != "error")
+    for line, p in zip(problem_lines, errors_first):
+        assert line.startswith(f"  {p['field']}: "), line
+        tag = "" if p["severity"] == "error" else "warning: "
+        assert line == f"  {p['field']}: {tag}{p['message']}"
+        assert line.count(" Fix: ") == 1 and not line.endswith("Fix: "), line
+        assert "\n" not in p["message"]
+
+
+def test_table_covers_every_rule_and_enough_specs():
+    from sglang_pd_operator.planning.rules import PAIR_RULES, ROLE_RULES
+
+    rules = {r.__name__ for r in ROLE_RULES + PAIR_RULES}
+    triggered = {rule for c in CASES for _, rule in c["expect"]["errors"] + c["expect"]["warnings"]}
+    assert rules <= triggered, f"rules without a case: {sorted(rules - triggered)}"
+    assert triggered - rules <= {"schema"}, triggered - rules
+    assert len(CASES) >= 40
+    valid = [c for c in CASES if not c["expect"]["errors"]]
+    assert len(valid) >= 8 and len(CASES) - len(valid) >= 30
+    assert set(bases()) <= {c["base"] for c in CASES if not c.get("set") and not c.get("unset")}
+
+
+def test_unreadable_input_exits_2(tmp_path):
+    missing = run_check([str(tmp_path / "missing.yaml")], "-o", "json", cwd=tmp_path)
+    assert missing.returncode == 2 and "missing.yaml" in missing.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spec: {model: [unclosed\n")
+    broken = run_check([str(bad)], "-o", "json", cwd=tmp_path)
+    assert broken.returncode == 2 and "bad.yaml" in broken.stderr
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just a string\n")
+    assert run_check([str(scalar)], cwd=tmp_path).returncode == 2
+    directory = run_check([str(tmp_path)], cwd=tmp_path)
+    assert directory.returncode == 2
+
+
+@pytest.mark.parametrize(
+    "base, overlay, code",
+    [
+        ("h200", {}, 0),  # valid
+        ("gb300-mega", {}, 0),  # valid with a warning
+        ("h200", {"set": {"spec.kvLayout.layout": "v41"}}, 1),  # refused
+        ("gb300", {"set": {"spec.kvLayout.pageSize": 0}}, 1),  # refused by the schema
+    ],
+)
+def test_exit_code_of_one_file(tmp_path, base, overlay, code):
+    path = tmp_path / "pdd.yaml"
+    path.write_text(yaml.safe_dump(build_doc(base, overlay)))
+    run = run_check([str(path)], "-o", "json", cwd=tmp_path)
+    assert run.returncode == code, run.stderr
+    assert json.loads(run.stdout)["valid"] is (code == 0)
+
+
+def test_worst_exit_code_wins_over_several_files(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(build_doc("h200", {})))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(build_doc("h200", {"set": {"spec.kvLayout.layout": "v41"}})))
+    assert run_check([str(good)], cwd=tmp_path).returncode == 0
+    both = run_check([str(good), str(bad)], "-o", "json", cwd=tmp_path)
+    assert both.returncode == 1
+    assert [r["valid"] for r in json.loads(both.stdout)] == [True, False]
+    assert run_check([str(good), str(tmp_path / "nope.yaml")], cwd=tmp_path).returncode == 2
+
+
+def test_overlay_helpers():
+    doc = {"spec": {"prefill": {"extraArgs": ["--a"]}}}
+    set_path(doc, "spec.prefill.extraArgs[1]", "--b")
+    set_path(doc, "spec.decode.env[0]", {"name": "X"})
+    set_path(doc, "spec.kvLayout.pageSize", 0)
+    unset_path(doc, "spec.prefill.extraArgs[0]")
+    assert doc == {
+        "spec": {"prefill": {"extraArgs": ["--b"]}, "decode": {"env": [{"name": "X"}]}, "kvLayout": {"pageSize": 0}}
+    }
+    with pytest.raises(KeyError):
+        unset_path(doc, "spec.nothing")
