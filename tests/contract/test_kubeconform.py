@@ -49,7 +49,7 @@ chart_check = _load("chart_check", ROOT / "hack" / "chart_check.py")
 
 @pytest.fixture(scope="module")
 def kubeconform() -> Path:
-    if not os.environ.get(build.ENV_OVERRIDE) and not shutil.which("go"):
+    if not os.environ.get(build.KUBECONFORM.env_override) and not shutil.which("go"):
         pytest.skip("neither KUBECONFORM nor a Go toolchain is available to build kubeconform")
     return build.ensure_kubeconform(log=lambda line: print(line, flush=True))
 
