@@ -8,6 +8,7 @@ pieces the e2e tests reuse: :class:`OperatorProcess` and :func:`model_store`.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -37,11 +38,34 @@ def operator_command() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-P", "-m", "sglang_pd_operator.cli"]
 
 
-class OperatorProcess:
-    """``sglang-pd-operator run`` as a child process in its own session, logging to a file."""
+_LIVE: set["OperatorProcess"] = set()
 
-    def __init__(self, *, kubeconfig: Path, log_path: Path, resync: float = 2.0, extra_args: list[str] | None = None):
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """Kill operator processes a failed test or an interrupted demo did not stop."""
+    for op in list(_LIVE):
+        op.kill()
+
+
+class OperatorProcess:
+    """``sglang-pd-operator run`` as a child process in its own session, logging to a file.
+
+    Started processes are killed at interpreter exit if nobody stopped them, so a failing
+    test cannot leave an operator retrying against a cluster that is gone.
+    """
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: Path,
+        log_path: Path,
+        resync: float = 2.0,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.kubeconfig = Path(kubeconfig)
+        self.env = dict(env or {})
         self.log_path = Path(log_path)
         self.resync = resync
         self.extra_args = list(extra_args or [])
@@ -50,13 +74,14 @@ class OperatorProcess:
 
     def start(self) -> "OperatorProcess":
         """Start the process; returns self."""
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONSAFEPATH": "1"}
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONSAFEPATH": "1", **self.env}
         self._log = open(self.log_path, "ab")
         argv = [
             *operator_command(), "run", "--kubeconfig", str(self.kubeconfig), "--resync", str(self.resync),
             "--metrics-port", str(self.metrics_port), "--liveness-port", "0", *self.extra_args,
         ]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd="/", start_new_session=True)
+        _LIVE.add(self)
         return self
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -69,6 +94,7 @@ class OperatorProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
         self.proc = None
+        _LIVE.discard(self)
 
     def stop(self) -> None:
         """Graceful stop (SIGTERM)."""

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import re
 import shutil
 import signal
@@ -49,7 +48,6 @@ from helpers import GB300_EXAMPLE, ROOT, load_example
 from opkit import OperatorProcess, condition, kapply, kget, model_store, pods, wait_for
 
 from sglang_pd_operator.devcluster import cluster as devcluster
-from sglang_pd_operator.devcluster.demo import operator_command
 
 pytestmark = pytest.mark.e2e
 
@@ -134,20 +132,10 @@ class ChartOperator(OperatorProcess):
     def __init__(self, *, kubeconfig: Path, log_path: Path, identity: str, namespace: str = NS,
                  lease: str = LEASE, extra: tuple[str, ...] = ()):
         super().__init__(kubeconfig=kubeconfig, log_path=log_path, resync=2.0, extra_args=[
-            "--leader-elect", f"--leader-elect-lease={lease}", f"--leader-elect-timing={TIMING}", *extra])
+            "--leader-elect", f"--leader-elect-lease={lease}", f"--leader-elect-timing={TIMING}", *extra],
+            # as the chart's pod: POD_NAME (the Lease identity) and POD_NAMESPACE (Lease, catalog)
+            env={"POD_NAME": identity, "POD_NAMESPACE": namespace})
         self.identity, self.namespace = identity, namespace
-
-    def start(self) -> ChartOperator:
-        """As the chart's pod: POD_NAME (the Lease identity) and POD_NAMESPACE (Lease, catalog) set."""
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONSAFEPATH": "1",
-               "POD_NAME": self.identity, "POD_NAMESPACE": self.namespace}
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [*operator_command(), "run", "--kubeconfig", str(self.kubeconfig), "--resync", str(self.resync),
-             "--metrics-port", str(self.metrics_port), "--liveness-port", "0", *self.extra_args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd="/", start_new_session=True,
-        )  # fmt: skip
-        return self
 
     def exit_code(self, timeout: float) -> int:
         return self.proc.wait(timeout=timeout)
