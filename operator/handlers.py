@@ -5,7 +5,10 @@
   the children's readiness);
 - a resync loop reconciles every PDDeployment every ``resync`` seconds (level-triggered:
   time-based rollout steps such as drain grace periods and progress deadlines, and
-  recovery after API errors, do not depend on seeing an event).
+  recovery after API errors, do not depend on seeing an event);
+- the SLO scraper (``metrics/scraper.py``) runs beside it every ``SLO_INTERVAL`` seconds;
+  each deployment's figures go into the Runtime, and a deployment whose status-visible
+  figures changed is reconciled at once (status follows within one interval).
 
 Only event handlers are used, never create/update/timer handlers: those make kopf add
 finalizers and bookkeeping annotations to the user's object, which a GitOps replace
@@ -21,6 +24,8 @@ from typing import Any
 import kopf
 
 from .api.v1alpha1 import GROUP, VERSION
+from .metrics.operator_metrics import OperatorMetrics
+from .metrics.scraper import Health, Scraper
 from .reconcilers.runtime import Runtime
 from .render.labels import LABEL_DEPLOYMENT, MANAGED_BY
 
@@ -30,6 +35,8 @@ log = logging.getLogger(__name__)
 RUNTIME: Runtime | None = None
 RESYNC_SECONDS: float = 15.0
 NAMESPACES: list[str] | None = None
+SLO_INTERVAL: float = 15.0  # seconds between SLO scrapes; 0 turns the scraper off
+METRICS: OperatorMetrics | None = None
 
 
 def _runtime() -> Runtime:
@@ -40,19 +47,44 @@ def _runtime() -> Runtime:
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """No kopf event posting (handlers log instead); start the resync loop."""
+    """No kopf event posting (handlers log instead); start the resync loop and the SLO scraper."""
     settings.posting.enabled = False
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
-    memo["resync"] = asyncio.get_running_loop().create_task(_resync_loop())
+    loop = asyncio.get_running_loop()
+    memo["resync"] = loop.create_task(_resync_loop())
+    if SLO_INTERVAL > 0:
+        memo["scraper"] = loop.create_task(_scraper(_runtime()).run())
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the resync loop."""
-    task = memo.get("resync")
-    if task is not None:
-        task.cancel()
+    """Stop the resync loop and the scraper."""
+    for name in ("resync", "scraper"):
+        task = memo.get(name)
+        if task is not None:
+            task.cancel()
+
+
+def _scraper(rt: Runtime) -> Scraper:
+    """The SLO scraper, reading the cluster through the runtime and reporting into it."""
+    rt.health_max_age_s = max(rt.health_max_age_s, 4 * SLO_INTERVAL)
+
+    async def on_health(health: Health) -> None:
+        if rt.set_health(health):
+            try:
+                await asyncio.to_thread(rt.reconcile_key, health.namespace, health.name)
+            except Exception as e:
+                log.exception("reconcile after SLO scrape of %s failed: %s", health.key, e)
+
+    return Scraper(
+        list_deployments=lambda: rt.list_bodies(NAMESPACES),
+        list_pods=rt.list_managed_pods,
+        on_health=on_health,
+        on_forget=rt.forget_health,
+        metrics=METRICS,
+        interval=SLO_INTERVAL,
+    )
 
 
 async def _resync_loop() -> None:

@@ -10,10 +10,15 @@ Modules, lowest layer first (each imports only from those above it in this list)
                         a dedicated registry with reconcile metrics and the published SLO figures.
 - ``monitoring``        pure rendering of the PodMonitor and PrometheusRule for clusters that run
                         the Prometheus Operator.
+- ``scraper``           the asyncio loop of the operator process: every interval it fetches
+                        ``/metrics?name[]=...`` of each PDDeployment's ready pods, feeds the
+                        evaluator, publishes to ``OperatorMetrics`` and hands a ``Health`` per
+                        deployment to the operator (which writes it into status).
 
-Each interval the reconciler calls, for every ready pod, ``evaluator.observe(key, role, pod,
+Each interval the scraper calls, for every ready pod, ``evaluator.observe(key, role, pod,
 text, now)``, then ``result = evaluator.evaluate(key, spec.slo, now)`` and
 ``operator_metrics.publish(result)``; ``slo.slo_condition(result)`` and
-``result.to_status()`` give the ``SLOMet`` condition and the ``status.slo`` block.
-docs/slo.md explains the choices (sources per role, windows, burn rates).
+``result.to_status()`` give the ``SLOMet`` condition and the ``status.slo`` block
+(``reconcilers/status.py``). docs/slo.md explains the choices (sources per role, windows,
+burn rates, the scraper, the agreement bound).
 """

@@ -1,16 +1,17 @@
 """Parse one pod's Prometheus text exposition into the few SGLang / smg series we use.
 
 The operator scrapes ``/metrics`` of every ready prefill, decode and gateway pod each
-interval (the scraping itself belongs to the reconciler). This module turns one such text
+interval (``scraper``). This module turns one such text
 into a :class:`Scrape`: the histograms, counters and gauges named in :data:`FAMILIES`,
 each summed over every label other than ``le`` (``model_name``, ``engine_type``,
 ``tp_rank``, ``dp_rank``, ``is_streaming``, ...). ``slo`` then subtracts consecutive
 scrapes of the same pod and adds pods together.
 
-Parsing uses ``prometheus_client.parser.text_string_to_metric_families``. Before that a
-single regular-expression pass keeps only the sample lines of the wanted families:
-an SGLang pod exposes a few thousand lines of which we need a few hundred, and the pure
-Python parser costs about as much per line whether we keep the line or not.
+The scraper asks each pod only for the samples it reads (``/metrics?name[]=...``, see
+:func:`sample_names`; SGLang's prometheus_client endpoint honours it) and the text is
+parsed with ``prometheus_client.parser.text_string_to_metric_families`` alone. A target
+that ignores ``name[]`` (smg's Rust exporter) sends everything; the extra families are
+parsed and dropped, which costs time but changes nothing.
 
 Metric names, types, labels and bucket layouts are those of SGLang 0.5.23
 (``sglang/srt/observability/metrics_collector.py``: ``TokenizerMetricsCollector`` for the
@@ -95,8 +96,9 @@ SGLANG_BUCKETS: Mapping[str, tuple[float, ...]] = {
 }
 SGLANG_BUCKETS = {**SGLANG_BUCKETS, TPOT: SGLANG_BUCKETS[ITL]}  # same list in 0.5.23
 
-#: Every family the SLO reads, with its type (the default of ``parse_exposition``; pass
-#: ``families`` to read others, e.g. ``{KV_TRANSFER_SPEED_GB_S: Kind.HISTOGRAM}``).
+#: Every family this module names, with its type: the default of ``parse_exposition``
+#: (pass ``families`` to read others, e.g. ``{KV_TRANSFER_SPEED_GB_S: Kind.HISTOGRAM}``).
+#: The SLO evaluator reads a subset per role (``slo.SLOEvaluator.families_for``).
 FAMILIES: Mapping[str, Kind] = {
     TTFT: Kind.HISTOGRAM, ITL: Kind.HISTOGRAM, E2E: Kind.HISTOGRAM, TPOT: Kind.HISTOGRAM,
     KV_TRANSFER_LATENCY_MS: Kind.HISTOGRAM,
@@ -148,12 +150,26 @@ class Scrape:
     created: Mapping[str, float] = field(default_factory=dict)
 
 
+def sample_names(families: Mapping[str, Kind] = FAMILIES) -> tuple[str, ...]:
+    """The sample names to ask a target for (``/metrics?name[]=...``), sorted.
+
+    SGLang serves ``/metrics`` with prometheus_client's ``make_asgi_app``
+    (``sglang/srt/utils/common.py``, ``add_prometheus_middleware``), which answers only the
+    samples named by repeated ``name[]`` query parameters (``RestrictedRegistry``), so the
+    operator receives the few hundred lines it reads instead of every series the pod has.
+    Histograms: ``_bucket`` and ``_count`` (``_sum`` is never used); counters: the
+    ``_total`` sample; both also ``_created``, which real SGLang (multiprocess mode) does
+    not expose but a target with created series uses to mark a restart. Gauges: the name.
+    """
+    return tuple(sorted(_sample_table(families)))
+
+
 def _sample_table(families: Mapping[str, Kind]) -> dict[str, tuple[str, str]]:
-    """Sample name -> (family, part) for every sample line the families can have."""
+    """Sample name -> (family, part) for every sample name the operator reads."""
     table: dict[str, tuple[str, str]] = {}
     for name, kind in families.items():
         if kind is Kind.HISTOGRAM:
-            for part in ("bucket", "count", "sum", "created"):
+            for part in ("bucket", "count", "created"):
                 table[f"{name}_{part}"] = (name, part)
         elif kind is Kind.COUNTER:
             table[name] = (name, "value")
@@ -164,35 +180,15 @@ def _sample_table(families: Mapping[str, Kind]) -> dict[str, tuple[str, str]]:
     return table
 
 
-class _Selection:
-    """Precomputed lookups for one set of families (cached per set)."""
-
-    def __init__(self, families: Mapping[str, Kind]) -> None:
-        self.families = dict(families)
-        self.table = _sample_table(families)
-        self.prefixes = tuple(sorted(self.table))
+_TABLES: dict[frozenset, dict[str, tuple[str, str]]] = {}
 
 
-_SELECTIONS: dict[tuple[str, ...], _Selection] = {}
-
-
-def _selection(families: Mapping[str, Kind]) -> _Selection:
-    key = tuple(sorted(f"{n}/{k.value}" for n, k in families.items()))
-    sel = _SELECTIONS.get(key)
-    if sel is None:
-        sel = _SELECTIONS[key] = _Selection(families)
-    return sel
-
-
-def select_lines(text: str, families: Mapping[str, Kind] = FAMILIES) -> str:
-    """Only the sample lines that start with a sample name of ``families`` (comments dropped).
-
-    Pure string filtering, no parsing (a kept line may still belong to a longer name; the
-    parsers look names up exactly). Dispatching by sample name makes ``# TYPE`` lines
-    unnecessary.
-    """
-    prefixes = _selection(families).prefixes
-    return "".join(line + "\n" for line in text.split("\n") if line.startswith(prefixes))
+def _table(families: Mapping[str, Kind]) -> dict[str, tuple[str, str]]:
+    key = frozenset(families.items())
+    table = _TABLES.get(key)
+    if table is None:
+        table = _TABLES[key] = _sample_table(families)
+    return table
 
 
 def parse_exposition(
@@ -200,174 +196,63 @@ def parse_exposition(
     *,
     families: Mapping[str, Kind] = FAMILIES,
     label_filter: Callable[[Mapping[str, str]], bool] | None = None,
-    strict: bool = False,
 ) -> Scrape:
     """Parse a Prometheus text exposition (format 0.0.4, as SGLang and smg serve it).
 
-    ``families``: which families to read (default :data:`FAMILIES`); others are ignored.
-    ``label_filter``: keep only samples whose labels (``le`` included) it accepts, e.g.
-    ``lambda l: l.get("model_name") == "m"`` on a pod that serves several models.
-    Histograms are summed over every label but ``le``; a label set that lacks some
-    ``le`` bucket gets the count of its next lower bucket there (see
-    ``histogram.add``); a missing ``+Inf`` bucket is taken from ``_count``. Histograms
-    without any ``_bucket`` sample are left out.
-
-    Two parsers give the same result. The reference one is prometheus_client's
-    ``text_string_to_metric_families`` on the selected lines (``strict=True``, and always
-    with a ``label_filter``). By default a line-oriented fast path reads the selected lines
-    itself (name, label block, value) and caches the canonical form of each label block,
-    since the same blocks come back every scrape; it hands the whole text to the reference
-    parser whenever a line is not in the plain form it understands (escaped characters in
-    label values, exemplars, unparsable values). It costs about a tenth of the reference
-    parser per pod (benchmarks/bench_slo.py); tests/unit/test_slo_exposition.py checks
-    that both agree. Raises :class:`ExpositionError` when the reference parser rejects
-    the text.
+    Parsing is prometheus_client's ``text_string_to_metric_families``, nothing else.
+    ``families``: which families to read (default :data:`FAMILIES`); samples of others are
+    ignored, so the text may be a whole ``/metrics`` page or one already restricted with
+    :func:`sample_names` (what the scraper asks for). ``label_filter``: keep only samples
+    whose labels (``le`` included) it accepts, e.g. ``lambda l: l.get("model_name") ==
+    "m"`` on a pod that serves several models. Histograms are summed over every label but
+    ``le``; a label set that lacks some ``le`` bucket gets the count of its next lower
+    bucket there (see ``histogram.add``); a missing ``+Inf`` bucket is taken from
+    ``_count``. Histograms without any ``_bucket`` sample are left out. Raises
+    :class:`ExpositionError` when the parser rejects the text.
     """
-    if not strict and label_filter is None:
-        fast = _parse_fast(text, _selection(families))
-        if fast is not None:
-            return fast
-    return _parse_strict(text, families=families, label_filter=label_filter)
-
-
-def _parse_strict(text: str, *, families: Mapping[str, Kind],
-                  label_filter: Callable[[Mapping[str, str]], bool] | None) -> Scrape:
-    """The reference parser: prometheus_client on the selected lines."""
-    table = _selection(families).table
-    selected = select_lines(text, families)
-    # family -> labelset key -> {"b": {le: v}, "count": v, "sum": v}
+    table = _table(families)
+    # family -> labelset key -> {"b": {le: v}, "count": v}
     hist: dict[str, dict[Any, dict]] = {}
     counters: dict[str, float] = {}
     gauges: dict[str, list[float]] = {}
     created: dict[str, float] = {}
     try:
-        for fam in text_string_to_metric_families(selected):
+        for fam in text_string_to_metric_families(text):
             for sample in fam.samples:
                 entry = table.get(sample.name)
                 if entry is None:
                     continue
-                if label_filter is not None and not label_filter(sample.labels):
+                labels = sample.labels
+                if label_filter is not None and not label_filter(labels):
                     continue
                 name, part = entry
-                labels = sample.labels
-                key = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
-                le = labels.get("le")
-                _add_sample(families[name], name, part, key, None if le is None else float(le), sample.value,
-                            hist, counters, gauges, created)
+                value = sample.value
+                if part == "created":
+                    prev = created.get(name)
+                    created[name] = value if prev is None else min(prev, value)
+                    continue
+                kind = families[name]
+                if kind is Kind.HISTOGRAM:
+                    key = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+                    series = hist.setdefault(name, {}).setdefault(key, {"b": {}})
+                    if part == "bucket":
+                        le = labels.get("le")
+                        if le is not None:
+                            series["b"][float(le)] = value
+                    else:
+                        series[part] = value
+                elif kind is Kind.COUNTER:
+                    counters[name] = counters.get(name, 0.0) + value
+                else:
+                    gauges.setdefault(name, []).append(value)
     except (ValueError, TypeError, IndexError, KeyError) as err:
         raise ExpositionError(f"cannot parse exposition: {err}") from err
-    return _build(hist, counters, gauges, created)
-
-
-def _add_sample(kind: Kind, name: str, part: str, key: Any, le: float | None, value: float,
-                hist: dict, counters: dict, gauges: dict, created: dict) -> None:
-    """Accumulate one sample (shared by both parsers)."""
-    if part == "created":
-        prev = created.get(name)
-        created[name] = value if prev is None else min(prev, value)
-    elif kind is Kind.HISTOGRAM:
-        if part == "bucket":
-            if le is None:
-                return
-            hist.setdefault(name, {}).setdefault(key, {"b": {}})["b"][le] = value
-        else:
-            hist.setdefault(name, {}).setdefault(key, {"b": {}})[part] = value
-    elif kind is Kind.COUNTER:
-        counters[name] = counters.get(name, 0.0) + value
-    else:
-        gauges.setdefault(name, []).append(value)
-
-
-def _build(hist: dict, counters: dict, gauges: dict, created: dict) -> Scrape:
     return Scrape(
         histograms={name: h for name, series in hist.items() if (h := _sum_series(series.values()))},
         counters=counters,
         gauges={n: GaugeValue(sum=math.fsum(v), series=len(v)) for n, v in gauges.items()},
         created=created,
     )
-
-
-class _NeedStrict(Exception):
-    """A line the fast path does not handle: use the reference parser."""
-
-
-#: Raw label block -> (canonical key without ``le``, le as float or None). Bounded.
-_BLOCKS: dict[str, tuple[str, float | None]] = {}
-_BLOCKS_MAX = 200_000
-
-
-def _block(block: str) -> tuple[str, float | None]:
-    cached = _BLOCKS.get(block)
-    if cached is not None:
-        return cached
-    if "\\" in block:
-        raise _NeedStrict
-    body = block.strip().rstrip(",")
-    pairs: list[str] = []
-    le: float | None = None
-    if body:
-        for piece in body.split('",'):
-            k, sep, v = piece.partition('="')
-            k = k.strip()
-            if not sep or not k or '"' in k:
-                raise _NeedStrict
-            v = v[:-1] if v.endswith('"') else v
-            if '"' in v:
-                raise _NeedStrict
-            if k == "le":
-                try:
-                    le = float(v)
-                except ValueError as err:
-                    raise _NeedStrict from err
-            else:
-                pairs.append(f'{k}="{v}"')
-        if not body.endswith('"'):
-            raise _NeedStrict
-    result = (",".join(sorted(pairs)), le)
-    if len(_BLOCKS) >= _BLOCKS_MAX:
-        _BLOCKS.clear()
-    _BLOCKS[block] = result
-    return result
-
-
-def _parse_fast(text: str, sel: _Selection) -> Scrape | None:
-    """The fast path of :func:`parse_exposition`; None means "use the reference parser"."""
-    table, prefixes, families = sel.table, sel.prefixes, sel.families
-    hist: dict[str, dict[Any, dict]] = {}
-    counters: dict[str, float] = {}
-    gauges: dict[str, list[float]] = {}
-    created: dict[str, float] = {}
-    try:
-        for line in text.split("\n"):
-            if not line.startswith(prefixes):
-                continue
-            brace = line.find("{")
-            space = line.find(" ")
-            if brace != -1 and (space == -1 or brace < space):
-                name = line[:brace]
-                close = line.rfind("}")
-                if close < brace:
-                    raise _NeedStrict
-                key, le = _block(line[brace + 1:close])
-                rest = line[close + 1:]
-            else:
-                if space == -1:
-                    raise _NeedStrict
-                name, rest, key, le = line[:space], line[space:], "", None
-            entry = table.get(name)
-            if entry is None:
-                if "\t" in name or " " in name:
-                    raise _NeedStrict
-                continue
-            fields = rest.split()
-            if not fields or len(fields) > 2:
-                raise _NeedStrict
-            value = float(fields[0])
-            family, part = entry
-            _add_sample(families[family], family, part, key, le, value, hist, counters, gauges, created)
-    except (_NeedStrict, ValueError):
-        return None
-    return _build(hist, counters, gauges, created)
 
 
 def _sum_series(series: Iterable[dict]) -> Histogram | None:
@@ -381,7 +266,7 @@ def _sum_series(series: Iterable[dict]) -> Histogram | None:
             buckets[INF] = s.get("count", max(buckets.values()))
         bounds = tuple(sorted(buckets))
         parts.append(Histogram(bounds=bounds, counts=tuple(buckets[b] for b in bounds),
-                               sum=s.get("sum", 0.0), count=s.get("count", buckets[INF])))
+                               count=s.get("count", buckets[INF])))
     if not parts:
         return None
     total = add(parts)

@@ -6,7 +6,7 @@ CRDs exist). They let Prometheus compute the same figures as the operator's own
 ``slo`` module:
 
 - the PodMonitor scrapes ``/metrics`` of the engine pods (SGLang's HTTP port) and of the
-  gateway pods (smg's ``--prometheus-port``), and labels every series with
+  gateway pods (smg's ``--prometheus-port``), each endpoint kept to its roles, and labels every series with
   ``deployment`` (the PDDeployment name) and ``role`` (from a pod label); the Prometheus
   Operator adds ``namespace`` and ``pod`` itself;
 - the PrometheusRule records, per deployment, each targeted percentile as
@@ -25,7 +25,15 @@ from collections.abc import Mapping
 
 from sglang_pd_operator.api.v1alpha1 import SLOSpec, parse_duration
 from sglang_pd_operator.metrics import exposition as ex
-from sglang_pd_operator.metrics.slo import PERCENTILES, ROLE_DECODE, ROLE_PREFILL, burn_windows, format_duration
+from sglang_pd_operator.metrics.slo import (
+    PERCENTILES,
+    ROLE_AGGREGATED,
+    ROLE_DECODE,
+    ROLE_GATEWAY,
+    ROLE_PREFILL,
+    burn_windows,
+    format_duration,
+)
 
 MONITORING_API_VERSION = "monitoring.coreos.com/v1"
 RECORD_PREFIX = "sglang_pd"
@@ -81,8 +89,11 @@ def render_monitoring(
         {"action": "replace", "sourceLabels": [_label_to_meta(role_label)], "targetLabel": "role"},
     ]
 
-    def endpoint(port: str) -> dict:
-        return {"port": port, "path": "/metrics", "interval": scrape_interval, "relabelings": relabel}
+    def endpoint(port: str, roles: str) -> dict:
+        # both ports may share a name across pod kinds (the gateway's API port is "http"
+        # too): keep each endpoint to the roles that serve /metrics on it
+        keep = {"action": "keep", "sourceLabels": [_label_to_meta(role_label)], "regex": roles}
+        return {"port": port, "path": "/metrics", "interval": scrape_interval, "relabelings": [keep, *relabel]}
 
     metadata = {"name": name, "namespace": namespace, "labels": meta_labels}
     if owner_references:
@@ -94,7 +105,8 @@ def render_monitoring(
         "spec": {
             "selector": {"matchLabels": dict(pod_selector)},
             "namespaceSelector": {"matchNames": [namespace]},
-            "podMetricsEndpoints": [endpoint(engine_port), endpoint(gateway_port)],
+            "podMetricsEndpoints": [endpoint(engine_port, f"{ROLE_PREFILL}|{ROLE_DECODE}|{ROLE_AGGREGATED}"),
+                                    endpoint(gateway_port, ROLE_GATEWAY)],
         },
     }
     objects = [pod_monitor]

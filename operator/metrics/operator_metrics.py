@@ -69,6 +69,9 @@ class _SLOCollector(Collector):
         target_met = GaugeMetricFamily(f"{PREFIX}_slo_target_met",
                                        "1 when the target is met over the window, 0 when missed; absent "
                                        "when unknown.", labels=tl)
+        observations = GaugeMetricFamily(f"{PREFIX}_slo_window_observations",
+                                         "Observations the percentile is computed from: requests in the window "
+                                         "(tokens for ITL).", labels=tl)
         met = GaugeMetricFamily(f"{PREFIX}_slo_met",
                                 "1 when every SLO target is met, 0 when one is missed; absent when unknown "
                                 "(no traffic).", labels=dl)
@@ -117,6 +120,7 @@ class _SLOCollector(Collector):
                         measured_tps.add_metric(labels, t.measured)
                 if t.met is not None:
                     target_met.add_metric(labels, 1.0 if t.met else 0.0)
+                observations.add_metric(labels, t.observations)
             if r.met is not None:
                 met.add_metric(d, 1.0 if r.met else 0.0)
             no_traffic.add_metric(d, 1.0 if r.no_traffic else 0.0)
@@ -140,8 +144,8 @@ class _SLOCollector(Collector):
                     queue.add_metric(d + [role, qname], v)
                 if summary.spec_accept_length is not None:
                     accept.add_metric(d + [role], summary.spec_accept_length)
-        yield from (measured_s, target_s, measured_tps, target_tps, target_met, met, no_traffic, attainment,
-                    objective, window, burn, kv_latency, kv_failures, kv_ratio, queue, pods, accept)
+        yield from (measured_s, target_s, measured_tps, target_tps, target_met, observations, met, no_traffic,
+                    attainment, objective, window, burn, kv_latency, kv_failures, kv_ratio, queue, pods, accept)
 
 
 class OperatorMetrics:

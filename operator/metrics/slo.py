@@ -86,16 +86,24 @@ SOURCES: Mapping[str, Source] = {
 #: Alternative source: the gateway's own TTFT (includes the gateway hop; smg 1.13).
 GATEWAY_TTFT_SOURCE = Source(ex.SMG_TTFT, (ROLE_GATEWAY,))
 
-_COUNTERS_AND_GAUGES = {n: k for n, k in ex.FAMILIES.items() if k is not ex.Kind.HISTOGRAM}
-#: Families read from each role's pods besides the SLO sources (which are added per
-#: evaluator): request counters, PD failure counters and queue gauges everywhere, the KV
-#: transfer latency histogram on prefill (only prefill records it).
+_FAILURES = {ex.TRANSFER_FAILED: ex.Kind.COUNTER, ex.BOOTSTRAP_FAILED: ex.Kind.COUNTER}
+_QUEUES = {ex.RUNNING_REQS: ex.Kind.GAUGE, ex.QUEUE_REQS: ex.Kind.GAUGE}
+#: Families read from each role's pods besides the SLO sources (added per spec, see
+#: :meth:`SLOEvaluator.families_for`), exactly what the evaluator uses: the PD failure
+#: counters on both roles (each side counts what it detects), the queue gauges of the
+#: role, the KV transfer latency histogram on prefill (only prefill records it), and on
+#: decode the finished-request counter (denominator of the failure ratio) and the
+#: speculative accept length.
 ROLE_FAMILIES: Mapping[str, Mapping[str, ex.Kind]] = {
-    ROLE_PREFILL: {**_COUNTERS_AND_GAUGES, ex.KV_TRANSFER_LATENCY_MS: ex.Kind.HISTOGRAM},
-    ROLE_DECODE: dict(_COUNTERS_AND_GAUGES),
-    ROLE_AGGREGATED: dict(_COUNTERS_AND_GAUGES),
+    ROLE_PREFILL: {**_FAILURES, **_QUEUES, ex.PREFILL_BOOTSTRAP_QUEUE: ex.Kind.GAUGE,
+                   ex.PREFILL_INFLIGHT_QUEUE: ex.Kind.GAUGE, ex.KV_TRANSFER_LATENCY_MS: ex.Kind.HISTOGRAM},
+    ROLE_DECODE: {**_FAILURES, **_QUEUES, ex.DECODE_PREALLOC_QUEUE: ex.Kind.GAUGE,
+                  ex.DECODE_TRANSFER_QUEUE: ex.Kind.GAUGE, ex.REQUESTS: ex.Kind.COUNTER,
+                  ex.SPEC_ACCEPT_LENGTH: ex.Kind.GAUGE},
+    ROLE_AGGREGATED: {**_FAILURES, **_QUEUES, ex.REQUESTS: ex.Kind.COUNTER, ex.SPEC_ACCEPT_LENGTH: ex.Kind.GAUGE},
     ROLE_GATEWAY: {},
 }
+SLO_METRICS = ("ttft", "itl", "e2e", "perUserSpeed")
 
 
 @dataclass(frozen=True)
@@ -179,7 +187,7 @@ class TargetResult:
 
     def describe(self) -> str:
         """Human text, e.g. ``ttft p90 1.2s > target 800ms by 400ms``."""
-        fmt = _fmt_value if self.unit == UNIT_SECONDS else (lambda v: f"{v:.4g} tokens/s")
+        fmt = _fmt_value if self.unit == UNIT_SECONDS else (lambda v: f"{v:.3g} tokens/s")
         if self.measured is None:
             return f"{self.metric} {self.percentile}: no data"
         cmp = ("<=" if self.met else ">") if self.unit == UNIT_SECONDS else (">=" if self.met else "<")
@@ -193,8 +201,8 @@ def _fmt_value(seconds: float) -> str:
     if math.isinf(seconds):
         return "+Inf"
     if seconds < 1:
-        return f"{seconds * 1000:.4g}ms"
-    return f"{seconds:.4g}s"
+        return f"{seconds * 1000:.3g}ms"
+    return f"{seconds:.3g}s"
 
 
 @dataclass(frozen=True)
@@ -299,33 +307,47 @@ class SLOResult:
     def to_status(self) -> dict[str, Any]:
         """The compact ``status.slo`` block (camelCase, durations as strings, rounded).
 
-        Latencies are formatted like the spec (``812ms``), speeds in tokens/s.
+        Latencies are formatted like the spec with three significant digits (``812ms``),
+        speeds in tokens/s to three significant digits, attainment to 0.001, burn rates to
+        two significant digits, so that a status write happens only when a figure moved
+        visibly. Unknown values are left out (no ``null`` in status).
         """
         targets = []
         for t in self.targets:
-            fmt = _fmt_value if t.unit == UNIT_SECONDS else (lambda v: round(v, 3))
-            targets.append({
-                "metric": t.metric, "percentile": t.percentile,
-                "target": fmt(t.target), "measured": None if t.measured is None else fmt(t.measured),
-                "met": t.met, "sourceRole": t.source_role,
-            })
-        return {
+            fmt = _fmt_value if t.unit == UNIT_SECONDS else _round_speed
+            entry: dict[str, Any] = {"metric": t.metric, "percentile": t.percentile, "target": fmt(t.target)}
+            if t.measured is not None:
+                entry["measured"] = fmt(t.measured)
+            if t.met is not None:
+                entry["met"] = t.met
+            if t.source_role:
+                entry["sourceRole"] = t.source_role
+            targets.append({k: v for k, v in entry.items() if v is not None})
+        kv_p90 = self.kv_transfer.latency_seconds.get("p90")
+        block = {
             "met": self.met,
             "noTraffic": self.no_traffic,
             "window": format_duration(self.window_seconds),
-            "attainment": None if self.attainment is None else round(self.attainment, 4),
+            "attainment": None if self.attainment is None else round(self.attainment, 3),
             "objective": self.objective,
-            "burnRateShort": _round(self.burn_rate_short),
-            "burnRateLong": _round(self.burn_rate_long),
+            "burnRateShort": _significant(self.burn_rate_short, 2),
+            "burnRateLong": _significant(self.burn_rate_long, 2),
             "targets": targets,
-            "kvTransferFailures": self.kv_transfer.failures,
-            "kvTransferLatencyP90": (None if self.kv_transfer.latency_seconds.get("p90") is None
-                                     else _fmt_value(self.kv_transfer.latency_seconds["p90"])),
+            "kvTransferFailures": int(round(self.kv_transfer.failures)),
+            "kvTransferLatencyP90": None if kv_p90 is None else _fmt_value(kv_p90),
         }
+        return {k: v for k, v in block.items() if v is not None}
 
 
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
+def _significant(value: float | None, digits: int) -> float | None:
+    """``value`` rounded to ``digits`` significant digits (None and non-finite values: None)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.{digits}g}")
+
+
+def _round_speed(value: float) -> float | None:
+    return _significant(value, 3)
 
 
 def slo_condition(result: SLOResult) -> dict[str, str]:
@@ -409,6 +431,18 @@ class SLOEvaluator:
         for source in self.sources.values():
             for role in source.roles:
                 self.families[role][source.family] = ex.Kind.HISTOGRAM
+
+    def families_for(self, role: str, slo_spec: SLOSpec | None) -> dict[str, ex.Kind]:
+        """The families to read from ``role``'s pods: :data:`ROLE_FAMILIES` plus the source
+        histogram of every metric ``slo_spec`` targets that is read from ``role`` (none
+        without a spec). ``exposition.sample_names`` of it is what the scraper asks for."""
+        out = dict(ROLE_FAMILIES[role])
+        if slo_spec is not None:
+            for metric in SLO_METRICS:
+                source = self.sources[metric]
+                if getattr(slo_spec, metric) is not None and role in source.roles:
+                    out[source.family] = ex.Kind.HISTOGRAM
+        return out
 
     # ------------------------------------------------------------------ observe
     def observe(self, deployment_key: str, role: str, pod_name: str, exposition_text: str,
@@ -508,6 +542,18 @@ class SLOEvaluator:
             if role in (None, r):
                 state.pods.pop(pod_name, None)
 
+    def rebaseline(self, deployment_key: str) -> None:
+        """Forget every pod's last snapshot of a deployment (increases already counted stay).
+
+        Call it when the set of families asked from the pods changes: a family that
+        appears in a pod's scrape for the first time would otherwise count its whole
+        history as an increase. The next scrape of each pod is a baseline.
+        """
+        dep = self._deployments.get(deployment_key)
+        if dep is not None:
+            for state in dep.roles.values():
+                state.pods.clear()
+
     def deployments(self) -> list[str]:
         """Keys of every deployment with state."""
         return sorted(self._deployments)
@@ -567,7 +613,7 @@ class SLOEvaluator:
         self._prune(dep, now)
         targets: list[TargetResult] = []
         traffic = False
-        for metric in ("ttft", "itl", "e2e", "perUserSpeed"):
+        for metric in SLO_METRICS:
             spec_targets = getattr(slo_spec, metric)
             if spec_targets is None:
                 continue

@@ -16,9 +16,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+
 from ..api.load import SpecError, parse_pddeployment
 from ..api.v1alpha1 import API_VERSION, parse_duration
 from ..catalog import Catalog
+from ..metrics.monitoring import MONITORING_API_VERSION, render_monitoring
+from ..metrics.scraper import Health
 from ..planning.plan import Plan, build_plan
 from ..planning.problems import Problem, errors
 from ..planning.rollout import RolloutDecision, RolloutSettings, RolloutStatus, decide
@@ -51,8 +55,22 @@ def owner_of(body: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": "PDDeployment", "name": meta["name"], "uid": meta.get("uid")}
 
 
-def reconcile(*, kube: Kube, body: dict[str, Any], catalog: Catalog, now: float | None = None) -> Outcome:
-    """Converge the children of the PDDeployment ``body`` (a dict as read from the API)."""
+def reconcile(
+    *,
+    kube: Kube,
+    body: dict[str, Any],
+    catalog: Catalog,
+    now: float | None = None,
+    health: Health | None = None,
+    monitoring: bool = False,
+) -> Outcome:
+    """Converge the children of the PDDeployment ``body`` (a dict as read from the API).
+
+    ``health``: the operator's latest scrape of this deployment (SLO result, reachable
+    pods), written into status; None keeps what status says. ``monitoring``: the cluster
+    serves the Prometheus Operator's PodMonitor and PrometheusRule kinds, so they are
+    applied too (otherwise they are neither rendered nor touched).
+    """
     now = time.time() if now is None else now
     writes_before = kube.total_writes
     meta = body["metadata"]
@@ -81,6 +99,10 @@ def reconcile(*, kube: Kube, body: dict[str, Any], catalog: Catalog, now: float 
     for obj in render_shared(plan, serving_key=decision.serving_key, owner=owner):
         kube.apply(obj)
 
+    # 5b. with the Prometheus Operator: its PodMonitor and PrometheusRule
+    if monitoring:
+        _apply_monitoring(kube, plan, owner)
+
     # 6. delete groups that no longer serve (drained) or never did (cancelled, superseded)
     for key in decision.delete_keys:
         _delete_group(kube, name=name, namespace=namespace, key=key)
@@ -99,12 +121,15 @@ def reconcile(*, kube: Kube, body: dict[str, Any], catalog: Catalog, now: float 
         attention_backends={r: (plan.role(r).layout.attention_backend if plan.role(r).layout else None) for r in ("prefill", "decode")},
         endpoint=endpoint(plan),
         now=now,
+        health=health,
+        slo_enabled=plan.spec.slo is not None,
     )
     outcome = Outcome(valid=True, decision=decision)
     _write_status(kube, body, previous, new_status)
     for reason, message in decision.events:
         _event(kube, body, outcome, "Normal" if reason not in ("ProgressDeadlineExceeded",) else "Warning", reason, message)
     _warn_new_warnings(kube, body, previous, plan.problems, outcome)
+    _warn_health_transitions(kube, body, previous, new_status, health, outcome)
     outcome.writes = kube.total_writes - writes_before
     return outcome
 
@@ -178,6 +203,28 @@ def _apply_group(kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool
         kube.apply(obj)
 
 
+def _apply_monitoring(kube: Kube, plan: Plan, owner: dict[str, Any]) -> None:
+    """PodMonitor (engine and gateway pods) and, with ``spec.slo``, PrometheusRule; a rule
+    left from a removed ``spec.slo`` is deleted."""
+    objects = render_monitoring(
+        name=plan.name,
+        namespace=plan.namespace,
+        slo_spec=plan.spec.slo,
+        pod_selector={L.LABEL_DEPLOYMENT: plan.name, "app.kubernetes.io/managed-by": L.MANAGED_BY},
+        role_label=L.LABEL_ROLE,
+        labels=L.common_labels(plan.name),
+        owner_references=L.owner_reference(owner),
+    )
+    try:
+        for obj in objects:
+            kube.apply(obj)
+        if plan.spec.slo is None and kube.get(MONITORING_API_VERSION, "PrometheusRule", plan.name, plan.namespace):
+            kube.delete(MONITORING_API_VERSION, "PrometheusRule", plan.name, plan.namespace)
+    except (NotFoundError, ResourceNotFoundError) as e:  # the CRDs went away since the check
+        log.warning("%s/%s: Prometheus Operator kinds not served any more, monitoring objects skipped: %s",
+                    plan.namespace, plan.name, str(e).splitlines()[0])
+
+
 def _delete_group(kube: Kube, *, name: str, namespace: str, key: str) -> None:
     selector = f"{L.LABEL_DEPLOYMENT}={name},{L.LABEL_COMPAT_KEY}={key},app.kubernetes.io/managed-by={L.MANAGED_BY}"
     for api_version, kind in GROUP_KINDS:
@@ -210,3 +257,25 @@ def _warn_new_warnings(
     for p in problems:
         if p.severity == "warning" and (p.field, p.to_dict()["message"]) not in old:
             _event(kube, body, outcome, "Warning", "CatalogWarning", p.line())
+
+
+def _warn_health_transitions(
+    kube: Kube, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any], health: Health | None,
+    outcome: Outcome,
+) -> None:
+    """Warning events on transitions only: a target that turned red (its ``met`` in
+    ``status.slo.targets`` became false), and Degraded turning to NoPrefill or
+    KVTransferFailing. Status is the memory, so an operator restart fires nothing again."""
+    was_red = {(t.get("metric"), t.get("percentile")) for t in (previous.get("slo") or {}).get("targets") or []
+               if t.get("met") is False}
+    if health is not None and health.slo is not None and new.get("slo"):
+        turned = [t for t in health.slo.violations if (t.metric, t.percentile) not in was_red]
+        if turned:
+            window = new["slo"].get("window", "")
+            _event(kube, body, outcome, "Warning", "SLOTargetMissed",
+                   "; ".join(t.describe() for t in turned) + f" (window {window})")
+    old_c = next((c for c in previous.get("conditions") or [] if c.get("type") == "Degraded"), {})
+    new_c = next((c for c in new.get("conditions") or [] if c.get("type") == "Degraded"), {})
+    if (new_c.get("status") == "True" and new_c.get("reason") in S.HEALTH_REASONS
+            and (old_c.get("status"), old_c.get("reason")) != ("True", new_c.get("reason"))):
+        _event(kube, body, outcome, "Warning", new_c["reason"], new_c.get("message", ""))

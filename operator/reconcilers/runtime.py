@@ -3,6 +3,10 @@
 kopf handlers (handlers.py) and the periodic resync both call :meth:`Runtime.reconcile_key`,
 which reads the PDDeployment fresh from the API and runs the reconciler under a lock
 per object, so a watch event and a resync never reconcile one object at the same time.
+The SLO scraper (``metrics/scraper.py``) stores each deployment's latest
+:class:`~sglang_pd_operator.metrics.scraper.Health` here (:meth:`Runtime.set_health`);
+the reconcile reads it back to write status. Whether the cluster serves the Prometheus
+Operator's kinds is checked here too, at most every ``monitoring_check_ttl_s``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from kubernetes import config as k8s_config
 
 from ..api.v1alpha1 import API_VERSION
 from ..catalog import CATALOG_FILES, Catalog, CatalogError, builtin_catalog, load_catalog
+from ..metrics.monitoring import MONITORING_API_VERSION
+from ..metrics.scraper import Health
+from ..render.labels import MANAGED_BY
+from . import status as S
 from .kube import Kube
 from .pddeployment import Outcome, reconcile
 
@@ -57,6 +65,59 @@ class Runtime:
     _catalog: Catalog | None = None
     _catalog_read: float = 0.0
     catalog_error: str | None = None
+    #: Health older than this (seconds) is not written into status (the scraper stopped).
+    health_max_age_s: float = 60.0
+    monitoring_check_ttl_s: float = 15.0
+    _health: dict[tuple[str, str], tuple[Health, tuple]] = field(default_factory=dict)
+    _health_guard: threading.Lock = field(default_factory=threading.Lock)
+    _monitoring: bool = False
+    _monitoring_checked: float = -1e18
+
+    def set_health(self, health: Health) -> bool:
+        """Keep ``health`` as the deployment's latest; True when what status shows of it changed."""
+        view = S.health_view(health)
+        with self._health_guard:
+            old = self._health.get((health.namespace, health.name))
+            self._health[(health.namespace, health.name)] = (health, view)
+        return old is None or old[1] != view
+
+    def health(self, namespace: str, name: str) -> Health | None:
+        """The latest health of a deployment, None when there is none younger than ``health_max_age_s``."""
+        with self._health_guard:
+            entry = self._health.get((namespace, name))
+        if entry is None or time.time() - entry[0].evaluated_at > self.health_max_age_s:
+            return None
+        return entry[0]
+
+    def forget_health(self, key: str) -> None:
+        """Drop the health of ``namespace/name`` (the deployment is gone)."""
+        namespace, _, name = key.partition("/")
+        with self._health_guard:
+            self._health.pop((namespace, name), None)
+
+    def monitoring_available(self) -> bool:
+        """True when the API server serves PodMonitor and PrometheusRule (re-checked every ``monitoring_check_ttl_s``).
+
+        Asks the API server's discovery for ``monitoring.coreos.com/v1`` directly rather
+        than ``Kube.has_kind``: the DynamicClient's discovery cache is a file shared by
+        processes and can still list kinds whose CRDs were deleted since.
+        """
+        now = time.monotonic()
+        if now - self._monitoring_checked >= self.monitoring_check_ttl_s:
+            group, _, version = MONITORING_API_VERSION.partition("/")
+            try:
+                listed = k8s.CustomObjectsApi(self.kube.api_client).get_api_resources(group, version)
+                kinds = {r.kind for r in listed.resources or []}
+                self._monitoring = {"PodMonitor", "PrometheusRule"} <= kinds
+            except k8s.ApiException as e:
+                if e.status == 404:
+                    self._monitoring = False
+                else:  # discovery failed: keep the last answer
+                    log.warning("cannot check for the Prometheus Operator's kinds: %s", e)
+            except Exception as e:
+                log.warning("cannot check for the Prometheus Operator's kinds: %s", e)
+            self._monitoring_checked = now
+        return self._monitoring
 
     def lock(self, namespace: str, name: str) -> threading.Lock:
         """The lock serializing reconciles of one object."""
@@ -97,7 +158,13 @@ class Runtime:
         start = time.perf_counter()
         ok = False
         try:
-            outcome = reconcile(kube=self.kube, body=body, catalog=self.catalog())
+            outcome = reconcile(
+                kube=self.kube,
+                body=body,
+                catalog=self.catalog(),
+                health=self.health(meta["namespace"], meta["name"]),
+                monitoring=self.monitoring_available(),
+            )
             ok = True
             return outcome
         finally:
@@ -118,8 +185,15 @@ class Runtime:
 
     def list_keys(self, namespaces: list[str] | None = None) -> list[tuple[str, str]]:
         """(namespace, name) of every PDDeployment (in ``namespaces``, or cluster-wide)."""
+        return [(b["metadata"]["namespace"], b["metadata"]["name"]) for b in self.list_bodies(namespaces)]
+
+    def list_bodies(self, namespaces: list[str] | None = None) -> list[dict[str, Any]]:
+        """Every PDDeployment (in ``namespaces``, or cluster-wide) as read from the API."""
         out = []
         for ns in namespaces or [None]:
-            for item in self.kube.list(API_VERSION, "PDDeployment", ns, ""):
-                out.append((item["metadata"]["namespace"], item["metadata"]["name"]))
+            out.extend(self.kube.list(API_VERSION, "PDDeployment", ns, ""))
         return out
+
+    def list_managed_pods(self, namespace: str) -> list[dict[str, Any]]:
+        """Pods the operator made in ``namespace`` (engine and gateway pods of every PDDeployment)."""
+        return self.kube.list("v1", "Pod", namespace, f"app.kubernetes.io/managed-by={MANAGED_BY}")

@@ -9,12 +9,22 @@ Conditions follow Kubernetes API conventions: ``type``, ``status``, ``reason``,
   decode and gateway are fully ready;
 - ``Progressing``: a group is being created, cut over or drained (False/Complete when
   done, False/ProgressDeadlineExceeded when the new group missed its deadline);
-- ``Degraded``: the rollout failed, or no prefill is ready while decode is (NoPrefill);
+- ``Degraded``: the rollout failed, or no prefill is ready (or answers the operator's
+  scrape) while decode is (NoPrefill), or KV transfers / bootstraps failed within the SLO
+  window (KVTransferFailing);
+- ``SLOMet``: from the operator's own measurement (``metrics/scraper.py``), only when
+  ``spec.slo`` is set: True, False naming each missed target and by how much, Unknown
+  when no request finished in the window;
 - ``Warning``: the spec is served but the catalog cannot vouch for something (each
   warning, one per line).
 
-``merge_conditions`` keeps the other condition types (SLOMet, KVStoreReady ...) that
-other parts of the operator own.
+``merge_conditions`` keeps the other condition types (KVStoreReady ...) that other parts
+of the operator own.
+
+Figures from the scraper (:class:`~sglang_pd_operator.metrics.scraper.Health`) are
+rounded (``SLOResult.to_status``) so that an idle deployment's status does not change
+between intervals; without fresh figures (operator just started, or a reconcile run
+outside the operator) the previous ones are kept as they are.
 """
 
 from __future__ import annotations
@@ -23,11 +33,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from ..metrics.scraper import Health
+from ..metrics.slo import format_duration, slo_condition
 from ..planning.problems import Problem, errors, warnings
 from ..planning.rollout import RolloutDecision
 from .observe import Observed, ObservedGroup, WorkloadState
 
 MAX_MESSAGE_PROBLEMS = 20
+#: Degraded reasons that can come from the scraper's figures.
+HEALTH_REASONS = ("NoPrefill", "KVTransferFailing")
+_NO_PREFILL_ANSWERS = "no prefill pod answers the operator"
 
 
 def rfc3339(ts: float) -> str:
@@ -120,8 +135,13 @@ def invalid_conditions(problems: list[Problem], *, ever_valid: bool) -> list[Con
     return conds
 
 
-def degraded_condition(serving: ObservedGroup | None, decision: RolloutDecision | None) -> Cond:
-    """Degraded: failed rollout, or decode ready with no prefill ready (requests cannot be disaggregated)."""
+def degraded_condition(
+    serving: ObservedGroup | None, decision: RolloutDecision | None, health: Health | None = None
+) -> Cond:
+    """Degraded: failed rollout; decode ready (or answering) with no prefill ready (or
+    answering), so requests cannot be disaggregated (NoPrefill); KV transfer or bootstrap
+    failures within the SLO window (KVTransferFailing). ``health`` counts only when it
+    is about the serving group."""
     if decision is not None and decision.phase == "Failed":
         return Cond("Degraded", "True", "ProgressDeadlineExceeded", decision.message)
     if serving is not None:
@@ -130,7 +150,59 @@ def degraded_condition(serving: ObservedGroup | None, decision: RolloutDecision 
             return Cond(
                 "Degraded", "True", "NoPrefill", f"no prefill replica is ready while {d.ready} decode replicas are"
             )
+    if health is not None and (serving is None or health.serving_key == serving.key):
+        p_ready, p_up = health.ready.get("prefill", 0), health.reachable.get("prefill", 0)
+        d_up = health.reachable.get("decode", 0)
+        if p_up == 0 and d_up > 0:
+            return Cond(
+                "Degraded", "True", "NoPrefill",
+                f"{_NO_PREFILL_ANSWERS} ({p_ready} ready, 0 reachable) while {d_up} decode pods do; "
+                "requests cannot be disaggregated",
+            )
+        kv = health.kv_transfer
+        if kv.failures > 0:
+            window = format_duration(health.slo.window_seconds) if health.slo else "5m"
+            ratio = f" ({kv.failure_ratio:.0%} of the requests decode finished)" if kv.failure_ratio is not None else ""
+            return Cond(
+                "Degraded", "True", "KVTransferFailing",
+                f"{kv.transfer_failures:.0f} KV transfer and {kv.bootstrap_failures:.0f} bootstrap failures in the "
+                f"last {window}{ratio}; check the transfer backend and IB devices",
+            )
     return Cond("Degraded", "False", "AsExpected", "")
+
+
+def scrape_summary(health: Health) -> dict[str, Any]:
+    """``status.scrape``: the serving group's id and, per role, ``reachable/ready`` pods."""
+    out: dict[str, Any] = {"group": (health.serving_key or "")[:6]}
+    for role in ("prefill", "decode", "gateway"):
+        out[role] = f"{health.reachable.get(role, 0)}/{health.ready.get(role, 0)}"
+    return out
+
+
+def health_view(health: Health) -> tuple:
+    """The part of ``health`` that status shows (for "did anything change?")."""
+    slo = health.slo
+    return (
+        repr(scrape_summary(health)),
+        repr(slo.to_status()) if slo else None,
+        repr(slo_condition(slo)) if slo else None,
+        degraded_condition(None, None, health),
+    )
+
+
+def _from_health(cond: dict[str, Any] | None) -> bool:
+    """A Degraded condition set from the scraper's figures (not from Deployment readiness)."""
+    if not cond or cond.get("status") != "True":
+        return False
+    reason, message = cond.get("reason"), cond.get("message") or ""
+    return reason == "KVTransferFailing" or (reason == "NoPrefill" and message.startswith(_NO_PREFILL_ANSWERS))
+
+
+def _previous_cond(previous: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for c in previous.get("conditions") or []:
+        if c.get("type") == type_:
+            return c
+    return None
 
 
 def valid_status(
@@ -145,8 +217,15 @@ def valid_status(
     attention_backends: dict[str, str | None],
     endpoint: str,
     now: float,
+    health: Health | None = None,
+    slo_enabled: bool = False,
 ) -> dict[str, Any]:
-    """The full status of a valid generation (observedGeneration = generation)."""
+    """The full status of a valid generation (observedGeneration = generation).
+
+    ``health``: the scraper's latest figures for this deployment (None: keep the previous
+    ``slo`` / ``scrape`` blocks, SLOMet and a scrape-based Degraded as they are);
+    ``slo_enabled``: ``spec.slo`` is set (otherwise SLOMet and ``status.slo`` are removed).
+    """
     target = observed.groups.get(target_key)
     serving_group = observed.groups.get(decision.serving_key)
     ready = decision.serving_key == target_key and target is not None and target.ready
@@ -163,13 +242,23 @@ def valid_status(
     else:
         prog = Cond("Progressing", "True", decision.phase, decision.message)
     warns = warnings(problems)
+    degraded = degraded_condition(serving_group, decision, health)
+    prev_degraded = _previous_cond(previous, "Degraded")
+    if health is None and degraded.status == "False" and _from_health(prev_degraded):
+        degraded = Cond("Degraded", "True", prev_degraded["reason"], prev_degraded.get("message", ""))
     conds = [
         Cond("Valid", "True", "Valid", ""),
         ready_c,
         prog,
-        degraded_condition(serving_group, decision),
+        degraded,
         Cond("Warning", "True" if warns else "False", "CatalogWarnings" if warns else "NoWarnings", problems_message(warns)),
     ]
+    if slo_enabled and health is not None and health.slo is not None:
+        c = slo_condition(health.slo)
+        conds.append(Cond(c["type"], c["status"], c["reason"], c["message"]))
+    previous_conditions = previous.get("conditions") or []
+    if not slo_enabled:
+        previous_conditions = [c for c in previous_conditions if c.get("type") != "SLOMet"]
     phase_times = dict((previous.get("rollout") or {}).get("phaseTransitions") or {})
     if (previous.get("rollout") or {}).get("targetKey") != target_key:
         phase_times = {}
@@ -197,9 +286,14 @@ def valid_status(
             "attentionBackend": attention_backends.get(component),
         }
     gw = target.workloads.get("gateway") if target else None
+    if health is not None:
+        slo_block = health.slo.to_status() if slo_enabled and health.slo is not None else None
+        scrape = scrape_summary(health)
+    else:
+        slo_block, scrape = previous.get("slo"), previous.get("scrape")
     return {
         "observedGeneration": generation,
-        "conditions": merge_conditions(previous.get("conditions") or [], conds, generation=generation, now=now),
+        "conditions": merge_conditions(previous_conditions, conds, generation=generation, now=now),
         "prefill": roles["prefill"],
         "decode": roles["decode"],
         "gateway": {**_role(gw), "endpoint": endpoint},
@@ -207,6 +301,8 @@ def valid_status(
         "kvLayout": kv_layouts.get("prefill"),
         "problems": [p.to_dict() for p in problems],
         "rollout": rollout,
+        "slo": slo_block if slo_enabled else None,
+        "scrape": scrape,
     }
 
 

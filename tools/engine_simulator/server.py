@@ -18,7 +18,7 @@ does); the decode role sleeps the TTFT and then emits one token every ITL.
 Endpoints: ``/health``, ``/health_generate``, ``/ready``, ``/get_server_info``,
 ``/server_info``, ``/get_model_info``, ``/model_info``, ``/v1/models``, ``/v1/loads``,
 ``/get_load``, ``/generate``, ``/v1/completions``, ``/v1/chat/completions`` (streaming as
-SSE or not), ``/flush_cache``, ``/metrics``; control: ``POST /simulator/mode``
+SSE or not), ``/flush_cache``, ``/metrics`` (honouring ``?name[]=`` like SGLang's); control: ``POST /simulator/mode``
 (``{"mode": "normal" | "slow" | "fail" | "kv_fail", "slow_factor": 5}``) and
 ``GET /simulator/state``. Every request path is counted in the state (``requests``).
 """
@@ -26,6 +26,7 @@ SSE or not), ``/flush_cache``, ``/metrics``; control: ``POST /simulator/mode``
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import math
 import random
@@ -34,9 +35,10 @@ import uuid
 from collections import Counter as PathCounter
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import parse_qs
 
 from aiohttp import web
-from prometheus_client import generate_latest
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from .metrics import EngineMetrics
 
@@ -218,8 +220,21 @@ class EngineSimulator:
         return web.Response(text="Cache flushed.\n")
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        """``/metrics`` as SGLang serves it: prometheus_client's ``make_asgi_app`` (mounted by
+        ``add_prometheus_middleware`` in sglang/srt/utils/common.py) answers only the samples
+        named by ``name[]`` query parameters (``restricted_registry``), picks the format from
+        ``Accept`` and gzips when ``Accept-Encoding`` allows; the same steps here."""
+        params = parse_qs(request.query_string)
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        registry = self.metrics.registry
+        if "name[]" in params:
+            registry = registry.restricted_registry(params["name[]"])
+        body = encoder(registry)
+        headers = {"Content-Type": content_type}
+        if gzip_accepted(request.headers.get("Accept-Encoding", "")):
+            body = gzip.compress(body)
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=body, headers=headers)
 
     # ------------------------------------------------------------------ control
     async def set_mode(self, request: web.Request) -> web.Response:
@@ -315,8 +330,10 @@ class EngineSimulator:
             self.metrics.num_running.labels(**sched).set(self.running)
 
     def _finish(self, stream: bool, t0: float, first_delay: float, gaps: list[float], prompt_tokens: int,
-                sched: dict[str, str], *, ttft: float | None = None, e2e: float | None = None) -> None:
-        """Record one finished request the way SGLang's tokenizer manager does."""
+                sched: dict[str, str], *, ttft: float | None = None, e2e: float | None = None,
+                ttft_observed: bool = False) -> None:
+        """Record one finished request the way SGLang's tokenizer manager does (TTFT too,
+        unless the streaming path already observed it at the first token)."""
         m = self.metrics
         sl = m.stream_labels(stream)
         n_out = len(gaps) + 1
@@ -334,7 +351,8 @@ class EngineSimulator:
             m.kv_transfer_speed.labels(**sched).observe(max(0.01, 2.0 * prompt_tokens / 1000.0 / max(kv_ms, 1e-3)))
             m.kv_transfer_bootstrap.labels(**sched).observe(1.0)
         else:
-            m.ttft.labels(**sl).observe(ttft)
+            if not ttft_observed:
+                m.ttft.labels(**sl).observe(ttft)
             if not stream:  # streaming requests observe ITL per chunk as they go
                 for gap in gaps:
                     m.itl.labels(**m.tok_labels).observe(gap)
@@ -376,6 +394,8 @@ class EngineSimulator:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         ttft = time.perf_counter() - t0
+        if self.config.role != "prefill":  # SGLang observes TTFT when the first token exists
+            m.ttft.labels(**m.stream_labels(True)).observe(ttft)
         last = time.perf_counter()
         text = ""
         for i in range(n_out):
@@ -411,7 +431,8 @@ class EngineSimulator:
                                      "total_tokens": prompt_tokens + n_out}}
             await resp.write(f"data: {json.dumps(usage_chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
-        self._finish(True, t0, first_delay, gaps, prompt_tokens, sched, ttft=ttft, e2e=time.perf_counter() - t0)
+        self._finish(True, t0, first_delay, gaps, prompt_tokens, sched, ttft=ttft, e2e=time.perf_counter() - t0,
+                     ttft_observed=True)
         await resp.write_eof()
         return resp
 

@@ -1,0 +1,162 @@
+"""The SLO scraper against engine simulators over real HTTP on loopback (no cluster).
+
+PDDeployment bodies and pods are plain dicts (what the API returns); the simulators
+(tools/engine_simulator) answer ``/metrics?name[]=...`` as SGLang's prometheus_client
+endpoint does. Each simulator binds its own loopback address, like a kwok pod IP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sglang_pd_operator.metrics import exposition as ex
+from sglang_pd_operator.metrics.operator_metrics import OperatorMetrics
+from sglang_pd_operator.metrics.scraper import Scraper, deployment_targets
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+if str(TOOLS) not in sys.path:
+    sys.path.insert(0, str(TOOLS))
+
+from engine_simulator import LogNormal, SimConfig, serve  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+LBL = "pd.sglang-operator.io"
+KEY = "abc123def456"
+
+
+def pdd(name: str = "d", *, slo: dict | None = None, serving: str | None = KEY) -> dict:
+    body = {"metadata": {"name": name, "namespace": "ns"}, "spec": {}, "status": {}}
+    if slo:
+        body["spec"]["slo"] = slo
+    if serving:
+        body["status"] = {"rollout": {"servingKey": serving}, "compatKey": serving}
+    return body
+
+
+def pod(name: str, role: str, ip: str, *, deployment: str = "d", key: str = KEY, ready: bool = True) -> dict:
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}",
+                     "labels": {f"{LBL}/deployment": deployment, f"{LBL}/role": role, f"{LBL}/compat-key": key}},
+        "status": {"phase": "Running", "podIP": ip,
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def test_targets_are_the_serving_groups_ready_pods():
+    pods = [
+        pod("p0", "prefill", "127.100.0.1"), pod("d0", "decode", "127.100.0.2"), pod("g0", "gateway", "127.100.0.3"),
+        pod("d1", "decode", "127.100.0.4", ready=False),             # not ready
+        pod("d2", "decode", "127.100.0.5", key="other"),             # another compat group
+        pod("x0", "decode", "127.100.0.6", deployment="other"),      # another PDDeployment
+    ]
+    t = deployment_targets(pdd(slo={"ttft": {"p90": "1s"}}), pods)
+    assert t.key == "ns/d" and t.serving_key == KEY and t.slo_spec.ttft.p90 == "1s"
+    assert [(p.role, p.name, p.url) for p in t.pods] == [
+        ("decode", "d0", "http://127.100.0.2:30000/metrics"),
+        ("gateway", "g0", "http://127.100.0.3:29000/metrics"),
+        ("prefill", "p0", "http://127.100.0.1:30000/metrics"),
+    ]
+    assert t.ready == {"prefill": 1, "decode": 1, "gateway": 1}
+    assert deployment_targets(pdd(serving=None), pods).pods == ()       # never reconciled: nothing yet
+    assert deployment_targets(pdd(slo={"window": "5 minutes"}), pods).slo_spec is None  # invalid: no SLO
+
+
+def test_simulator_honours_name_filter_like_sglang():
+    async def main():
+        sim = await serve(SimConfig(role="decode", host="127.0.0.1", port=0, model="m",
+                                    ttft=LogNormal(0.01), itl=LogNormal(0.001)))
+        try:
+            async with aiohttp.ClientSession() as s:
+                await (await s.post(sim.url + "/generate", json={"text": "x"})).read()
+                full = await (await s.get(sim.url + "/metrics")).text()
+                names = [("name[]", f"{ex.TTFT}_bucket"), ("name[]", ex.QUEUE_REQS)]
+                resp = await s.get(sim.url + "/metrics", params=names)
+                assert resp.headers.get("Content-Encoding") == "gzip"     # aiohttp asked for it
+                part = await resp.text()
+        finally:
+            await sim.close()
+        samples = {s.name for f in text_string_to_metric_families(part) for s in f.samples}
+        assert samples == {f"{ex.TTFT}_bucket", ex.QUEUE_REQS}
+        assert len(part) < len(full) / 3
+    asyncio.run(main())
+
+
+def test_scrape_evaluate_publish_and_count_unreachable_pods():
+    async def main():
+        prefill = await serve(SimConfig(role="prefill", host="127.0.0.1", port=0, bootstrap_port=-1, model="m"))
+        port = prefill.simulator.config.port
+        decode = await serve(SimConfig(role="decode", host="127.0.0.2", port=port, model="m",
+                                       ttft=LogNormal(0.15), itl=LogNormal(0.012)))
+        body = pdd(slo={"ttft": {"p90": "800ms"}, "itl": {"p90": "10ms"}, "window": "1m"})
+        pods = [pod("p0", "prefill", "127.0.0.1"), pod("d0", "decode", "127.0.0.2"),
+                pod("d1", "decode", "127.0.0.3")]            # nothing listens on 127.0.0.3
+        got, forgotten = [], []
+        metrics = OperatorMetrics()
+        deployments = [body]
+        scraper = Scraper(list_deployments=lambda: list(deployments), list_pods=lambda ns: pods,
+                          on_health=got.append, on_forget=forgotten.append, metrics=metrics, interval=2.0,
+                          timeout=1.0, ports={"prefill": port, "decode": port, "gateway": 1})
+        try:
+            assert await scraper.scrape_once() == []          # first pass: baselines only
+            async with aiohttp.ClientSession() as s:
+                for _ in range(5):
+                    r = await s.post(decode.url + "/v1/chat/completions", json={
+                        "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                        "stream": True})
+                    await r.read()
+            healths = await scraper.scrape_once()
+        finally:
+            await prefill.close()
+            await decode.close()
+        assert [h.key for h in healths] == ["ns/d"] and got == healths
+        h = healths[0]
+        assert h.ready == {"prefill": 1, "decode": 2, "gateway": 0}
+        assert h.reachable == {"prefill": 1, "decode": 1, "gateway": 0}
+        targets = {t.metric: t for t in h.slo.targets}
+        assert targets["ttft"].measured == pytest.approx(0.1 + 0.1 * 0.5, abs=0.1)   # 150 ms in (0.1, 0.2]
+        assert targets["ttft"].met is True and targets["itl"].met is False           # 12 ms > 10 ms
+        assert h.slo.met is False and targets["itl"].observations == 15
+        exported = generate_latest(metrics.registry).decode()
+        assert 'sglang_pd_operator_slo_measured_seconds{deployment="d",namespace="ns",percentile="p90",' \
+               'role="decode",target="ttft"}' in exported
+        assert 'sglang_pd_operator_scrape_errors_total{role="decode"} 2.0' in exported   # d1, both passes
+        # the deployment is deleted: its state, metrics and health go
+        deployments.clear()
+        assert await scraper.scrape_once() == []
+        assert forgotten == ["ns/d"] and "ns/d" not in scraper.evaluator.deployments()
+        assert "sglang_pd_operator_slo_measured_seconds{" not in generate_latest(metrics.registry).decode()
+    asyncio.run(main())
+
+
+def test_changing_the_spec_rebaselines_instead_of_counting_history():
+    async def main():
+        decode = await serve(SimConfig(role="decode", host="127.0.0.1", port=0, model="m",
+                                       ttft=LogNormal(0.01), itl=LogNormal(0.001)))
+        port = decode.simulator.config.port
+        body = pdd(slo={"ttft": {"p90": "800ms"}, "window": "1m"})
+        pods = [pod("p0", "prefill", "127.0.0.9"), pod("d0", "decode", "127.0.0.1")]
+        scraper = Scraper(list_deployments=lambda: [body], list_pods=lambda ns: pods, interval=2.0, timeout=1.0,
+                          ports={"prefill": port, "decode": port, "gateway": 1})
+        try:
+            async with aiohttp.ClientSession() as s:
+                body_ = {"text": "x", "sampling_params": {"max_new_tokens": 3}}
+                for _ in range(4):       # history from before the operator looked: never counted
+                    await (await s.post(decode.url + "/generate", json=body_)).read()
+            await scraper.scrape_once()
+            (h,) = await scraper.scrape_once()
+            assert {t.metric for t in h.slo.targets} == {"ttft"} and h.slo.no_traffic
+            body["spec"]["slo"]["e2e"] = {"p90": "1s"}      # a new family is asked from now on
+            (h,) = await scraper.scrape_once()
+        finally:
+            await decode.close()
+        e2e = next(t for t in h.slo.targets if t.metric == "e2e")
+        assert e2e.observations == 0 and h.slo.no_traffic    # not the 4 old requests
+        assert h.reachable["prefill"] == 0 and h.reachable["decode"] == 1
+    asyncio.run(main())

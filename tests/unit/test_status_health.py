@@ -1,0 +1,164 @@
+"""Status and events from the scraper's figures (reconcilers/status.py, pddeployment.py), pure.
+
+The figures come from a real SLOEvaluator fed with prometheus_client exposition text in
+SGLang's names; the status functions are the ones the reconcile calls.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from sglang_pd_operator.api.v1alpha1 import SLOSpec
+from sglang_pd_operator.metrics import exposition as ex
+from sglang_pd_operator.metrics.scraper import Health
+from sglang_pd_operator.metrics.slo import SLOEvaluator
+from sglang_pd_operator.planning.rollout import RolloutDecision
+from sglang_pd_operator.reconcilers import pddeployment as P
+from sglang_pd_operator.reconcilers import status as S
+from sglang_pd_operator.reconcilers.drift import merge_patch
+from sglang_pd_operator.reconcilers.observe import Observed, ObservedGroup, WorkloadState
+
+KEY = "abc123def456"
+SPEC = SLOSpec(ttft={"p90": "800ms"}, itl={"p90": "40ms"}, window="1m")
+
+
+class Pod:
+    """A decode pod's TTFT/ITL histograms and a prefill-style failure counter."""
+
+    def __init__(self) -> None:
+        self.r = CollectorRegistry()
+        self.ttft = Histogram(ex.TTFT, "t", buckets=ex.SGLANG_BUCKETS[ex.TTFT], registry=self.r)
+        self.itl = Histogram(ex.ITL, "i", buckets=ex.SGLANG_BUCKETS[ex.ITL], registry=self.r)
+        self.failed = Counter(ex.TRANSFER_FAILED, "f", registry=self.r)
+        self.requests = Counter(ex.REQUESTS, "r", registry=self.r)
+
+    def traffic(self, n: int, ttft: float, itl: float = 0.01) -> None:
+        for _ in range(n):
+            self.ttft.observe(ttft)
+            self.itl.observe(itl)
+            self.requests.inc()
+
+    def text(self) -> str:
+        return generate_latest(self.r).decode()
+
+
+class Feed:
+    """An evaluator fed like the scraper feeds it, giving Health values."""
+
+    def __init__(self, spec: SLOSpec | None = SPEC) -> None:
+        self.ev, self.pod, self.spec, self.t = SLOEvaluator(resolution_s=1), Pod(), spec, 1000.0
+        self.ev.observe("ns/d", "decode", "d0", self.pod.text(), self.t)
+
+    def health(self, *, reachable=None, ready=None) -> Health:
+        self.t += 15
+        self.ev.observe("ns/d", "decode", "d0", self.pod.text(), self.t)
+        result = self.ev.evaluate("ns/d", self.spec or SLOSpec(), self.t)
+        return Health(namespace="ns", name="d", serving_key=KEY, evaluated_at=self.t,
+                      ready=ready or {"prefill": 1, "decode": 1, "gateway": 1},
+                      reachable=reachable or {"prefill": 1, "decode": 1, "gateway": 1},
+                      slo=result if self.spec else None, kv_transfer=result.kv_transfer)
+
+
+def ws(name: str, n: int = 1) -> WorkloadState:
+    return WorkloadState(name=name, desired=n, ready=n, updated=n, available=n, settled=True)
+
+
+GROUP = ObservedGroup(key=KEY, workloads={c: ws(c) for c in ("prefill", "decode", "gateway")})
+OBSERVED = Observed(groups={KEY: GROUP}, serving_key=KEY, service_exists=True)
+DECISION = RolloutDecision(serving_key=KEY, apply_target=True, target_to_zero=False, delete_keys=(),
+                           phase="Complete", phase_started=0.0, draining_key=None, drain_started=None, message="ok")
+
+
+def status(previous: dict, health: Health | None, *, slo: bool = True, now: float = 2000.0) -> dict:
+    return S.valid_status(previous=previous, generation=1, problems=[], observed=OBSERVED, decision=DECISION,
+                          target_key=KEY, kv_layouts={}, attention_backends={}, endpoint="http://d.ns.svc:8000",
+                          now=now, health=health, slo_enabled=slo)
+
+
+def cond(st: dict, type_: str) -> dict | None:
+    return next((c for c in st["conditions"] if c["type"] == type_), None)
+
+
+def test_slo_met_false_names_the_target_and_idle_status_does_not_change():
+    feed = Feed()
+    feed.pod.traffic(50, ttft=0.15, itl=0.07)
+    st = status({}, feed.health())
+    c = cond(st, "SLOMet")
+    assert c["status"] == "False" and c["reason"] == "TargetMissed"
+    assert c["message"].startswith("itl p90 ") and "> target 40ms by" in c["message"]
+    assert st["slo"]["met"] is False and st["slo"]["window"] == "1m"
+    targets = {t["metric"]: t for t in st["slo"]["targets"]}
+    assert targets["itl"]["met"] is False and targets["ttft"]["met"] is True
+    assert st["scrape"] == {"group": KEY[:6], "prefill": "1/1", "decode": "1/1", "gateway": "1/1"}
+    assert not any(v is None for v in st["slo"].values())
+    # no traffic for longer than the window: Unknown, then nothing moves any more
+    for _ in range(5):
+        idle = status(st, feed.health(), now=3000.0)
+        st, prev = idle, st
+    assert cond(st, "SLOMet")["status"] == "Unknown" and st["slo"]["noTraffic"] is True
+    assert merge_patch(S.comparable(st), S.comparable(status(st, feed.health(), now=4000.0))) == {}
+
+
+def test_without_fresh_figures_status_keeps_what_it_said():
+    feed = Feed()
+    feed.pod.traffic(10, ttft=0.15)
+    st = status({}, feed.health(reachable={"prefill": 0, "decode": 1, "gateway": 1}))
+    assert cond(st, "Degraded")["reason"] == "NoPrefill" and "0 reachable" in cond(st, "Degraded")["message"]
+    again = status(st, None)           # e.g. a reconcile outside the operator, or just after a restart
+    assert merge_patch(S.comparable(st), S.comparable(again)) == {}
+    gone = status(st, None, slo=False)  # spec.slo removed: SLOMet and status.slo go
+    assert cond(gone, "SLOMet") is None and gone.get("slo") is None
+
+
+def test_kv_transfer_failures_degrade():
+    feed = Feed(spec=None)
+    feed.pod.traffic(20, ttft=0.1)
+    feed.pod.failed.inc(3)
+    st = status({}, feed.health(), slo=False)
+    d = cond(st, "Degraded")
+    assert d["status"] == "True" and d["reason"] == "KVTransferFailing"
+    assert d["message"].startswith("3 KV transfer and 0 bootstrap failures in the last 5m (15% of")
+    assert cond(st, "SLOMet") is None and st.get("slo") is None
+
+
+class Events:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    def event(self, involved, *, type_, reason, message):
+        self.events.append((type_, reason, message))
+
+
+def test_warning_events_only_on_transitions():
+    body = {"apiVersion": "pd.sglang-operator.io/v1alpha1", "kind": "PDDeployment",
+            "metadata": {"name": "d", "namespace": "ns"}}
+    feed, kube = Feed(), Events()
+
+    def step(previous: dict, health: Health) -> dict:
+        new = status(previous, health)
+        P._warn_health_transitions(kube, body, previous, new, health, P.Outcome(valid=True))
+        return new
+
+    feed.pod.traffic(20, ttft=0.15)
+    st = step({}, feed.health())                   # green: nothing
+    assert kube.events == []
+    feed.pod.traffic(20, ttft=3.0)
+    st = step(st, feed.health())                   # red: one Warning
+    assert [(t, r) for t, r, _ in kube.events] == [("Warning", "SLOTargetMissed")]
+    assert "ttft p90" in kube.events[0][2] and "> target 800ms" in kube.events[0][2]
+    feed.pod.traffic(20, ttft=3.0)
+    st = step(st, feed.health())                   # still red: no new event
+    assert len(kube.events) == 1
+    st = step(st, feed.health(reachable={"prefill": 0, "decode": 1, "gateway": 1}))
+    assert [r for _, r, _ in kube.events] == ["SLOTargetMissed", "NoPrefill"]
+    st = step(st, feed.health(reachable={"prefill": 0, "decode": 1, "gateway": 1}))
+    assert len(kube.events) == 2
+
+
+def test_readiness_no_prefill_is_not_kept_without_figures():
+    """Only a Degraded that came from the scraper is kept while there are no figures; one
+    from Deployment readiness follows readiness."""
+    previous = {"conditions": [{"type": "Degraded", "status": "True", "reason": "NoPrefill",
+                                "message": "no prefill replica is ready while 1 decode replicas are",
+                                "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    assert cond(status(previous, None), "Degraded")["status"] == "False"
