@@ -29,6 +29,9 @@ from .metrics.scraper import Health, Scraper
 from .reconcilers.runtime import Runtime
 from .render.labels import LABEL_DEPLOYMENT, MANAGED_BY
 
+# KernelBuild handlers run in the same operator process (kopf registers them at import).
+from . import handlers_kernelbuild  # noqa: E402,F401
+
 log = logging.getLogger(__name__)
 
 # Set by cli.run before kopf starts: the process-wide runtime and settings.

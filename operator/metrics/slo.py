@@ -87,20 +87,18 @@ SOURCES: Mapping[str, Source] = {
 GATEWAY_TTFT_SOURCE = Source(ex.SMG_TTFT, (ROLE_GATEWAY,))
 
 _FAILURES = {ex.TRANSFER_FAILED: ex.Kind.COUNTER, ex.BOOTSTRAP_FAILED: ex.Kind.COUNTER}
-_QUEUES = {ex.RUNNING_REQS: ex.Kind.GAUGE, ex.QUEUE_REQS: ex.Kind.GAUGE}
 #: Families read from each role's pods besides the SLO sources (added per spec, see
 #: :meth:`SLOEvaluator.families_for`), exactly what the evaluator uses: the PD failure
-#: counters on both roles (each side counts what it detects), the queue gauges of the
-#: role, the KV transfer latency histogram on prefill (only prefill records it), and on
-#: decode the finished-request counter (denominator of the failure ratio) and the
-#: speculative accept length.
+#: counters on both roles (each side counts what it detects), the KV transfer latency
+#: histogram on prefill (only prefill records it), and on decode the finished-request
+#: counter (denominator of the failure ratio) and the speculative accept length.
+#: Queue gauges are not scraped by the operator: they are per DP rank (a quarter of a
+#: decode pod's filtered samples) and feed only dashboards, which read them through the
+#: PodMonitor. ``SLOEvaluator.families`` can add them back.
 ROLE_FAMILIES: Mapping[str, Mapping[str, ex.Kind]] = {
-    ROLE_PREFILL: {**_FAILURES, **_QUEUES, ex.PREFILL_BOOTSTRAP_QUEUE: ex.Kind.GAUGE,
-                   ex.PREFILL_INFLIGHT_QUEUE: ex.Kind.GAUGE, ex.KV_TRANSFER_LATENCY_MS: ex.Kind.HISTOGRAM},
-    ROLE_DECODE: {**_FAILURES, **_QUEUES, ex.DECODE_PREALLOC_QUEUE: ex.Kind.GAUGE,
-                  ex.DECODE_TRANSFER_QUEUE: ex.Kind.GAUGE, ex.REQUESTS: ex.Kind.COUNTER,
-                  ex.SPEC_ACCEPT_LENGTH: ex.Kind.GAUGE},
-    ROLE_AGGREGATED: {**_FAILURES, **_QUEUES, ex.REQUESTS: ex.Kind.COUNTER, ex.SPEC_ACCEPT_LENGTH: ex.Kind.GAUGE},
+    ROLE_PREFILL: {**_FAILURES, ex.KV_TRANSFER_LATENCY_MS: ex.Kind.HISTOGRAM},
+    ROLE_DECODE: {**_FAILURES, ex.REQUESTS: ex.Kind.COUNTER, ex.SPEC_ACCEPT_LENGTH: ex.Kind.GAUGE},
+    ROLE_AGGREGATED: {**_FAILURES, ex.REQUESTS: ex.Kind.COUNTER, ex.SPEC_ACCEPT_LENGTH: ex.Kind.GAUGE},
     ROLE_GATEWAY: {},
 }
 SLO_METRICS = ("ttft", "itl", "e2e", "perUserSpeed")

@@ -21,6 +21,15 @@ from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 from ..api.load import SpecError, parse_pddeployment
 from ..api.v1alpha1 import API_VERSION, parse_duration
 from ..catalog import Catalog
+from ..kernelbuild.gate import (
+    KernelGateState,
+    cache_mode,
+    gate_objects,
+    kernel_gate,
+    kernels_condition,
+    missing_builds,
+    with_kernel_compat,
+)
 from ..metrics.monitoring import MONITORING_API_VERSION, render_monitoring
 from ..metrics.scraper import Health
 from ..planning.plan import Plan, build_plan
@@ -31,6 +40,7 @@ from ..render import labels as L
 from ..render.gateway import endpoint
 from . import status as S
 from .drift import merge_patch
+from .kernelbuild import ensure_kernelbuild
 from .kube import Kube
 from .observe import Observed, observe
 
@@ -84,30 +94,35 @@ def reconcile(
         outcome.writes = kube.total_writes - writes_before
         return outcome
 
-    # 2. observe the compat groups that exist and the group the Service serves
+    # 2. kernels: each role's KernelBuild (created when missing); a built cache's digest enters the compat key
+    gates = _kernel_gates(kube, plan)
+    if gates is not None:
+        plan = with_kernel_compat(plan, gates)
+
+    # 3. observe the compat groups that exist and the group the Service serves
     observed = observe(kube, name=name, namespace=namespace)
 
-    # 3. decide the rollout: which group serves, what to create, what to delete
+    # 4. decide the rollout: which group serves, what to create, what to delete
     decision = _decide(plan, observed, previous, now)
 
-    # 4. apply the target group (in place when its key is unchanged)
+    # 5. apply the target group (in place when its key is unchanged; held at zero without its kernels)
     owner = owner_of(body)
     if decision.apply_target:
-        _apply_group(kube, plan, owner, to_zero=decision.target_to_zero)
+        _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates)
 
-    # 5. apply the shared objects; the user-facing Service selects the serving group's gateway
+    # 6. apply the shared objects; the user-facing Service selects the serving group's gateway
     for obj in render_shared(plan, serving_key=decision.serving_key, owner=owner):
         kube.apply(obj)
 
-    # 5b. with the Prometheus Operator: its PodMonitor and PrometheusRule
+    # 6b. with the Prometheus Operator: its PodMonitor and PrometheusRule
     if monitoring:
         _apply_monitoring(kube, plan, owner)
 
-    # 6. delete groups that no longer serve (drained) or never did (cancelled, superseded)
+    # 7. delete groups that no longer serve (drained) or never did (cancelled, superseded)
     for key in decision.delete_keys:
         _delete_group(kube, name=name, namespace=namespace, key=key)
 
-    # 7. write status (only when changed) and an event per rollout transition
+    # 8. write status (only when changed) and an event per rollout transition
     if decision.apply_target or decision.delete_keys:
         observed = observe(kube, name=name, namespace=namespace)
     new_status = S.valid_status(
@@ -123,6 +138,7 @@ def reconcile(
         now=now,
         health=health,
         slo_enabled=plan.spec.slo is not None,
+        extra_conditions=_kernel_conditions(gates),
     )
     outcome = Outcome(valid=True, decision=decision)
     _write_status(kube, body, previous, new_status)
@@ -196,8 +212,29 @@ def _decide(plan: Plan, observed: Observed, previous: dict[str, Any], now: float
     )
 
 
-def _apply_group(kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool) -> None:
-    for obj in render_group(plan, owner=owner):
+def _kernel_gates(kube: Kube, plan: Plan) -> dict[str, KernelGateState] | None:
+    """Per role, the KernelBuild it needs and its state; creates missing ``auto`` builds. None with ``cache: none``."""
+    if cache_mode(plan.spec.kernels.cache) == "none":
+        return None
+    builds = {b["metadata"]["name"]: b for b in kube.list(API_VERSION, "KernelBuild", plan.namespace, "")}
+    gates = kernel_gate(plan, builds)
+    for manifest in missing_builds(plan, gates):
+        ensure_kernelbuild(kube, manifest)
+    return gates
+
+
+def _kernel_conditions(gates: dict[str, KernelGateState] | None) -> list[S.Cond]:
+    c = kernels_condition(gates) if gates is not None else None
+    return [S.Cond(c["type"], c["status"], c["reason"], c["message"])] if c else []
+
+
+def _apply_group(
+    kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool, gates: dict[str, KernelGateState] | None
+) -> None:
+    objects = render_group(plan, owner=owner)
+    if gates is not None:
+        objects = gate_objects(objects, gates)
+    for obj in objects:
         if to_zero and obj["kind"] == "Deployment":
             obj = {**obj, "spec": {**obj["spec"], "replicas": 0}}
         kube.apply(obj)

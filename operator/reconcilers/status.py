@@ -40,6 +40,8 @@ from ..planning.rollout import RolloutDecision
 from .observe import Observed, ObservedGroup, WorkloadState
 
 MAX_MESSAGE_PROBLEMS = 20
+#: Conditions present only while the feature they describe is used (kernel caches, Mooncake storage).
+OPTIONAL_CONDITIONS = ("KernelsReady", "KVStoreReady")
 #: Degraded reasons that can come from the scraper's figures.
 HEALTH_REASONS = ("NoPrefill", "KVTransferFailing")
 _NO_PREFILL_ANSWERS = "no prefill pod answers the operator"
@@ -219,12 +221,15 @@ def valid_status(
     now: float,
     health: Health | None = None,
     slo_enabled: bool = False,
+    extra_conditions: list[Cond] = (),
 ) -> dict[str, Any]:
     """The full status of a valid generation (observedGeneration = generation).
 
     ``health``: the scraper's latest figures for this deployment (None: keep the previous
     ``slo`` / ``scrape`` blocks, SLOMet and a scrape-based Degraded as they are);
     ``slo_enabled``: ``spec.slo`` is set (otherwise SLOMet and ``status.slo`` are removed).
+    ``extra_conditions``: conditions other parts own (KernelsReady, KVStoreReady); a type
+    that stops being reported is removed.
     """
     target = observed.groups.get(target_key)
     serving_group = observed.groups.get(decision.serving_key)
@@ -256,9 +261,12 @@ def valid_status(
     if slo_enabled and health is not None and health.slo is not None:
         c = slo_condition(health.slo)
         conds.append(Cond(c["type"], c["status"], c["reason"], c["message"]))
+    conds += list(extra_conditions)
     previous_conditions = previous.get("conditions") or []
     if not slo_enabled:
         previous_conditions = [c for c in previous_conditions if c.get("type") != "SLOMet"]
+    reported = {c.type for c in extra_conditions}
+    previous_conditions = [c for c in previous_conditions if c.get("type") not in OPTIONAL_CONDITIONS or c.get("type") in reported]
     phase_times = dict((previous.get("rollout") or {}).get("phaseTransitions") or {})
     if (previous.get("rollout") or {}).get("targetKey") != target_key:
         phase_times = {}
