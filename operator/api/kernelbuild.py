@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .v1alpha1 import (
     API_VERSION,
     Condition,
+    CustomObject,
     DNSLabel,
     Duration,
     EnvVar,
@@ -191,25 +192,12 @@ class KernelBuildSpec(_Model):
     )
 
 
-class KernelBuild(_Model):
+class KernelBuild(CustomObject):
     """A KernelBuild object as read from YAML or the API (status is ignored here)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
 
     apiVersion: Literal["pd.sglang-operator.io/v1alpha1"] = API_VERSION
     kind: Literal["KernelBuild"] = KIND
-    metadata: dict[str, Any] = Field(default_factory=dict)
     spec: KernelBuildSpec
-
-    @property
-    def name(self) -> str:
-        """metadata.name ('' when absent)."""
-        return str(self.metadata.get("name", ""))
-
-    @property
-    def namespace(self) -> str:
-        """metadata.namespace (``default`` when absent)."""
-        return str(self.metadata.get("namespace") or "default")
 
 
 # --------------------------------------------------------------------------- status

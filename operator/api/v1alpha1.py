@@ -795,15 +795,12 @@ class PDDeploymentSpec(_Model):
         return v.strip()
 
 
-class PDDeployment(_Model):
-    """A PDDeployment object as read from YAML or the API (status is ignored here)."""
+class CustomObject(BaseModel):
+    """Base of a custom resource as read from YAML or the API: metadata kept as-is, status ignored."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    apiVersion: Literal["pd.sglang-operator.io/v1alpha1"] = API_VERSION
-    kind: Literal["PDDeployment"] = "PDDeployment"
     metadata: dict[str, Any] = Field(default_factory=dict)
-    spec: PDDeploymentSpec
 
     @property
     def name(self) -> str:
@@ -819,6 +816,15 @@ class PDDeployment(_Model):
     def generation(self) -> int:
         """metadata.generation (0 before the API server assigns one)."""
         return int(self.metadata.get("generation") or 0)
+
+
+class PDDeployment(CustomObject):
+    """PDDeployment serves one model with SGLang prefill/decode disaggregation: matched prefill and
+    decode engines plus the smg model gateway, checked against SGLang's rules before any pod starts."""
+
+    apiVersion: Literal["pd.sglang-operator.io/v1alpha1"] = API_VERSION
+    kind: Literal["PDDeployment"] = "PDDeployment"
+    spec: PDDeploymentSpec
 
 
 # --------------------------------------------------------------------------- status
