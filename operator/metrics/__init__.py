@@ -6,14 +6,18 @@ Modules, lowest layer first (each imports only from those above it in this list)
 - ``exposition``        parse one pod's ``/metrics`` text into the SGLang / smg series we use.
 - ``slo``               :class:`~sglang_pd_operator.metrics.slo.SLOEvaluator`: per-pod increases
                         over the window, percentiles, attainment, burn rates -> ``SLOResult``.
+- ``kvstore``           the Mooncake Store master's probe (``/health``, ``/metrics``) ->
+                        ``MasterHealth``; KV transfer figures; ``KVStoreCollector``.
 - ``operator_metrics``  :class:`~sglang_pd_operator.metrics.operator_metrics.OperatorMetrics`:
-                        a dedicated registry with reconcile metrics and the published SLO figures.
+                        a dedicated registry with reconcile metrics, the published SLO figures
+                        and the Mooncake masters' figures (``OperatorMetrics.kvstore``).
 - ``monitoring``        pure rendering of the PodMonitor and PrometheusRule for clusters that run
                         the Prometheus Operator.
 - ``scraper``           the asyncio loop of the operator process: every interval it fetches
                         ``/metrics?name[]=...`` of each PDDeployment's ready pods, feeds the
-                        evaluator, publishes to ``OperatorMetrics`` and hands a ``Health`` per
-                        deployment to the operator (which writes it into status).
+                        evaluator, probes each Mooncake master, publishes to ``OperatorMetrics``
+                        and hands a ``Health`` per deployment to the operator (which writes it
+                        into status).
 
 Each interval the scraper calls, for every ready pod, ``evaluator.observe(key, role, pod,
 text, now)``, then ``result = evaluator.evaluate(key, spec.slo, now)`` and

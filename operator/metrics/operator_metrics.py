@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from sglang_pd_operator.metrics.kvstore import KVStoreCollector
 from sglang_pd_operator.metrics.slo import UNIT_SECONDS, SLOResult, format_duration
 
 PREFIX = "sglang_pd_operator"
@@ -159,6 +160,10 @@ class OperatorMetrics:
     - ``sglang_pd_operator_scrape_errors_total{role}`` counter: failed pod scrapes.
     - ``sglang_pd_operator_api_writes_total{verb,kind}`` counter: every write to the API
       server (apply, delete, patch-status, create Event); flat while specs are unchanged.
+
+    :attr:`kvstore` (a :class:`~sglang_pd_operator.metrics.kvstore.KVStoreCollector` in the
+    same registry) exports each Mooncake master's figures (``sglang_pd_kvstore_*``) and the
+    KV transfer speed (``sglang_pd_kv_transfer_speed_gb_s``); the scraper publishes to it.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -180,6 +185,8 @@ class OperatorMetrics:
         self._results: dict[str, SLOResult] = {}
         self._lock = threading.Lock()
         self.registry.register(_SLOCollector(self))
+        self.kvstore = KVStoreCollector()
+        self.registry.register(self.kvstore)
 
     @contextmanager
     def time_reconcile(self, kind: str) -> Iterator[None]:

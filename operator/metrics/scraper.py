@@ -21,9 +21,17 @@ startup handler in ``handlers.py``, stopped on cleanup). Every ``interval`` seco
    result to :class:`~sglang_pd_operator.metrics.operator_metrics.OperatorMetrics`
    (deployments with ``spec.slo`` only);
 5. hands a :class:`Health` per deployment (the SLO result, per-role ready and reachable
-   pod counts, KV transfer figures) to ``on_health``; the operator keeps it in its
-   Runtime, and the reconcile writes it into status (``SLOMet``, ``status.slo``,
-   ``Degraded`` NoPrefill / KVTransferFailing).
+   pod counts, KV transfer figures, the Mooncake master's health) to ``on_health``; the
+   operator keeps it in its Runtime, and the reconcile writes it into status (``SLOMet``,
+   ``status.slo``, ``Degraded`` NoPrefill / KVTransferFailing, ``KVStoreReady``).
+
+With ``kvCache.hicache.storage.backend: mooncake`` the same pass probes the deployment's
+Mooncake Store master (``kvstore.probe_master_async``: ``/health`` and ``/metrics``): its
+pod is found among the pods already listed (labels ``deployment`` = the PDDeployment,
+``role`` = ``mooncake-master``; the ``metrics`` container port), so the liveness check
+needs no extra API call and never blocks a reconcile. Its figures and the KV transfer
+speed (asked from prefill pods beside the SLO families) are exported through
+``OperatorMetrics.kvstore``.
 
 A deployment's first pass only takes baselines (the increase since a pod's previous
 scrape is what counts), so ``on_health`` is called from its second pass on.
@@ -35,17 +43,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
 from pydantic import ValidationError
 
-from ..api.v1alpha1 import SLOSpec
+from ..api.v1alpha1 import MooncakeMasterSpec, SLOSpec
 from ..planning.engine_args import ENGINE_PORT
+from ..planning.hicache import MASTER_COMPONENT, master_host, master_service_name
 from ..render import labels as L
 from ..render.gateway import GATEWAY_METRICS_PORT
 from . import exposition as ex
+from .kvstore import MasterHealth, probe_master_async, transfer_families, transfer_summary
 from .operator_metrics import OperatorMetrics
 from .slo import ROLE_DECODE, ROLE_GATEWAY, ROLE_PREFILL, KVTransferResult, SLOEvaluator, SLOResult
 
@@ -72,6 +82,29 @@ class PodTarget:
 
 
 @dataclass(frozen=True)
+class MasterTarget:
+    """The Mooncake Store master to probe for one PDDeployment.
+
+    ``url``: ``http://<pod IP>:<metrics port>`` of its pod, None when there is no pod
+    with an IP (``problem`` says why, ``exists`` whether any master pod was found).
+    ``pod_ready``: that pod is Running and Ready.
+    """
+
+    deployment: str
+    url: str | None
+    pod: str | None = None
+    pod_ready: bool = False
+    exists: bool = False
+    problem: str | None = None
+
+    def health_without_probe(self, service_url: str) -> MasterHealth:
+        """The master's health when there is nothing to probe."""
+        return MasterHealth(url=self.url or service_url, reachable=False, ready=False,
+                            deployment_ready=False if self.exists else None, exists=self.exists,
+                            error=self.problem)
+
+
+@dataclass(frozen=True)
 class DeploymentTargets:
     """What to scrape for one PDDeployment in this interval.
 
@@ -87,6 +120,8 @@ class DeploymentTargets:
     slo_spec: SLOSpec | None
     pods: tuple[PodTarget, ...] = ()
     ready: Mapping[str, int] = field(default_factory=dict)
+    master: MasterTarget | None = None
+    master_service_url: str | None = None
 
     @property
     def key(self) -> str:
@@ -102,6 +137,8 @@ class Health:
     gateway), the serving group's ready pods and how many of them answered ``/metrics``.
     ``slo``: the evaluation of ``spec.slo`` (None without one). ``kv_transfer``: KV
     transfer latency and failures over the SLO window (5m without ``spec.slo``).
+    ``kvstore``: this pass's look at the Mooncake Store master (None without Mooncake
+    storage).
     """
 
     namespace: str
@@ -112,6 +149,7 @@ class Health:
     reachable: Mapping[str, int]
     slo: SLOResult | None
     kv_transfer: KVTransferResult
+    kvstore: MasterHealth | None = None
 
     @property
     def key(self) -> str:
@@ -142,6 +180,67 @@ def slo_spec_of(body: Mapping[str, Any]) -> SLOSpec | None:
         return None
 
 
+def mooncake_storage_of(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``spec.kvCache.hicache.storage.mooncake`` (``{}`` when defaulted) when the storage backend is mooncake, else None."""
+    hicache = ((body.get("spec") or {}).get("kvCache") or {}).get("hicache") or {}
+    storage = hicache.get("storage") or {}
+    if storage.get("backend") != "mooncake":
+        return None
+    return storage.get("mooncake") or {}
+
+
+def _spec_metrics_port(mc: Mapping[str, Any]) -> int:
+    return int((mc.get("master") or {}).get("metricsPort") or MooncakeMasterSpec().metricsPort)
+
+
+def _master_port(pod: Mapping[str, Any], default: int) -> int:
+    """The pod's container port named ``metrics`` (what the rendered Deployment declares), else ``default``."""
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for port in c.get("ports") or []:
+            if port.get("name") == "metrics" and port.get("containerPort"):
+                return int(port["containerPort"])
+    return default
+
+
+def master_target(body: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> MasterTarget | None:
+    """The Mooncake master pod to probe for the PDDeployment ``body`` among ``pods``, pure.
+
+    None without Mooncake storage. The pod is the master Deployment's (labels
+    ``deployment`` = the PDDeployment, ``role`` = ``mooncake-master``): a Ready one with an
+    IP first, then one not being deleted, then the newest.
+    """
+    mc = mooncake_storage_of(body)
+    if mc is None:
+        return None
+    name = body["metadata"]["name"]
+    deployment = master_service_name(name)
+    candidates = [
+        p for p in pods
+        if ((p.get("metadata") or {}).get("labels") or {}).get(L.LABEL_DEPLOYMENT) == name
+        and ((p.get("metadata") or {}).get("labels") or {}).get(L.LABEL_ROLE) == MASTER_COMPONENT
+    ]  # fmt: skip
+    if not candidates:
+        return MasterTarget(deployment=deployment, url=None,
+                            problem=f"Deployment {deployment} has no pod (not created yet, or its pod was lost)")
+
+    def rank(p: Mapping[str, Any]) -> tuple:
+        meta = p.get("metadata") or {}
+        return (_pod_ready(p), not meta.get("deletionTimestamp"), bool((p.get("status") or {}).get("podIP")),
+                meta.get("creationTimestamp") or "")
+
+    pod = max(candidates, key=rank)
+    pod_name = pod["metadata"]["name"]
+    status = pod.get("status") or {}
+    ready = _pod_ready(pod)
+    ip = status.get("podIP")
+    if not ip:
+        return MasterTarget(deployment=deployment, url=None, pod=pod_name, exists=True,
+                            problem=f"pod {pod_name} is {status.get('phase') or 'Pending'} without an IP")
+    url = f"http://{ip}:{_master_port(pod, _spec_metrics_port(mc))}"
+    problem = None if ready else f"pod {pod_name} is not Ready"
+    return MasterTarget(deployment=deployment, url=url, pod=pod_name, pod_ready=ready, exists=True, problem=problem)
+
+
 def deployment_targets(
     body: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, ports: Mapping[str, int] = METRICS_PORTS
 ) -> DeploymentTargets:
@@ -168,8 +267,12 @@ def deployment_targets(
             url = f"http://{pod['status']['podIP']}:{ports[role]}/metrics"
             targets.append(PodTarget(role=role, name=pm["name"], uid=pm.get("uid"), url=url))
     targets.sort(key=lambda t: (t.role, t.name))
+    master = master_target(body, pods)
+    service_url = None
+    if master is not None:
+        service_url = f"http://{master_host(name, namespace)}:{_spec_metrics_port(mooncake_storage_of(body) or {})}"
     return DeploymentTargets(namespace=namespace, name=name, serving_key=key, slo_spec=slo_spec_of(body),
-                             pods=tuple(targets), ready=ready)
+                             pods=tuple(targets), ready=ready, master=master, master_service_url=service_url)
 
 
 HealthCallback = Callable[[Health], Awaitable[None] | None]
@@ -210,6 +313,9 @@ class Scraper:
         self.metrics = metrics
         # one time slot per interval (window edges exact to half an interval)
         self.evaluator = evaluator or SLOEvaluator(resolution_s=min(5.0, interval / 2))
+        # the KV transfer families (speed histogram on prefill) are read for the exporter too
+        for role in SCRAPED_ROLES:
+            self.evaluator.families.setdefault(role, {}).update(transfer_families(role))
         self.interval = interval
         self.timeout = timeout if timeout is not None else min(5.0, 0.8 * interval)
         self.concurrency = concurrency
@@ -279,21 +385,43 @@ class Scraper:
                     store.pop(key, None)
                 if self.metrics is not None:
                     self.metrics.remove(key)
+                    self.metrics.kvstore.remove(key)
                 if self.on_forget is not None:
                     self.on_forget(key)
 
     # ------------------------------------------------------------------ one deployment
     def sample_names(self, role: str, slo_spec: SLOSpec | None) -> tuple[str, ...]:
-        """The ``name[]`` values asked from a ``role`` pod for ``slo_spec``."""
-        return ex.sample_names(self.evaluator.families_for(role, slo_spec))
+        """The ``name[]`` values asked from a ``role`` pod for ``slo_spec`` (SLO and KV transfer families)."""
+        return ex.sample_names({**self.evaluator.families_for(role, slo_spec), **transfer_families(role)})
 
     async def _deployment(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> Health | None:
         names = {r: self.sample_names(r, t.slo_spec) for r in SCRAPED_ROLES}
         rebaseline = t.key in self._names and self._names[t.key] != names
         self._names[t.key] = names
-        texts = await asyncio.gather(*(self._fetch(session, p, names[p.role]) for p in t.pods))
+        texts, master = await asyncio.gather(
+            asyncio.gather(*(self._fetch(session, p, names[p.role]) for p in t.pods)),
+            self._probe_master(session, t),
+        )
         async with self._eval_lock:  # the evaluator is used by one thread at a time
-            return await asyncio.to_thread(self._evaluate, t, texts, rebaseline)
+            return await asyncio.to_thread(self._evaluate, t, texts, rebaseline, master)
+
+    async def _probe_master(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> MasterHealth | None:
+        """This pass's look at the deployment's Mooncake master (None without Mooncake storage).
+
+        Ready needs both: the pod Ready and ``/health`` serving.
+        """
+        m = t.master
+        if m is None:
+            return None
+        if m.url is None:
+            return m.health_without_probe(t.master_service_url or "")
+        assert self._semaphore is not None
+        async with self._semaphore:
+            probed = await probe_master_async(session, m.url, timeout=self.timeout)
+        if m.pod_ready:
+            return replace(probed, deployment_ready=True, exists=True)
+        return replace(probed, ready=False, deployment_ready=False, exists=True,
+                       error=probed.error if not probed.reachable else m.problem)
 
     async def _fetch(self, session: aiohttp.ClientSession, pod: PodTarget, names: tuple[str, ...]) -> str | None:
         assert self._semaphore is not None
@@ -308,7 +436,8 @@ class Scraper:
                 log.debug("scrape %s failed: %s", pod.url, err)
                 return None
 
-    def _evaluate(self, t: DeploymentTargets, texts: Sequence[str | None], rebaseline: bool) -> Health | None:
+    def _evaluate(self, t: DeploymentTargets, texts: Sequence[str | None], rebaseline: bool,
+                  master: MasterHealth | None = None) -> Health | None:
         key = t.key
         if rebaseline:
             self.evaluator.rebaseline(key)
@@ -335,9 +464,14 @@ class Scraper:
                 self.metrics.publish(result)
             else:
                 self.metrics.remove(key)
+            transfer = transfer_summary(self.evaluator, key, now=now, window_s=result.window_seconds)
+            self.metrics.kvstore.publish(key, master, transfer)
+            if master is None:
+                self.metrics.kvstore.clear_health(key)
         passes = self._passes[key] = self._passes.get(key, 0) + 1
         if passes < 2:  # first pass: baselines only, nothing measured yet
             return None
         return Health(namespace=t.namespace, name=t.name, serving_key=t.serving_key, evaluated_at=now,
                       ready=dict(t.ready), reachable=reachable,
-                      slo=result if t.slo_spec is not None else None, kv_transfer=result.kv_transfer)
+                      slo=result if t.slo_spec is not None else None, kv_transfer=result.kv_transfer,
+                      kvstore=master)

@@ -1,196 +1,68 @@
-"""The Mooncake Store master's health and metrics, and the ``KVStoreReady`` condition.
+"""The ``KVStoreReady`` condition of a PDDeployment from the Mooncake Store master's health.
 
 With ``kvCache.hicache.storage.backend: mooncake`` every prefill pod (and decode with
 ``decodeOffload``) keeps HiCache pages in one Mooncake Store whose master the operator runs
-(render/mooncake.py). Engines keep serving without it (HiCache falls back to GPU + host
-memory), but every cross-replica prefix hit is lost, so its liveness is a condition of
-the PDDeployment.
+(render/mooncake.py, applied with the shared objects). Engines keep serving without it
+(HiCache falls back to GPU + host memory), but every cross-replica prefix hit is lost, so
+its liveness is a condition of the PDDeployment.
 
-What the master answers on its HTTP port (``--metrics_port``; mooncake-transfer-engine
-0.3.13.post1, checked against the real ``mooncake_master`` in
-tests/e2e/test_mooncake_master.py):
+How the running operator wires it: the scraper (``metrics/scraper.py``) probes the master
+pod every interval (``metrics/kvstore.py``: ``/health`` and ``/metrics`` on its pod IP and
+metrics port, never from inside a reconcile) and carries the result as
+``Health.kvstore``; the reconcile turns it into the condition::
 
-- ``GET /health`` -> 200 ``{"status":"ok","role":"leader","ha_state":"serving",
-  "service_ready":true,...}`` once it serves;
-- ``GET /metrics`` -> Prometheus text, ``master_*`` families without labels (key count,
-  allocated / capacity bytes, active clients, per-RPC request and failure counters,
-  evictions, cache hits).
+    conds = kvstore_conditions(plan=plan, health=health.kvstore, previous=status)
+    # [] without Mooncake storage, else [Cond("KVStoreReady", ...)]; passed to
+    # status.valid_status(extra_conditions=...)
 
-How the lead wires it (the reconciler owns the call; this module does no API writes)::
+Without a fresh probe (operator just started, or a reconcile run outside the operator)
+the previous ``KVStoreReady`` is kept, or False/``MasterNotProbed`` when there is none.
+:func:`kvstore_events` names the transitions to record as events (Warning
+``KVStoreNotReady`` when True turns False, Normal ``KVStoreReady`` back), and
+:func:`prune_master` deletes a master the spec no longer asks for.
+:func:`observe_kvstore` is the blocking variant (API read of the Deployment + probe of the
+Service URL) for tools and tests.
 
-    from .kvstore import observe_kvstore, kvstore_conditions
-    health = observe_kvstore(kube=kube, plan=plan)          # None: no Mooncake storage
-    conds = kvstore_conditions(plan=plan, health=health)    # [] or [Cond("KVStoreReady", ...)]
-    # merge with status.merge_conditions(previous, conds + ..., generation=..., now=...)
-    kvstore_collector.publish(f"{namespace}/{name}", health)  # optional: the exporter
-
-``observe_kvstore`` reads the master's Deployment through the API and probes the
-master's Service URL (in-cluster DNS; an operator running outside the cluster passes
-``url``). KV transfer figures (``sglang:kv_transfer_latency_ms``,
-``sglang:kv_transfer_speed_gb_s``, ``sglang:num_transfer_failed_reqs_total``) come from the
-engine scrape the SLO evaluator already takes: :func:`transfer_families` names what to
-scrape, :func:`transfer_summary` reads the window from the evaluator, and
-:class:`KVStoreCollector` exposes both to Prometheus.
+The probe, :class:`MasterHealth`, the transfer figures and :class:`KVStoreCollector` live
+in ``metrics/kvstore.py`` and are re-exported here.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector
-
-from ..metrics import exposition as ex
+from ..metrics.kvstore import (  # noqa: F401 (re-exported)
+    DEFAULT_TIMEOUT_S,
+    MASTER_EVICTED_KEYS,
+    MASTER_EVICTIONS,
+    MASTER_GAUGES,
+    MASTER_OPERATIONS,
+    PERCENTILES,
+    PREFIX,
+    TRANSFER_FAMILIES,
+    HttpGet,
+    KVStoreCollector,
+    MasterHealth,
+    TransferSummary,
+    http_get,
+    master_health,
+    parse_master_metrics,
+    probe_master,
+    probe_master_async,
+    scrape_transfer,
+    transfer_families,
+    transfer_summary,
+)
 from ..planning import hicache as H
 from ..planning.plan import Plan
 from ..render.mooncake import master_metrics_url, mooncake_spec
 from .status import Cond
 
 CONDITION_TYPE = "KVStoreReady"
-PREFIX = "sglang_pd"
-DEFAULT_TIMEOUT_S = 2.0
-
-#: Master gauges the operator reads and exports (name -> exported suffix).
-MASTER_GAUGES: Mapping[str, str] = {
-    "master_key_count": "keys",
-    "master_allocated_bytes": "allocated_bytes",
-    "master_total_capacity_bytes": "capacity_bytes",
-    "master_active_clients": "clients",
-}
-#: Master counters: (requests, failures) per operation the store's clients issue.
-MASTER_OPERATIONS: Mapping[str, tuple[str, str]] = {
-    "put_start": ("master_put_start_requests_total", "master_put_start_failures_total"),
-    "put_end": ("master_put_end_requests_total", "master_put_end_failures_total"),
-    "get_replica_list": ("master_get_replica_list_requests_total", "master_get_replica_list_failures_total"),
-    "exist_key": ("master_exist_key_requests_total", "master_exist_key_failures_total"),
-    "batch_put_start": ("master_batch_put_start_requests_total", "master_batch_put_start_failures_total"),
-    "batch_get_replica_list": (
-        "master_batch_get_replica_list_requests_total",
-        "master_batch_get_replica_list_failures_total",
-    ),
-    "batch_exist_key": ("master_batch_exist_key_requests_total", "master_batch_exist_key_failures_total"),
-    "mount_segment": ("master_mount_segment_requests_total", "master_mount_segment_failures_total"),
-}
-MASTER_EVICTIONS = "master_successful_evictions_total"
-MASTER_EVICTED_KEYS = "master_evicted_key_count"
-
-
-# --------------------------------------------------------------------------- health
-@dataclass(frozen=True)
-class MasterHealth:
-    """One look at the master.
-
-    ``deployment_ready``: the master's Deployment has an available replica (None when the
-    API was not asked, e.g. a test probing a process directly). ``reachable``: ``/health``
-    answered; ``ready``: it said ``status: ok`` and ``service_ready: true``. ``metrics``:
-    every unlabelled sample of ``/metrics`` (name -> value; empty when the scrape failed).
-    ``error``: why it is not ready, for the condition message.
-    """
-
-    url: str
-    reachable: bool
-    ready: bool
-    deployment_ready: bool | None = None
-    role: str | None = None
-    state: str | None = None
-    error: str | None = None
-    metrics: Mapping[str, float] = field(default_factory=dict)
-
-    @property
-    def keys(self) -> float | None:
-        """Objects in the store (``master_key_count``)."""
-        return self.metrics.get("master_key_count")
-
-    def describe(self) -> str:
-        """One line for a condition message."""
-        if not self.ready:
-            return f"Mooncake master at {self.url}: {self.error or 'not ready'}"
-        m = self.metrics
-        parts = [f"Mooncake master at {self.url} serves ({self.role or 'leader'})"]
-        if "master_key_count" in m:
-            parts.append(f"{int(m['master_key_count'])} keys")
-        if "master_total_capacity_bytes" in m:
-            parts.append(
-                f"{_gib(m.get('master_allocated_bytes', 0.0))} of {_gib(m['master_total_capacity_bytes'])} GiB used"
-            )
-        if "master_active_clients" in m:
-            parts.append(f"{int(m['master_active_clients'])} clients")
-        return ", ".join(parts)
-
-
-def _gib(n: float) -> str:
-    return f"{n / (1 << 30):.1f}"
-
-
-HttpGet = Callable[[str, float], tuple[int, str]]
-
-
-def http_get(url: str, timeout: float) -> tuple[int, str]:
-    """GET ``url``: (status code, body text). Raises OSError (URLError) when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (http to the master only)
-            return resp.status, resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode("utf-8", "replace")
-
-
-def parse_master_metrics(text: str) -> dict[str, float]:
-    """Every sample of the master's ``/metrics`` text, summed over labels (name -> value).
-
-    The master's families carry no labels in 0.3.13.post1; summing keeps a future
-    per-segment label harmless. Counters are keyed by their sample name (``..._total``).
-    Raises ValueError for text that is not Prometheus exposition.
-    """
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name.endswith("_created"):
-                continue
-            out[s.name] = out.get(s.name, 0.0) + float(s.value)
-    return out
-
-
-def probe_master(url: str, *, timeout: float = DEFAULT_TIMEOUT_S, get: HttpGet = http_get) -> MasterHealth:
-    """Ask the master at ``url`` (``http://host:metricsPort``) for ``/health`` and ``/metrics``.
-
-    Never raises: an unreachable master, an error status or unparsable answers are
-    recorded in the result (``reachable``/``ready`` False and ``error``).
-    """
-    base = url.rstrip("/")
-    try:
-        code, body = get(f"{base}/health", timeout)
-    except (OSError, ValueError) as e:
-        return MasterHealth(url=base, reachable=False, ready=False, error=f"unreachable ({_reason(e)})")
-    try:
-        doc = json.loads(body) if body else {}
-    except ValueError:
-        doc = {}
-    if not isinstance(doc, dict):
-        doc = {}
-    role, state = doc.get("role"), doc.get("ha_state")
-    ready = code == 200 and doc.get("status") == "ok" and doc.get("service_ready", True) is True
-    error = None if ready else f"/health answered {code}: {body.strip()[:200] or 'empty'}"
-    metrics: dict[str, float] = {}
-    try:
-        mcode, mbody = get(f"{base}/metrics", timeout)
-        if mcode == 200:
-            metrics = parse_master_metrics(mbody)
-    except (OSError, ValueError):
-        pass  # health decides readiness; metrics are best effort
-    return MasterHealth(url=base, reachable=True, ready=ready, role=role, state=state, error=error, metrics=metrics)
-
-
-def _reason(e: BaseException) -> str:
-    reason = getattr(e, "reason", None)
-    return str(reason or e) or e.__class__.__name__
+#: Reasons of a False ``KVStoreReady``.
+NOT_FOUND, UNAVAILABLE, UNREACHABLE, NOT_READY, NOT_PROBED = (
+    "MasterNotFound", "MasterUnavailable", "MasterUnreachable", "MasterNotReady", "MasterNotProbed")
 
 
 def master_deployment_ready(kube: Any, plan: Plan) -> bool | None:
@@ -218,7 +90,7 @@ def observe_kvstore(
     deployment_ready = master_deployment_ready(kube, plan) if kube is not None else None
     if deployment_ready is None and kube is not None:
         return MasterHealth(
-            url=target, reachable=False, ready=False, deployment_ready=None,
+            url=target, reachable=False, ready=False, deployment_ready=None, exists=False,
             error=f"Deployment {H.master_service_name(plan.name)} does not exist yet",
         )  # fmt: skip
     health = probe_master(target, timeout=timeout, get=get)
@@ -231,25 +103,56 @@ def observe_kvstore(
         state=health.state,
         error=health.error if deployment_ready is not False else "the master Deployment has no available replica",
         metrics=health.metrics,
+        exists=True if kube is not None else None,
     )
 
 
 def kvstore_condition(health: MasterHealth) -> Cond:
-    """``KVStoreReady`` from one look at the master: True when it serves, else False with the reason."""
+    """``KVStoreReady`` from one look at the master: True when it serves, else False with the reason.
+
+    False reasons: ``MasterNotFound`` (no master Deployment / pod yet), ``MasterUnavailable``
+    (the Deployment has no available replica / the pod is not Ready), ``MasterUnreachable``
+    (``/health`` does not answer), ``MasterNotReady`` (it answers but does not serve).
+    """
     if health.ready:
         return Cond(CONDITION_TYPE, "True", "MasterReady", health.describe())
+    if health.exists is False:
+        return Cond(CONDITION_TYPE, "False", NOT_FOUND, health.describe())
     if health.deployment_ready is False:
-        return Cond(CONDITION_TYPE, "False", "MasterUnavailable", health.describe())
+        return Cond(CONDITION_TYPE, "False", UNAVAILABLE, health.describe())
     if not health.reachable:
-        return Cond(CONDITION_TYPE, "False", "MasterUnreachable", health.describe())
-    return Cond(CONDITION_TYPE, "False", "MasterNotReady", health.describe())
+        return Cond(CONDITION_TYPE, "False", UNREACHABLE, health.describe())
+    return Cond(CONDITION_TYPE, "False", NOT_READY, health.describe())
 
 
-def kvstore_conditions(*, plan: Plan, health: MasterHealth | None) -> list[Cond]:
-    """The conditions to merge into status: ``[KVStoreReady]``, or [] without Mooncake storage."""
-    if mooncake_spec(plan) is None or health is None:
+def not_probed_condition(plan: Plan) -> Cond:
+    """``KVStoreReady`` before the scraper's first look at the master."""
+    return Cond(
+        CONDITION_TYPE, "False", NOT_PROBED,
+        f"the operator has not probed the Mooncake master {H.master_service_name(plan.name)} yet "
+        "(it does every --slo-interval seconds; 0 turns the probe off)",
+    )  # fmt: skip
+
+
+def kvstore_conditions(
+    *, plan: Plan, health: MasterHealth | None, previous: Mapping[str, Any] | None = None
+) -> list[Cond]:
+    """The conditions to merge into status: ``[KVStoreReady]``, or [] without Mooncake storage.
+
+    ``health``: the latest look at the master. Without one: [] when ``previous`` (the
+    PDDeployment's current status) is None; else the previous ``KVStoreReady`` kept as it
+    is, or False/``MasterNotProbed`` when status has none yet.
+    """
+    if mooncake_spec(plan) is None:
         return []
-    return [kvstore_condition(health)]
+    if health is not None:
+        return [kvstore_condition(health)]
+    if previous is None:
+        return []
+    for c in previous.get("conditions") or []:
+        if c.get("type") == CONDITION_TYPE:
+            return [Cond(CONDITION_TYPE, c.get("status", "Unknown"), c.get("reason", ""), c.get("message", ""))]
+    return [not_probed_condition(plan)]
 
 
 def kvstore_condition_dict(health: MasterHealth) -> dict[str, str]:
@@ -258,145 +161,37 @@ def kvstore_condition_dict(health: MasterHealth) -> dict[str, str]:
     return {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message}
 
 
-# --------------------------------------------------------------------------- KV transfer figures
-#: Families of SGLang 0.5.23's PD transfer metrics, per role they are read from (the prefill
-#: side records latency and speed per request, both sides count failures).
-TRANSFER_FAMILIES: Mapping[str, Mapping[str, ex.Kind]] = {
-    "prefill": {
-        ex.KV_TRANSFER_LATENCY_MS: ex.Kind.HISTOGRAM,
-        ex.KV_TRANSFER_SPEED_GB_S: ex.Kind.HISTOGRAM,
-        ex.TRANSFER_FAILED: ex.Kind.COUNTER,
-        ex.BOOTSTRAP_FAILED: ex.Kind.COUNTER,
-    },
-    "decode": {ex.TRANSFER_FAILED: ex.Kind.COUNTER, ex.BOOTSTRAP_FAILED: ex.Kind.COUNTER},
-}
-PERCENTILES: Mapping[str, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+def _condition(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
+    return next((c for c in (status or {}).get("conditions") or [] if c.get("type") == type_), None)
 
 
-def transfer_families(role: str) -> dict[str, ex.Kind]:
-    """The transfer families to scrape from ``role``'s pods (add them to the evaluator's families).
+def kvstore_events(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Events (type, reason, message) for a ``KVStoreReady`` transition between two statuses.
 
-    ``SLOEvaluator.families[role].update(transfer_families(role))`` followed by
-    ``SLOEvaluator.rebaseline(key)`` makes the evaluator keep them; the latency histogram
-    and the failure counters are already among its defaults, the speed histogram is not.
+    True -> False: Warning ``KVStoreNotReady``; False -> True: Normal ``KVStoreReady``.
+    Nothing for the first report (a master starting is expected) or an unchanged status,
+    so an operator restart fires nothing again.
     """
-    return dict(TRANSFER_FAMILIES.get(role, {}))
-
-
-@dataclass(frozen=True)
-class TransferSummary:
-    """PD KV transfer over a window: latency (seconds) and speed (GB/s) percentiles, failures.
-
-    Percentiles are None without transfers in the window. ``transfers``: requests whose KV
-    moved (count of the latency histogram).
-    """
-
-    latency_seconds: Mapping[str, float | None]
-    speed_gb_s: Mapping[str, float | None]
-    transfers: float
-    transfer_failures: float
-    bootstrap_failures: float
-
-
-def transfer_summary(evaluator: Any, deployment_key: str, *, now: float, window_s: float) -> TransferSummary:
-    """Read the window's transfer figures from an ``SLOEvaluator`` fed with :func:`transfer_families`."""
-    lat = evaluator.window_histogram(deployment_key, "prefill", ex.KV_TRANSFER_LATENCY_MS, now, window_s)
-    speed = evaluator.window_histogram(deployment_key, "prefill", ex.KV_TRANSFER_SPEED_GB_S, now, window_s)
-
-    def q(h, scale: float) -> dict[str, float | None]:
-        return {p: (None if h is None or (v := h.quantile(x)) is None else v * scale) for p, x in PERCENTILES.items()}
-
-    failures = bootstrap = 0.0
-    for role in ("prefill", "decode"):
-        failures += evaluator.window_counter(deployment_key, role, ex.TRANSFER_FAILED, now, window_s)
-        bootstrap += evaluator.window_counter(deployment_key, role, ex.BOOTSTRAP_FAILED, now, window_s)
-    return TransferSummary(
-        latency_seconds=q(lat, 1e-3),
-        speed_gb_s=q(speed, 1.0),
-        transfers=0.0 if lat is None else lat.total,
-        transfer_failures=failures,
-        bootstrap_failures=bootstrap,
-    )
-
-
-def scrape_transfer(text: str, role: str) -> ex.Scrape:
-    """One pod's transfer families from its ``/metrics`` text (cumulative, summed over labels)."""
-    return ex.parse_exposition(text, families=transfer_families(role) or TRANSFER_FAMILIES["prefill"])
-
-
-# --------------------------------------------------------------------------- exporter
-def _split(key: str) -> list[str]:
-    ns, _, name = key.rpartition("/")
-    return [ns, name]
-
-
-class KVStoreCollector(Collector):
-    """Exposes the latest master health and transfer summary of each PDDeployment.
-
-    Register it in the operator's registry (``registry.register(KVStoreCollector())``);
-    call :meth:`publish` after each probe and :meth:`remove` when a PDDeployment goes.
-    Families (labels ``namespace``, ``deployment``): ``sglang_pd_kvstore_up``,
-    ``sglang_pd_kvstore_{keys,allocated_bytes,capacity_bytes,clients}``,
-    ``sglang_pd_kvstore_requests_total`` / ``..._failures_total`` (label ``operation``; the
-    master's own counters, reset when it restarts), ``sglang_pd_kvstore_evictions_total``,
-    ``sglang_pd_kv_transfer_speed_gb_s`` (label ``percentile``).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._health: dict[str, MasterHealth] = {}
-        self._transfer: dict[str, TransferSummary] = {}
-
-    def publish(self, deployment_key: str, health: MasterHealth | None = None,
-                transfer: TransferSummary | None = None) -> None:
-        """Record the latest figures of ``namespace/name`` (None leaves that part as it was)."""
-        with self._lock:
-            if health is not None:
-                self._health[deployment_key] = health
-            if transfer is not None:
-                self._transfer[deployment_key] = transfer
-
-    def remove(self, deployment_key: str) -> None:
-        """Forget a PDDeployment (deleted)."""
-        with self._lock:
-            self._health.pop(deployment_key, None)
-            self._transfer.pop(deployment_key, None)
-
-    def describe(self) -> Iterable:
+    old, cur = _condition(previous, CONDITION_TYPE), _condition(new, CONDITION_TYPE)
+    if old is None or cur is None or old.get("status") == cur.get("status"):
         return []
+    detail = f"{cur.get('reason', '')}: {cur.get('message', '')}"
+    if old.get("status") == "True" and cur.get("status") == "False":
+        return [("Warning", "KVStoreNotReady", detail)]
+    if cur.get("status") == "True":
+        return [("Normal", "KVStoreReady", detail)]
+    return []
 
-    def collect(self) -> Iterable:
-        with self._lock:
-            health, transfer = dict(self._health), dict(self._transfer)
-        dl = ["namespace", "deployment"]
-        up = GaugeMetricFamily(f"{PREFIX}_kvstore_up", "1 when the Mooncake master serves (KVStoreReady).", labels=dl)
-        gauges = {
-            name: GaugeMetricFamily(f"{PREFIX}_kvstore_{suffix}", f"Mooncake master {name}.", labels=dl)
-            for name, suffix in MASTER_GAUGES.items()
-        }
-        ol = dl + ["operation"]
-        requests = CounterMetricFamily(f"{PREFIX}_kvstore_requests", "Mooncake master RPC requests.", labels=ol)
-        failures = CounterMetricFamily(f"{PREFIX}_kvstore_failures", "Mooncake master failed RPC requests.", labels=ol)
-        evictions = CounterMetricFamily(f"{PREFIX}_kvstore_evictions", "Mooncake master successful evictions.",
-                                        labels=dl)
-        speed = GaugeMetricFamily(f"{PREFIX}_kv_transfer_speed_gb_s",
-                                  "PD KV transfer speed percentile over the window (prefill pods), GB/s.",
-                                  labels=dl + ["percentile"])
-        for key, h in health.items():
-            d = _split(key)
-            up.add_metric(d, 1.0 if h.ready else 0.0)
-            for name, fam in gauges.items():
-                if name in h.metrics:
-                    fam.add_metric(d, h.metrics[name])
-            for op, (req, fail) in MASTER_OPERATIONS.items():
-                if req in h.metrics:
-                    requests.add_metric(d + [op], h.metrics[req])
-                if fail in h.metrics:
-                    failures.add_metric(d + [op], h.metrics[fail])
-            if MASTER_EVICTIONS in h.metrics:
-                evictions.add_metric(d, h.metrics[MASTER_EVICTIONS])
-        for key, t in transfer.items():
-            for p, v in t.speed_gb_s.items():
-                if v is not None and not math.isnan(v):
-                    speed.add_metric(_split(key) + [p], v)
-        yield from (up, *gauges.values(), requests, failures, evictions, speed)
+
+def prune_master(kube: Any, plan: Plan, shared_deployments: Iterable[str]) -> bool:
+    """Delete the master's Deployment and Service when the spec no longer uses Mooncake storage.
+
+    ``shared_deployments``: the PDDeployment's Deployments outside any compat group, as
+    observed (``Observed.shared_deployments``), so a spec without Mooncake costs no extra
+    API call. True when something was deleted.
+    """
+    name = H.master_service_name(plan.name)
+    if mooncake_spec(plan) is not None or name not in set(shared_deployments):
+        return False
+    deleted = kube.delete("apps/v1", "Deployment", name, plan.namespace)
+    return kube.delete("v1", "Service", name, plan.namespace) or deleted

@@ -66,6 +66,8 @@ class Observed:
     groups: dict[str, ObservedGroup]
     serving_key: str | None
     service_exists: bool
+    #: the PDDeployment's Deployments outside any compat group (the Mooncake Store master)
+    shared_deployments: tuple[str, ...] = ()
 
 
 def _gpus(deployment: dict[str, Any]) -> int:
@@ -104,10 +106,14 @@ def observe(kube: Kube, *, name: str, namespace: str) -> Observed:
     """List the PDDeployment's Deployments and Pods, group them by compat key, read the Service's key."""
     selector = f"{L.LABEL_DEPLOYMENT}={name},app.kubernetes.io/managed-by={L.MANAGED_BY}"
     groups: dict[str, dict[str, Any]] = {}
+    shared: list[str] = []
     for dep in kube.list("apps/v1", "Deployment", namespace, selector):
         lbl = dep["metadata"].get("labels") or {}
         key, component = lbl.get(L.LABEL_COMPAT_KEY), lbl.get(L.LABEL_ROLE)
-        if not key or component not in COMPONENTS:
+        if not key:
+            shared.append(dep["metadata"]["name"])
+            continue
+        if component not in COMPONENTS:
             continue
         g = groups.setdefault(key, {"workloads": {}, "unschedulable": 0, "names": []})
         g["workloads"][component] = workload_state(dep)
@@ -127,4 +133,5 @@ def observe(kube: Kube, *, name: str, namespace: str) -> Observed:
         },
         serving_key=serving,
         service_exists=service is not None,
+        shared_deployments=tuple(sorted(shared)),
     )

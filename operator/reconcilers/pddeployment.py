@@ -42,6 +42,7 @@ from . import status as S
 from .drift import merge_patch
 from .kernelbuild import ensure_kernelbuild
 from .kube import Kube
+from .kvstore import kvstore_conditions, kvstore_events, prune_master
 from .observe import Observed, observe
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ def reconcile(
     # 6. apply the shared objects; the user-facing Service selects the serving group's gateway
     for obj in render_shared(plan, serving_key=decision.serving_key, owner=owner):
         kube.apply(obj)
+    prune_master(kube, plan, observed.shared_deployments)  # a Mooncake master the spec no longer asks for
 
     # 6b. with the Prometheus Operator: its PodMonitor and PrometheusRule
     if monitoring:
@@ -138,7 +140,8 @@ def reconcile(
         now=now,
         health=health,
         slo_enabled=plan.spec.slo is not None,
-        extra_conditions=_kernel_conditions(gates),
+        extra_conditions=_kernel_conditions(gates)
+        + kvstore_conditions(plan=plan, health=health.kvstore if health else None, previous=previous),
     )
     outcome = Outcome(valid=True, decision=decision)
     _write_status(kube, body, previous, new_status)
@@ -146,6 +149,8 @@ def reconcile(
         _event(kube, body, outcome, "Normal" if reason not in ("ProgressDeadlineExceeded",) else "Warning", reason, message)
     _warn_new_warnings(kube, body, previous, plan.problems, outcome)
     _warn_health_transitions(kube, body, previous, new_status, health, outcome)
+    for type_, reason, message in kvstore_events(previous, new_status):
+        _event(kube, body, outcome, type_, reason, message)
     outcome.writes = kube.total_writes - writes_before
     return outcome
 

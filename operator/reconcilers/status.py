@@ -189,6 +189,7 @@ def health_view(health: Health) -> tuple:
         repr(slo.to_status()) if slo else None,
         repr(slo_condition(slo)) if slo else None,
         degraded_condition(None, None, health),
+        health.kvstore.view() if health.kvstore is not None else None,  # KVStoreReady
     )
 
 

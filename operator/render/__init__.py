@@ -3,7 +3,8 @@
 ``render_group`` gives the objects of the plan's compat group (per role: ConfigMap,
 Deployment, headless Service; the gateway Deployment); ``render_shared`` the objects
 shared by all groups (gateway RBAC, the user-facing Service pointing at the serving
-group); ``render_all`` both, for a first deployment or the ``render`` command.
+group, and with Mooncake HiCache storage the Mooncake Store master's Service and
+Deployment); ``render_all`` both, for a first deployment or the ``render`` command.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from ..planning.plan import Plan
 from .engine import render_role
 from .gateway import render_gateway_group, render_gateway_shared
+from .mooncake import render_mooncake_master
 
 
 def render_group(plan: Plan, *, owner: dict | None = None) -> list[dict[str, Any]]:
@@ -22,8 +24,12 @@ def render_group(plan: Plan, *, owner: dict | None = None) -> list[dict[str, Any
 
 
 def render_shared(plan: Plan, *, serving_key: str, owner: dict | None = None) -> list[dict[str, Any]]:
-    """Objects shared by every group; the user-facing Service selects ``serving_key``'s gateway."""
-    return render_gateway_shared(plan, serving_key=serving_key, owner=owner)
+    """Objects shared by every group; the user-facing Service selects ``serving_key``'s gateway.
+
+    The Mooncake master (none without Mooncake storage) carries no compat key: every group
+    of the PDDeployment shares it and group pruning never deletes it.
+    """
+    return render_gateway_shared(plan, serving_key=serving_key, owner=owner) + render_mooncake_master(plan, owner=owner)
 
 
 def render_all(plan: Plan, *, owner: dict | None = None) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ Probes use the metrics port's ``/health`` (``{"status":"ok",...,"service_ready":
 mooncake-transfer-engine 0.3.13.post1). The operator's own ``KVStoreReady`` condition
 reads the same endpoint (reconcilers/kvstore.py).
 
-The lead wires :func:`render_mooncake_master` into the shared objects (it returns [] when
+``render_shared`` (render/__init__.py) includes :func:`render_mooncake_master` (it returns [] when
 the spec has no Mooncake storage, so it can be called unconditionally).
 """
 
