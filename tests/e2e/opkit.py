@@ -65,3 +65,20 @@ def children(cluster, namespace: str, name: str) -> dict[str, list[str]]:
 def pods(cluster, namespace: str, selector: str) -> list[dict[str, Any]]:
     """Pods matching ``selector``."""
     return (kget(cluster, "pods", "-n", namespace, "-l", selector) or {"items": []})["items"]
+
+
+def cache_pv(namespace: str, claim: str) -> dict[str, Any]:
+    """A statically bound ReadWriteMany PV for a KernelBuild's cache PVC (the dev cluster has no provisioner)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"kb-{namespace}-{claim}"[:63]},
+        "spec": {
+            "capacity": {"storage": "1Ti"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": "",
+            "hostPath": {"path": f"/tmp/kernel-cache/{namespace}/{claim}"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }

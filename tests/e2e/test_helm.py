@@ -19,6 +19,10 @@ Steps (module-ordered, sharing the installed release):
    processes with leader election: only the Lease holder reconciles; the GB300 example
    converges, re-applying it is a no-op and a server-side ``kubectl diff`` is empty; scale,
    a KV-layout roll (prunes the old group), delete.
+   Kernels: the GB300 example with ``kernels.cache: auto`` in another namespace; the
+   operator (with the chart's ``SGLANG_PD_OPERATOR_IMAGE``) creates a KernelBuild per
+   role, their cache PVCs, requests and build Jobs, follows the build pods and writes the
+   builds' status, all without a 403; deleting the builds collects their children.
 2. Failover: kill -9 the leader, the standby takes over; a stolen Lease makes the leader
    exit with code 3; a graceful stop releases the Lease.
 3. Replicas left to an autoscaler: omitted ``replicas`` are never reset by the operator
@@ -45,9 +49,13 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import GB300_EXAMPLE, ROOT, load_example
-from opkit import OperatorProcess, condition, kapply, kget, model_store, pods, wait_for
+from opkit import OperatorProcess, cache_pv, condition, kapply, kget, model_store, pods, wait_for
 
+from sglang_pd_operator.api.load import parse_pddeployment
+from sglang_pd_operator.catalog import builtin_catalog
 from sglang_pd_operator.devcluster import cluster as devcluster
+from sglang_pd_operator.kernelbuild.inputs import kernel_build_inputs
+from sglang_pd_operator.planning.plan import build_plan
 
 pytestmark = pytest.mark.e2e
 
@@ -55,6 +63,7 @@ CHART = ROOT / "charts" / "sglang-pd-operator"
 RELEASE, NS = "pd", "sglang-system"
 SA = LEASE = "pd-sglang-pd-operator"
 APP_NS = "inference"
+KERNELS_NS = "kernels"
 NAME = "dsv41-flash"
 LBL = "pd.sglang-operator.io"
 TIMING = "6,4,1"  # lease, renew deadline, retry period: fast failover for the test
@@ -126,15 +135,23 @@ def sa_kubeconfig(kc, path: Path, *, namespace: str, sa: str) -> Path:
     return path
 
 
+def chart_env(kc, namespace: str = NS, deployment: str = SA) -> dict[str, str]:
+    """The literal ``env`` values of the installed chart's operator container (e.g. SGLANG_PD_OPERATOR_IMAGE)."""
+    dep = kget(kc, "deployment", deployment, "-n", namespace)
+    (container,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "operator"]
+    return {e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}
+
+
 class ChartOperator(OperatorProcess):
     """``sglang-pd-operator run`` with the flags the chart's Deployment passes, as ``identity``."""
 
     def __init__(self, *, kubeconfig: Path, log_path: Path, identity: str, namespace: str = NS,
-                 lease: str = LEASE, extra: tuple[str, ...] = ()):
+                 lease: str = LEASE, extra: tuple[str, ...] = (), env: dict[str, str] | None = None):
         super().__init__(kubeconfig=kubeconfig, log_path=log_path, resync=2.0, extra_args=[
             "--leader-elect", f"--leader-elect-lease={lease}", f"--leader-elect-timing={TIMING}", *extra],
-            # as the chart's pod: POD_NAME (the Lease identity) and POD_NAMESPACE (Lease, catalog)
-            env={"POD_NAME": identity, "POD_NAMESPACE": namespace})
+            # as the chart's pod: POD_NAME (the Lease identity) and POD_NAMESPACE (Lease, catalog),
+            # plus the chart's literal env (``env``, from chart_env)
+            env={**(env or {}), "POD_NAME": identity, "POD_NAMESPACE": namespace})
         self.identity, self.namespace = identity, namespace
 
     def exit_code(self, timeout: float) -> int:
@@ -224,9 +241,14 @@ def test_install_output_and_objects(kc, release):
 
 
 def test_operator_as_chart_sa_runs_the_main_scenario_with_one_leader(kc, release, app_ns, cluster_log):
-    a = ChartOperator(kubeconfig=release["kubeconfig"], log_path=release["logs"] / "a.log", identity="op-a").start()
+    env = chart_env(kc)
+    assert env["SGLANG_PD_OPERATOR_IMAGE"] == kget(kc, "deployment", SA, "-n", NS)["spec"]["template"]["spec"][
+        "containers"][0]["image"]  # KernelBuild Jobs' builder init container: the operator's own image
+    a = ChartOperator(kubeconfig=release["kubeconfig"], log_path=release["logs"] / "a.log", identity="op-a",
+                      env=env).start()
     wait_for(lambda: lease_holder(kc) == "op-a", timeout=30, what="op-a holds the Lease")
-    b = ChartOperator(kubeconfig=release["kubeconfig"], log_path=release["logs"] / "b.log", identity="op-b").start()
+    b = ChartOperator(kubeconfig=release["kubeconfig"], log_path=release["logs"] / "b.log", identity="op-b",
+                      env=env).start()
     release["ops"] = [a, b]
     wait_for(lambda: "waiting for the leader lease" in b.log(), timeout=30, what="op-b waiting as follower")
 
@@ -293,6 +315,70 @@ def test_operator_as_chart_sa_runs_the_main_scenario_with_one_leader(kc, release
     kc.kubectl("delete", "pdd", NAME, "-n", app_ns)
     wait_for(lambda: not deployments(kc, app_ns) and not pods(kc, app_ns, f"{LBL}/deployment={NAME}"), timeout=90,
              what="children garbage-collected")
+    assert b.metric("sglang_pd_operator_api_writes_total") == 0
+    assert_no_forbidden(a, b)
+
+
+def test_kernels_cache_auto_as_chart_sa_creates_kernelbuilds_and_their_jobs(kc, release, cluster_log):
+    """KernelBuilds through the chart's identity: created by kernels.cache auto, reconciled, their children made."""
+    a, b = release["ops"]
+    assert lease_holder(kc) == "op-a"
+    kc.kubectl("create", "namespace", KERNELS_NS)
+    kapply(kc, model_store(KERNELS_NS))
+    doc = example(KERNELS_NS)
+    doc["spec"]["kernels"] = {**doc["spec"]["kernels"], "cache": "auto"}
+    plan = build_plan(parse_pddeployment(doc), builtin_catalog())
+    builds = {role: kernel_build_inputs(plan, role) for role in ("prefill", "decode")}
+    assert len({kb.name for kb in builds.values()}) == 2
+    for kb in builds.values():  # bind the cache PVCs the operator will create, so kwok runs the build pods
+        kapply(kc, cache_pv(KERNELS_NS, f"{kb.name}-cache"))
+    image = chart_env(kc)["SGLANG_PD_OPERATOR_IMAGE"]
+
+    start = time.monotonic()
+    gitops_apply(kc, doc)
+    try:
+        for kb in builds.values():
+            # ensure_kernelbuild (create), then the KernelBuild reconcile: PVC, request, Job (create), status (patch)
+            obj = wait_for(lambda kb=kb: (o := kget(kc, "kernelbuild", kb.name, "-n", KERNELS_NS)) and
+                           (c := condition(o, "Building")) and c["reason"] == "AwaitingResult" and o,
+                           timeout=90, what=f"KernelBuild {kb.name} built by kwok, awaiting the builder's result")
+            assert obj["metadata"]["labels"][f"{LBL}/kernel-inputs"] == kb.input_hash
+            assert obj["status"]["phase"] == "Building" and obj["status"]["attempts"] == 1
+            owner = {"apiVersion": f"{LBL}/v1alpha1", "kind": "KernelBuild", "name": kb.name,
+                     "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+            (job,) = kget(kc, "jobs", "-n", KERNELS_NS, "-l", f"{LBL}/kernelbuild={kb.name}")["items"]
+            assert job["metadata"]["name"] == f"{kb.name}-{kb.input_hash[:6]}-1"
+            assert job["metadata"]["ownerReferences"] == [owner]
+            pod = job["spec"]["template"]["spec"]
+            assert pod["initContainers"][0]["image"] == image  # the chart's SGLANG_PD_OPERATOR_IMAGE
+            assert pod["containers"][0]["image"] == kb.spec.runtime.image
+            pvc = kget(kc, "pvc", f"{kb.name}-cache", "-n", KERNELS_NS)
+            assert pvc["metadata"]["ownerReferences"] == [owner] and pvc["status"]["phase"] == "Bound"
+            request = kget(kc, "configmap", f"{kb.name}-{kb.input_hash[:6]}-request", "-n", KERNELS_NS)
+            assert request["metadata"]["ownerReferences"] == [owner]
+            (build_pod,) = pods(kc, KERNELS_NS, f"{LBL}/kernelbuild={kb.name}")
+            assert build_pod["status"]["phase"] == "Succeeded"
+    except AssertionError:
+        assert_no_forbidden(a)  # a denial explains a timeout best
+        raise
+    cluster_log(f"kernels.cache auto: both KernelBuilds awaiting results {time.monotonic() - start:.1f}s after apply "
+                f"(operator as {SA})")
+    # the PDDeployment waits for its kernels: engine Deployments held at zero
+    pdd = wait_for(lambda: (o := kget(kc, "pddeployment", NAME, "-n", KERNELS_NS)) and
+                   (c := condition(o, "KernelsReady")) and c["reason"] == "WaitingForKernels" and o,
+                   timeout=30, what="KernelsReady=False WaitingForKernels")
+    assert all(kb.name in condition(pdd, "KernelsReady")["message"] for kb in builds.values())
+    engines = [d for d in deployments(kc, KERNELS_NS).values() if d["metadata"]["labels"].get(f"{LBL}/role")
+               in ("prefill", "decode")]
+    assert engines and all(d["spec"]["replicas"] == 0 for d in engines)
+
+    # deleting the PDDeployment and the builds: owner references collect the Jobs, requests and PVCs
+    kc.kubectl("delete", "pdd", NAME, "-n", KERNELS_NS)
+    kc.kubectl("delete", "kernelbuilds", "--all", "-n", KERNELS_NS)
+    sel = f"{LBL}/kernelbuild"
+    wait_for(lambda: not kget(kc, "jobs,configmaps", "-n", KERNELS_NS, "-l", sel)["items"], timeout=60,
+             what="build Jobs and requests garbage-collected")
+    assert not (kget(kc, "kernelbuilds", "-n", KERNELS_NS) or {"items": []})["items"]
     assert b.metric("sglang_pd_operator_api_writes_total") == 0
     assert_no_forbidden(a, b)
 

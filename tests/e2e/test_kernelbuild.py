@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from helpers import ROOT, load_example
-from opkit import OperatorProcess, condition, kapply, kget, model_store, pods, wait_for
+from opkit import OperatorProcess, cache_pv, condition, kapply, kget, model_store, pods, wait_for
 
 from sglang_pd_operator.api.kernelbuild import parse_kernelbuild
 from sglang_pd_operator.api.load import parse_pddeployment
@@ -67,23 +67,6 @@ def ns(cluster):
     for pv in (kget(cluster, "pv") or {"items": []})["items"]:
         if pv["metadata"]["name"].startswith(f"kb-{name}-") or pv["metadata"]["name"] == f"model-store-{name}":
             cluster.kubectl("delete", "pv", pv["metadata"]["name"], "--wait=false", check=False)
-
-
-def cache_pv(namespace: str, claim: str) -> dict:
-    """A statically bound ReadWriteMany PV for the build's cache PVC (the dev cluster has no provisioner)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": f"kb-{namespace}-{claim}"[:63]},
-        "spec": {
-            "capacity": {"storage": "1Ti"},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Delete",
-            "storageClassName": "",
-            "hostPath": {"path": f"/tmp/kernel-cache/{namespace}/{claim}"},
-            "claimRef": {"namespace": namespace, "name": claim},
-        },
-    }
 
 
 def build_manifest(namespace: str, role: str = "decode", **spec_changes) -> dict:

@@ -7,13 +7,18 @@ with the rules ``helm template`` renders (cluster-wide and with ``watchNamespace
    event``) in the modules the operator process imports, found by reading their syntax
    tree; (apiVersion, kind) come from literals, module constants or the constant a ``for``
    loop walks (``GROUP_KINDS``). Each Kube method maps to verbs (:data:`KUBE_VERBS`);
-2. what ``kube.apply`` is given, found by running the real ``reconcile`` over every
-   example with a recording stand-in for ``Kube`` (a unit test, no API server): server-side
-   apply needs get (the applier reads first), create and patch. Every ``kube.apply`` call
-   site in the code must have been reached by that run, so a new apply site cannot hide;
-3. what kopf watches: every handler in kopf's registry after importing ``handlers`` needs
-   list and watch; there must be no change/timer/daemon handlers (they would patch
-   finalizers and annotations onto the user's object);
+2. what ``kube.apply`` is given, found by running the real reconcilers with a recording
+   stand-in for ``Kube`` (a unit test, no API server): the PDDeployment ``reconcile`` over
+   every example, as written and with ``kernels.cache: auto`` (which creates the roles'
+   KernelBuilds), then the KernelBuild ``reconcile`` over every KernelBuild so created
+   (its cache PVC, request ConfigMap and build Job). Server-side apply needs create and
+   patch (a patch that creates is authorized as create too), and get when the applier
+   reads first (``fetch``, no ``live`` given). Every ``kube.apply`` call site (module and
+   line) must have been reached by that run, so a new apply site cannot hide;
+3. what kopf watches: every handler in kopf's registry after importing ``handlers`` (which
+   imports the KernelBuild handlers) needs list and watch; there must be no
+   change/timer/daemon handlers (they would patch finalizers and annotations onto the
+   user's object);
 4. what RBAC itself demands: the operator creates a Role for the gateway and may grant
    only what it holds (escalation check), and children carry ``blockOwnerDeletion``
    owner references (update on the owner's ``finalizers`` where
@@ -28,6 +33,7 @@ Nothing may mention Secrets or a ``*``.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import importlib
 import importlib.util
@@ -48,11 +54,11 @@ _spec.loader.exec_module(cc)
 PACKAGE_DIR = ROOT / "operator"
 API_DOOR = "reconcilers/kube.py"
 
-#: Kube method -> the RBAC verbs one call needs (apply: read first, then create or patch).
+#: Kube method -> the RBAC verbs one call needs (apply: create or patch, plus get when it reads first).
 KUBE_VERBS = {
     "get": {"get"},
     "list": {"list"},
-    "apply": {"get", "create", "patch"},
+    "apply": {"create", "patch"},  # + "get" unless the caller passes ``live`` or ``fetch=False``
     "delete": {"delete"},
     "patch_status": {"patch"},  # on <plural>/status
     "event": {"create"},  # a core/v1 Event
@@ -193,12 +199,17 @@ def static_permissions() -> tuple[set[Perm], set[tuple[str, str, str, str]]]:
 
 
 class RecordingKube:
-    """Stands in for reconcilers.kube.Kube in a unit test: nothing exists; records every call."""
+    """Stands in for reconcilers.kube.Kube in a unit test: nothing exists; records every call.
+
+    ``applied``: (object, verbs) of every apply, the verbs as :meth:`Kube.apply` needs them
+    (it reads the object first only when given no ``live`` and ``fetch``);
+    ``apply_sites``: (module, line) of the code that called ``apply``.
+    """
 
     def __init__(self):
         self.calls: list[tuple[str, str, str]] = []
-        self.applied: list[dict[str, Any]] = []
-        self.apply_sites: set[str] = set()
+        self.applied: list[tuple[dict[str, Any], set[str]]] = []
+        self.apply_sites: set[tuple[str, int]] = set()
         self.total_writes = 0
 
     def get(self, api_version, kind, name, namespace=None):
@@ -211,8 +222,10 @@ class RecordingKube:
 
     def apply(self, desired, live=None, *, fetch=True):
         self.calls.append(("apply", desired["apiVersion"], desired["kind"]))
-        self.applied.append(desired)
-        self.apply_sites.add(inspect.stack()[1].function)
+        reads = live is None and fetch  # Kube.apply: `if live is None and fetch: live = self.get(...)`
+        self.applied.append((desired, KUBE_VERBS["apply"] | ({"get"} if reads else set())))
+        caller = sys._getframe(1)
+        self.apply_sites.add((caller.f_globals["__name__"], caller.f_lineno))
         self.total_writes += 1
         return True
 
@@ -232,18 +245,25 @@ class RecordingKube:
 
 
 def example_bodies() -> list[dict[str, Any]]:
-    out = []
+    """Every example PDDeployment as written, then each again with ``kernels.cache: auto``."""
+    out, auto = [], []
     for path in sorted(EXAMPLES.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc.get("kind") == "PDDeployment":
                 doc.setdefault("metadata", {}).setdefault("namespace", "default")
                 doc["metadata"].update(uid=f"uid-{doc['metadata']['name']}", generation=1)
                 out.append(doc)
-    return out
+                cached = copy.deepcopy(doc)
+                cached["metadata"]["name"] += "-kernels-auto"
+                cached["metadata"]["uid"] += "-kernels-auto"
+                cached["spec"]["kernels"] = {**(cached["spec"].get("kernels") or {}), "cache": "auto"}
+                auto.append(cached)
+    return out + auto
 
 
 @pytest.fixture(scope="module")
 def recorded(catalog) -> RecordingKube:
+    from sglang_pd_operator.reconcilers import kernelbuild
     from sglang_pd_operator.reconcilers.pddeployment import reconcile
 
     kube = RecordingKube()
@@ -254,22 +274,37 @@ def recorded(catalog) -> RecordingKube:
             kwargs["monitoring"] = True  # a cluster with the Prometheus Operator: the widest case
         outcome = reconcile(**kwargs)
         assert outcome.valid, body["metadata"]["name"]
+    # the KernelBuilds kernels.cache: auto created (nothing exists yet: storage, request, attempt 1's Job)
+    builds = [copy.deepcopy(obj) for obj, _ in kube.applied if obj["kind"] == "KernelBuild"]
+    assert builds, "kernels.cache: auto created no KernelBuild"
+    for body in builds:
+        body["metadata"].update(uid=f"uid-{body['metadata']['name']}", generation=1)
+        outcome = kernelbuild.reconcile(kube=kube, body=body, catalog=catalog, in_use=True)
+        assert outcome.created_job, (body["metadata"]["name"], outcome)
     return kube
 
 
 def applied_permissions(recorded: RecordingKube) -> set[Perm]:
     perms = set()
-    for obj in recorded.applied:
+    for obj, verbs in recorded.applied:
         group, plural = resource_of(obj["apiVersion"], obj["kind"])
-        perms |= {(group, plural, v) for v in KUBE_VERBS["apply"]}
+        perms |= {(group, plural, v) for v in verbs}
     return perms
 
 
 def test_every_apply_site_was_reached_by_the_recorded_reconcile(recorded):
-    sites = {c.func for c in kube_calls() if c.method == "apply"} - {"ensure_crds"}
-    assert sites <= recorded.apply_sites, (
-        f"kube.apply in {sorted(sites - recorded.apply_sites)} is not reached by reconciling the examples: "
-        "extend the recorded run so the RBAC check sees what it applies")
+    from sglang_pd_operator.reconcilers import crds
+
+    def reached(call: KubeCall) -> bool:
+        return any(module == call.module.__name__ and call.node.lineno <= line <= call.node.end_lineno
+                   for module, line in recorded.apply_sites)
+
+    sites = [c for c in kube_calls() if c.method == "apply" and c.module is not crds]  # CRDs: scoped apart (5.)
+    assert sites
+    missed = [c.where for c in sites if not reached(c)]
+    assert not missed, (
+        f"kube.apply at {missed} is not reached by the recorded reconciles (examples, kernels.cache: auto, "
+        "their KernelBuilds): extend the recorded run so the RBAC check sees what it applies")
 
 
 # ---------------------------------------------------------------- 3.-5.
@@ -296,7 +331,7 @@ def kopf_permissions() -> set[Perm]:
 def rbac_imposed_permissions(recorded: RecordingKube) -> set[Perm]:
     """What the operator must hold to create what it creates."""
     perms = set()
-    for obj in recorded.applied:
+    for obj, _ in recorded.applied:
         if obj["kind"] == "Role":
             perms |= expand(obj["rules"])
         for ref in obj["metadata"].get("ownerReferences") or []:
@@ -404,6 +439,17 @@ def test_derivation_sees_the_known_calls(recorded):
     assert ("", "events", "create") in workload
     assert ("rbac.authorization.k8s.io", "roles", "create") in applied_permissions(recorded)
     assert ("pd.sglang-operator.io", "pddeployments", "watch") in kopf_permissions()
+    # KernelBuilds: the reconciler, the kopf handlers, and what kernels.cache: auto creates
+    assert {("pd.sglang-operator.io", "kernelbuilds/status", "patch"), ("pd.sglang-operator.io", "kernelbuilds", "delete"),
+            ("batch", "jobs", "list"), ("batch", "jobs", "delete"), ("", "persistentvolumeclaims", "get")} <= workload
+    assert {("pd.sglang-operator.io", "kernelbuilds", "create"), ("batch", "jobs", "create"),
+            ("", "persistentvolumeclaims", "create")} <= applied_permissions(recorded)
+    assert {("pd.sglang-operator.io", "kernelbuilds", "watch"), ("batch", "jobs", "watch")} <= kopf_permissions()
+    assert ("pd.sglang-operator.io", "kernelbuilds/finalizers", "update") in rbac_imposed_permissions(recorded)
+    assert any(c.module.__name__.endswith(".handlers_kernelbuild") and c.method == "list" for c in kube_calls())
+    # apply without a read (fetch=False after the caller's own get): create and patch only
+    kb_apply = {frozenset(v) for obj, v in recorded.applied if obj["kind"] == "KernelBuild"}
+    assert kb_apply == {frozenset({"create", "patch"})}, kb_apply
     by_method = defaultdict(int)
     for c in kube_calls():
         by_method[c.method] += 1

@@ -60,24 +60,40 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
 - apiGroups: [pd.sglang-operator.io]
   resources: [pddeployments]
   verbs: [get, list, watch]
-# Status is the only thing the operator writes on the user's object (merge patch).
+# KernelBuilds: kopf lists and watches them, a reconcile reads one, the resync and the
+# PDDeployment's kernel gate list them; kernels.cache: auto creates missing ones (server-side
+# apply: create, patch); retention deletes an unused one.
 - apiGroups: [pd.sglang-operator.io]
-  resources: [pddeployments/status]
+  resources: [kernelbuilds]
+  verbs: [get, list, watch, create, patch, delete]
+# Status is the only thing the operator writes on the user's objects (merge patch).
+- apiGroups: [pd.sglang-operator.io]
+  resources: [pddeployments/status, kernelbuilds/status]
   verbs: [patch]
 # Children carry ownerReferences with blockOwnerDeletion: clusters with the
 # OwnerReferencesPermissionEnforcement admission plugin require update on the owner's finalizers.
 - apiGroups: [pd.sglang-operator.io]
-  resources: [pddeployments/finalizers]
+  resources: [pddeployments/finalizers, kernelbuilds/finalizers]
   verbs: [update]
 # Prefill, decode and gateway Deployments: server-side apply (create/patch), read, prune
 # drained groups; kopf watches them so status follows readiness.
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
+# Kernel build Jobs (one per attempt): create, read, list per KernelBuild, delete stale or
+# superseded attempts; kopf watches them so a build's status follows its Job.
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, watch, create, patch, delete]
 # Per-role ConfigMaps and headless Services, the user-facing Service: apply, read, prune.
+# A KernelBuild's request ConfigMap: apply.
 - apiGroups: [""]
   resources: [configmaps, services]
   verbs: [get, list, create, patch, delete]
+# A KernelBuild's cache volume: created once if missing (PVC specs are immutable).
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get, create, patch]
 # The gateway's ServiceAccount, Role and RoleBinding (pod discovery): apply only.
 - apiGroups: [""]
   resources: [serviceaccounts]
@@ -85,8 +101,9 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, create, patch]
-# Pods: listed to observe readiness; get and watch are held because the operator grants
-# them to the gateway's Role (RBAC lets it grant only what it holds).
+# Pods: listed to observe readiness and a build pod's result (its termination message);
+# kopf watches build pods; get is held because the operator grants it (and list, watch)
+# to the gateway's Role (RBAC lets it grant only what it holds).
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
@@ -98,7 +115,7 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
 - apiGroups: [monitoring.coreos.com]
   resources: [prometheusrules]
   verbs: [get, create, patch, delete]
-# Events on PDDeployments (InvalidSpec, rollout steps).
+# Events on PDDeployments (InvalidSpec, rollout steps) and KernelBuilds (build failed, retrying).
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
