@@ -24,7 +24,7 @@ the previous ``KVStoreReady`` is kept, or False/``MasterNotProbed`` when there i
 Service URL) for tools and tests.
 
 The probe, :class:`MasterHealth`, the transfer figures and :class:`KVStoreCollector` live
-in ``metrics/kvstore.py`` and are re-exported here.
+in ``metrics/kvstore.py`` (the scraper uses them; it cannot import the reconcilers).
 """
 
 from __future__ import annotations
@@ -32,27 +32,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..metrics.kvstore import (  # noqa: F401 (re-exported)
+from ..metrics.kvstore import (
     DEFAULT_TIMEOUT_S,
-    MASTER_EVICTED_KEYS,
-    MASTER_EVICTIONS,
-    MASTER_GAUGES,
-    MASTER_OPERATIONS,
-    PERCENTILES,
-    PREFIX,
-    TRANSFER_FAMILIES,
     HttpGet,
-    KVStoreCollector,
     MasterHealth,
-    TransferSummary,
     http_get,
-    master_health,
-    parse_master_metrics,
     probe_master,
-    probe_master_async,
-    scrape_transfer,
-    transfer_families,
-    transfer_summary,
 )
 from ..planning import hicache as H
 from ..planning.plan import Plan

@@ -69,3 +69,34 @@ def namespace(cluster) -> Iterator[str]:
     cluster.kubectl("create", "namespace", name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def crds(cluster):
+    """The operator's CRDs installed (server-side apply of crds/) and Established."""
+    from helpers import ROOT
+
+    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{path.stem}.pd.sglang-operator.io", "--timeout=60s")
+    return True
+
+
+@pytest.fixture
+def ns(cluster, crds, request) -> Iterator[str]:
+    """A fresh namespace with a bound ``model-store`` PVC, for one test's PDDeployments.
+
+    Teardown deletes the PDDeployments and waits until their pods are gone (the fake GPU
+    nodes are shared by the whole session), then the namespace and the PV.
+    """
+    from opkit import kapply, model_store, pods, wait_for
+
+    prefix = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")[:12]
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    kapply(cluster, model_store(name))
+    yield name
+    cluster.kubectl("delete", "pddeployments", "--all", "-n", name, "--wait=true", "--timeout=60s", check=False)
+    wait_for(lambda: not pods(cluster, name, "pd.sglang-operator.io/deployment"), timeout=90, what=f"pods of {name} gone")
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    cluster.kubectl("delete", "pv", f"model-store-{name}", "--wait=false", check=False)

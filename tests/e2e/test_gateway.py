@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 
 import pytest
-from helpers import EXAMPLES, ROOT, load_example
-from opkit import OperatorProcess, condition, kapply, kget, model_store, pods, wait_for
+from helpers import EXAMPLES, load_example
+from opkit import OperatorProcess, condition, kapply, kget, pods, wait_for
 from simkit import (
     BOOTSTRAP_ANNOTATION,
     Processes,
@@ -45,18 +44,6 @@ def smg():
     if path is None:
         pytest.skip("the smg binary (smg==1.13.0) is not installed: PATH, $SMG_BIN, .venv/bin, /tmp/contract-venv/bin")
     return path
-
-
-@pytest.fixture
-def ns(cluster):
-    name = f"e2e-gw-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    cluster.kubectl("create", "namespace", name)
-    kapply(cluster, model_store(name))
-    yield name
-    cluster.kubectl("delete", "pddeployments", "--all", "-n", name, "--wait=true", "--timeout=60s", check=False)
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-    cluster.kubectl("delete", "pv", f"model-store-{name}", "--wait=false", check=False)
 
 
 @pytest.fixture

@@ -21,12 +21,11 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, load_example
-from opkit import OperatorProcess, cache_pv, condition, kapply, kget, model_store, pods, wait_for
+from helpers import load_example
+from opkit import OperatorProcess, cache_pv, condition, kapply, kget, pods, wait_for
 
 from sglang_pd_operator.api.kernelbuild import parse_kernelbuild
 from sglang_pd_operator.api.load import parse_pddeployment
@@ -40,33 +39,12 @@ pytestmark = pytest.mark.e2e
 
 LBL = "pd.sglang-operator.io"
 @pytest.fixture(scope="module")
-def crds(cluster):
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    for crd in ("pddeployments", "kernelbuilds"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.{LBL}", "--timeout=60s")
-    return True
-
-
-@pytest.fixture(scope="module")
 def operator(cluster, crds, tmp_path_factory):
     op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=tmp_path_factory.mktemp("kb-operator") / "operator.log")
     op.start()
     yield op
     print(op.log_tail(80))
     op.stop()
-
-
-@pytest.fixture
-def ns(cluster):
-    name = f"e2e-kb-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    kapply(cluster, model_store(name))
-    yield name
-    cluster.kubectl("delete", "kernelbuilds,pddeployments", "--all", "-n", name, "--wait=false", check=False)
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-    for pv in (kget(cluster, "pv") or {"items": []})["items"]:
-        if pv["metadata"]["name"].startswith(f"kb-{name}-") or pv["metadata"]["name"] == f"model-store-{name}":
-            cluster.kubectl("delete", "pv", pv["metadata"]["name"], "--wait=false", check=False)
 
 
 def build_manifest(namespace: str, role: str = "decode", **spec_changes) -> dict:

@@ -29,12 +29,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, load_example
-from opkit import OperatorProcess, condition, free_port, kapply, kget, model_store, pods, wait_for
+from helpers import load_example
+from opkit import OperatorProcess, condition, free_port, kapply, kget, pods, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -123,20 +122,6 @@ def binary(tmp_path_factory) -> str:
 
 
 # --------------------------------------------------------------------------- cluster side
-
-
-@pytest.fixture
-def ns(cluster):
-    name = f"e2e-kv-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.pd.sglang-operator.io", "--timeout=60s")
-    cluster.kubectl("create", "namespace", name)
-    kapply(cluster, model_store(name))
-    yield name
-    cluster.kubectl("delete", "pddeployments", "--all", "-n", name, "--wait=true", "--timeout=60s", check=False)
-    wait_for(lambda: not pods(cluster, name, f"{LBL}/deployment"), timeout=60, what=f"pods of {name} gone")
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-    cluster.kubectl("delete", "pv", f"model-store-{name}", "--wait=false", check=False)
 
 
 def _spec(ns: str) -> dict:

@@ -24,13 +24,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, load_example
+from helpers import load_example
 from opkit import OperatorProcess, condition, free_port, kapply, kget, wait_for
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sglang_pd_operator.api.load import parse_pddeployment
 from sglang_pd_operator.catalog import builtin_catalog
 from sglang_pd_operator.planning.plan import build_plan
+from sglang_pd_operator.metrics import kvstore as M
 from sglang_pd_operator.reconcilers import kvstore as K
 from sglang_pd_operator.render.mooncake import master_args, mooncake_spec
 
@@ -87,7 +88,7 @@ class Master:
                 tail = self.log.read_text(errors="replace")[-2000:]
                 hint = " (install libibverbs1)" if "libibverbs" in tail else ""
                 raise AssertionError(f"mooncake_master exited with {self.proc.returncode}{hint}:\n{tail}")
-            if K.probe_master(self.url, timeout=1).ready:
+            if M.probe_master(self.url, timeout=1).ready:
                 return self
             time.sleep(0.2)
         raise AssertionError(f"mooncake_master did not answer /health in 30s:\n{self.log.read_text()[-2000:]}")
@@ -109,7 +110,7 @@ def test_health_check_follows_the_real_master_through_kill_and_restart(master):
     plan = hicache_plan()
     key = f"{plan.namespace}/{plan.name}"
     registry = CollectorRegistry()
-    collector = K.KVStoreCollector()
+    collector = M.KVStoreCollector()
     registry.register(collector)
 
     t0 = time.monotonic()
@@ -150,13 +151,6 @@ def test_health_check_follows_the_real_master_through_kill_and_restart(master):
 
 
 # --------------------------------------------------------------------------- rail refusal
-
-
-@pytest.fixture(scope="module")
-def crds(cluster):
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.pd.sglang-operator.io", "--timeout=60s")
-    return True
 
 
 @pytest.fixture(scope="module")

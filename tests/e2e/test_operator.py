@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import signal
 import time
-import uuid
 
 import pytest
-from helpers import GB300_EXAMPLE, ROOT, load_example
+from helpers import GB300_EXAMPLE, load_example
 from opkit import (
     OperatorProcess,
     children,
@@ -31,31 +30,12 @@ LBL = "pd.sglang-operator.io"
 
 
 @pytest.fixture(scope="module")
-def crds(cluster):
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.pd.sglang-operator.io", "--timeout=60s")
-    return True
-
-
-@pytest.fixture(scope="module")
 def operator(cluster, crds, tmp_path_factory):
     op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=tmp_path_factory.mktemp("operator") / "operator.log").start()
     yield op
     if not op.alive():
         print(op.log_tail())
     op.stop()
-
-
-@pytest.fixture
-def ns(cluster):
-    name = f"e2e-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    kapply(cluster, model_store(name))
-    yield name
-    cluster.kubectl("delete", "pddeployments", "--all", "-n", name, "--wait=true", "--timeout=60s", check=False)
-    wait_for(lambda: not pods(cluster, name, f"{LBL}/deployment"), timeout=60, what=f"pods of {name} gone")
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-    cluster.kubectl("delete", "pv", f"model-store-{name}", "--wait=false", check=False)
 
 
 def _pdd(cluster, ns_, name=NAME):

@@ -11,36 +11,17 @@ from __future__ import annotations
 import signal
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import pytest
-from helpers import ROOT, load_example
+from helpers import load_example
 from kubernetes import client as k8s
-from opkit import OperatorProcess, condition, kapply, kget, model_store, pods, wait_for
+from opkit import OperatorProcess, condition, kapply, kget, pods, wait_for
 
 pytestmark = pytest.mark.e2e
 
 NAME = "dsv41-flash"
 LBL = "pd.sglang-operator.io"
-
-
-@pytest.fixture(scope="module")
-def crds(cluster):
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.pd.sglang-operator.io", "--timeout=60s")
-
-
-@pytest.fixture
-def ns(cluster, crds):
-    name = f"ro-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    kapply(cluster, model_store(name))
-    yield name
-    cluster.kubectl("delete", "pddeployments", "--all", "-n", name, "--wait=true", "--timeout=60s", check=False)
-    wait_for(lambda: not pods(cluster, name, f"{LBL}/deployment"), timeout=90, what=f"pods of {name} gone")
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-    cluster.kubectl("delete", "pv", f"model-store-{name}", "--wait=false", check=False)
 
 
 @pytest.fixture

@@ -31,11 +31,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 
 import pytest
-from helpers import ROOT, load_example
-from opkit import OperatorProcess, condition, kapply, kget, model_store, pods, wait_for
+from helpers import load_example
+from opkit import OperatorProcess, condition, kapply, kget, pods, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from simkit import (
     LOADGEN,
@@ -68,21 +67,7 @@ JITTER_S = 0.003  # ITL: per-gap timing noise of smg's forwarding and the client
 
 
 @pytest.fixture
-def ns(cluster):
-    name = f"e2e-slo-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    cluster.kubectl("create", "namespace", name)
-    kapply(cluster, model_store(name))
-    yield name
-    cluster.kubectl("delete", "pddeployments", "--all", "-n", name, "--wait=true", "--timeout=60s", check=False)
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-    cluster.kubectl("delete", "pv", f"model-store-{name}", "--wait=false", check=False)
-
-
-@pytest.fixture
 def procs(tmp_path):
-    from simkit import Processes
-
     p = Processes(tmp_path)
     yield p
     p.stop_all()

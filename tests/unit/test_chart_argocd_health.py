@@ -9,11 +9,9 @@ it is built with ``go build`` from its pinned module (gopher-lua v1.1.2).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml

@@ -18,6 +18,7 @@ from helpers import load_example
 from sglang_pd_operator.api.load import parse_pddeployment
 from sglang_pd_operator.catalog import builtin_catalog
 from sglang_pd_operator.planning.plan import build_plan
+from sglang_pd_operator.metrics import kvstore as M
 from sglang_pd_operator.reconcilers import kvstore as K
 from sglang_pd_operator.render import render_all
 from sglang_pd_operator.render.mooncake import master_args, render_mooncake_master, store_config
@@ -201,7 +202,7 @@ def fake_get(routes):
 
 
 def test_probe_reads_health_and_metrics_into_a_true_condition():
-    h = K.probe_master("http://m:9003", get=fake_get({"/health": (200, HEALTH), "/metrics": (200, METRICS)}))
+    h = M.probe_master("http://m:9003", get=fake_get({"/health": (200, HEALTH), "/metrics": (200, METRICS)}))
     assert h.ready and h.keys == 12 and h.metrics["master_put_start_failures_total"] == 1
     c = K.kvstore_condition(h)
     assert (c.type, c.status, c.reason) == ("KVStoreReady", "True", "MasterReady")
@@ -209,11 +210,11 @@ def test_probe_reads_health_and_metrics_into_a_true_condition():
 
 
 def test_unreachable_and_not_ready_masters_are_false():
-    down = K.probe_master("http://m:9003", get=fake_get({"/health": OSError("connection refused")}))
+    down = M.probe_master("http://m:9003", get=fake_get({"/health": OSError("connection refused")}))
     c = K.kvstore_condition(down)
     assert (c.status, c.reason) == ("False", "MasterUnreachable") and "connection refused" in c.message
     standby = '{"status":"ok","role":"follower","service_ready":false}'
-    nr = K.probe_master("http://m:9003", get=fake_get({"/health": (200, standby)}))
+    nr = M.probe_master("http://m:9003", get=fake_get({"/health": (200, standby)}))
     assert (K.kvstore_condition(nr).status, K.kvstore_condition(nr).reason) == ("False", "MasterNotReady")
 
 
@@ -245,10 +246,10 @@ def test_collector_exports_master_and_transfer_figures():
     from prometheus_client import CollectorRegistry, generate_latest
 
     reg = CollectorRegistry()
-    col = K.KVStoreCollector()
+    col = M.KVStoreCollector()
     reg.register(col)
-    h = K.probe_master("http://m:9003", get=fake_get({"/health": (200, HEALTH), "/metrics": (200, METRICS)}))
-    t = K.TransferSummary(latency_seconds={"p90": 0.02}, speed_gb_s={"p50": 24.0, "p90": None},
+    h = M.probe_master("http://m:9003", get=fake_get({"/health": (200, HEALTH), "/metrics": (200, METRICS)}))
+    t = M.TransferSummary(latency_seconds={"p90": 0.02}, speed_gb_s={"p50": 24.0, "p90": None},
                           transfers=3, transfer_failures=0, bootstrap_failures=0)  # fmt: skip
     col.publish("inference/dsv41-flash", h, t)
     text = generate_latest(reg).decode()
@@ -272,7 +273,7 @@ def test_transfer_families_parse_sglang_exposition(role):
         "# TYPE sglang:num_transfer_failed_reqs_total counter\n"
         'sglang:num_transfer_failed_reqs_total{tp_rank="0"} 2.0\n'
     )
-    scrape = K.scrape_transfer(text, role)
+    scrape = M.scrape_transfer(text, role)
     assert scrape.counters["sglang:num_transfer_failed_reqs_total"] == 2.0
     if role == "prefill":
         assert scrape.histograms["sglang:kv_transfer_speed_gb_s"].total == 3.0

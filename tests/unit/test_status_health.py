@@ -93,8 +93,7 @@ def test_slo_met_false_names_the_target_and_idle_status_does_not_change():
     assert not any(v is None for v in st["slo"].values())
     # no traffic for longer than the window: Unknown, then nothing moves any more
     for _ in range(5):
-        idle = status(st, feed.health(), now=3000.0)
-        st, prev = idle, st
+        st = status(st, feed.health(), now=3000.0)
     assert cond(st, "SLOMet")["status"] == "Unknown" and st["slo"]["noTraffic"] is True
     assert merge_patch(S.comparable(st), S.comparable(status(st, feed.health(), now=4000.0))) == {}
 
