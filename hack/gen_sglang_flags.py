@@ -17,7 +17,7 @@ OUT_DIR = Path(__file__).resolve().parents[1] / "operator" / "planning" / "data"
 
 
 def snapshot() -> dict:
-    """{"version": ..., "flags": {option: {dest, takes_value, choices, multiple, config_file}}} of sglang's parser."""
+    """{"version": ..., "flags": {option: {dest, takes_value, choices, multiple, config_file, type}}} of sglang's parser."""
     import sglang
     from sglang.srt.server_args import ServerArgs
 
@@ -35,6 +35,7 @@ def snapshot() -> dict:
         in_config = isinstance(action, argparse._StoreTrueAction) or (
             isinstance(action, argparse._StoreAction) and action.nargs is None
         )
+        value_type = action.type.__name__ if action.type in (int, float) else None
         for opt in action.option_strings:
             if opt.startswith("--"):
                 flags[opt] = {
@@ -43,6 +44,7 @@ def snapshot() -> dict:
                     "choices": choices,
                     "multiple": multiple,
                     "config_file": in_config,
+                    "type": value_type,
                 }
     return {"version": sglang.__version__, "flags": dict(sorted(flags.items()))}
 

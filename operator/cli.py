@@ -16,9 +16,9 @@ from typing import Any
 import click
 import yaml
 
-from .api.load import SpecError, load_documents, parse_pddeployment
+from .api.load import load_documents
 from .catalog import CatalogError, load_catalog
-from .planning.plan import Plan, build_plan
+from .planning.plan import Plan, plan_object
 from .planning.problems import Problem, errors, warnings
 from .render import render_all
 
@@ -42,15 +42,6 @@ def _read(path: str) -> list[dict[str, Any]]:
         return load_documents(text)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise Unreadable(f"{path}: {e}") from e
-
-
-def _check_one(doc: dict[str, Any], catalog) -> tuple[Plan | None, list[Problem]]:
-    try:
-        pdd = parse_pddeployment(doc)
-    except SpecError as e:
-        return None, [Problem(field=f.field, message=f.message, fix="correct the field", rule="schema") for f in e.errors]
-    plan = build_plan(pdd, catalog)
-    return plan, list(plan.problems)
 
 
 def check_result(doc: dict[str, Any], plan: Plan | None, problems: list[Problem]) -> dict[str, Any]:
@@ -123,7 +114,7 @@ def check(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None:
             code = EXIT_UNREADABLE
             continue
         for doc in docs:
-            plan, problems = _check_one(doc, catalog)
+            plan, problems = plan_object(doc, catalog)
             result = check_result(doc, plan, problems)
             result["file"] = path
             results.append(result)
@@ -153,7 +144,7 @@ def render(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None
             click.echo(f"error: {e}", err=True)
             sys.exit(EXIT_UNREADABLE)
         for doc in docs:
-            plan, problems = _check_one(doc, catalog)
+            plan, problems = plan_object(doc, catalog)
             if plan is None or not plan.valid:
                 failed = True
                 for p in errors(problems):

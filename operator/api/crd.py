@@ -120,7 +120,7 @@ def pddeployment_crd() -> dict[str, Any]:
 _PDD_NAME_RULE = {
     "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
     "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters: child "
-    "objects are named <name>-<group id>-<role> and Service names are limited to 63",
+    "objects are named <name>-<group id>-<role> and Service names are limited to 63; choose a shorter name",
 }
 
 
@@ -206,7 +206,7 @@ def kernelbuild_crd() -> dict[str, Any]:
         name_rule={
             "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
             "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters: the build Jobs are named "
-            "<name>-<inputs>-<attempt> and Job names are limited to 63",
+            "<name>-<inputs>-<attempt> and Job names are limited to 63; choose a shorter name",
         },
     )
 

@@ -110,7 +110,7 @@ class ModelSource(_Model):
             "x-kubernetes-validations": [
                 cel(
                     "has(self.pvc) != has(self.hub)",
-                    "spec.model.source: set exactly one of pvc or hub",
+                    "spec.model.source: both or neither of pvc and hub are set; set exactly one of them",
                 )
             ]
         }
@@ -229,8 +229,15 @@ class SpeculativeSpec(_Model):
             "x-kubernetes-validations": [
                 cel(
                     "!has(self.blockSize) || self.algorithm == 'DSPARK'",
-                    "spec.speculative.blockSize applies to DSPARK only; use numDraftTokens for other algorithms",
+                    "spec.speculative.blockSize: applies to DSPARK only; use numDraftTokens for other algorithms",
                     field_path=".blockSize",
+                ),
+                cel(
+                    "self.algorithm != 'DSPARK' || !has(self.blockSize) || !has(self.numDraftTokens) || "
+                    "self.numDraftTokens == self.blockSize + 1",
+                    "spec.speculative.numDraftTokens: must be blockSize + 1 with DSPARK (the verify window is the "
+                    "draft block plus one token); omit numDraftTokens",
+                    field_path=".numDraftTokens",
                 ),
             ]
         }
@@ -520,13 +527,13 @@ class ParallelismSpec(_Model):
             "x-kubernetes-validations": [
                 cel(
                     "!has(self.dpAttention) || !self.dpAttention || (has(self.dp) && self.dp > 1)",
-                    "parallelism.dpAttention needs parallelism.dp > 1",
+                    "parallelism.dpAttention: needs parallelism.dp > 1; set dp (dp = tp for DEP) or turn dpAttention off",
                     field_path=".dpAttention",
                 ),
                 cel(
                     "!has(self.dpAttention) || !self.dpAttention || !has(self.dp) || "
                     "(has(self.tp) ? self.tp : 1) % self.dp == 0",
-                    "parallelism.dp must divide parallelism.tp when dpAttention is on",
+                    "parallelism.dp: must divide parallelism.tp when dpAttention is on; set dp to a divisor of tp",
                     field_path=".dp",
                 ),
             ]
@@ -634,7 +641,7 @@ class PercentileTargets(_Model):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                cel("has(self.p50) || has(self.p90) || has(self.p99)", "set at least one of p50, p90, p99")
+                cel("has(self.p50) || has(self.p90) || has(self.p99)", "no percentile is set; set at least one of p50, p90, p99")
             ]
         }
     )
@@ -650,7 +657,7 @@ class SpeedTargets(_Model):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                cel("has(self.p50) || has(self.p90) || has(self.p99)", "set at least one of p50, p90, p99")
+                cel("has(self.p50) || has(self.p90) || has(self.p99)", "no percentile is set; set at least one of p50, p90, p99")
             ]
         }
     )
@@ -718,9 +725,9 @@ class PDDeploymentSpec(_Model):
             "x-kubernetes-validations": [
                 cel(
                     "!has(self.pagedExperts) || !has(self.speculative)",
-                    "spec.pagedExperts cannot be combined with spec.speculative: SGLang's Paged Experts refuses "
-                    "speculative decoding; remove one",
-                    field_path=".pagedExperts",
+                    "spec.speculative: SGLang's Paged Experts refuses speculative decoding, and spec.pagedExperts "
+                    "is set; remove one of them",
+                    field_path=".speculative",
                 ),
                 cel(
                     "!has(self.kernels) || !has(self.kernels.plugin) || self.kernels.plugin == 'none' || "
@@ -730,21 +737,21 @@ class PDDeploymentSpec(_Model):
                 ),
                 cel(
                     "!has(self.pagedExperts) || (" + _single_gpu("self.prefill") + " && " + _single_gpu("self.decode") + ")",
-                    "spec.pagedExperts runs on a single GPU: set parallelism tp, dp and ep to 1 on both roles "
+                    "spec.pagedExperts runs on a single GPU; set parallelism tp, dp and ep to 1 on both roles "
                     "(scale with replicas)",
                     field_path=".pagedExperts",
                 ),
                 cel(
                     "!has(self.engram) || !has(self.engram.placement) || self.engram.placement != 'peerShards' || "
                     "(" + _multi_gpu("self.prefill") + " && " + _multi_gpu("self.decode") + ")",
-                    "spec.engram.placement peerShards splits the Engram table over a replica's GPUs: both roles "
-                    "need parallelism.tp > 1, or use placement host or device",
+                    "spec.engram.placement: peerShards splits the Engram table over a replica's GPUs; give both "
+                    "roles parallelism.tp > 1, or use placement host or device",
                     field_path=".engram.placement",
                 ),
                 cel(
                     "!has(self.transfer) || !has(self.transfer.forceTCP) || !self.transfer.forceTCP || "
                     "!has(self.transfer.backend) || self.transfer.backend == 'mooncake'",
-                    "spec.transfer.forceTCP applies to the mooncake backend only (MC_FORCE_TCP)",
+                    "spec.transfer.forceTCP: applies to the mooncake backend only (MC_FORCE_TCP); remove it or use backend mooncake",
                     field_path=".transfer.forceTCP",
                 ),
                 cel(

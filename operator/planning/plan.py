@@ -9,9 +9,10 @@ Kubernetes objects; ``check`` prints it; the reconciler refuses to touch anythin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..api.load import SpecError, parse_pddeployment, rule_violations
 from ..api.v1alpha1 import PDDeployment, PDDeploymentSpec
 from ..catalog import Catalog
 from . import compat
@@ -161,6 +162,27 @@ def plan_role(
         compat_inputs=compat_inputs,
         transfer=transfer,
     )
+
+
+def plan_object(obj: dict[str, Any], catalog: Catalog) -> tuple[Plan | None, list[Problem]]:
+    """Validate and plan one object as read from YAML or the API: (plan or None, every problem).
+
+    The schema first (None and the schema errors when it fails: nothing can be planned),
+    then the CRD's CEL rules and every planning rule together, so one run reports every
+    problem. A CEL problem on a field a planning rule already refuses is left out (the
+    rule's message is the more specific one). Used by ``check``, ``render`` and the
+    reconciler alike.
+    """
+    try:
+        pdd = parse_pddeployment(obj)
+    except SpecError as e:
+        return None, [err.problem() for err in e.errors]
+    plan = build_plan(pdd, catalog)
+    refused_fields = {p.field for p in errors(plan.problems)}
+    extra = [err.problem() for err in rule_violations(obj) if err.field not in refused_fields]
+    if extra:
+        plan = replace(plan, problems=tuple(sorted([*extra, *plan.problems], key=lambda p: (p.severity != "error", p.field))))
+    return plan, list(plan.problems)
 
 
 def build_plan(pdd: PDDeployment, catalog: Catalog) -> Plan:

@@ -25,7 +25,8 @@ class FlagInfo:
 
     ``dest``: the ServerArgs field; ``takes_value``: False for switches; ``choices``;
     ``multiple``: nargs + or *; ``config_file``: expressible in a ``--config`` YAML file
-    (switches and one-value options; server_args_config_parser.py refuses the rest).
+    (switches and one-value options; server_args_config_parser.py refuses the rest);
+    ``value_type``: ``int`` or ``float`` when argparse converts the value, else None.
     """
 
     dest: str
@@ -33,6 +34,7 @@ class FlagInfo:
     choices: tuple[str, ...] | None
     multiple: bool = False
     config_file: bool = True
+    value_type: str | None = None
 
 
 @lru_cache(maxsize=1)
@@ -46,6 +48,7 @@ def flag_table() -> dict[str, FlagInfo]:
             choices=tuple(v["choices"]) if v["choices"] else None,
             multiple=v.get("multiple", False),
             config_file=v.get("config_file", True),
+            value_type=v.get("type"),
         )
         for opt, v in data["flags"].items()
     }
@@ -62,6 +65,15 @@ class ArgError:
 
     index: int
     message: str
+
+
+def _converts(value: str, value_type: str) -> bool:
+    """argparse's conversion of ``value`` with ``int`` or ``float`` succeeds."""
+    try:
+        (int if value_type == "int" else float)(value)
+    except ValueError:
+        return False
+    return True
 
 
 def validate_args(args: list[str] | tuple[str, ...]) -> list[ArgError]:
@@ -105,6 +117,8 @@ def validate_args(args: list[str] | tuple[str, ...]) -> list[ArgError]:
             continue
         if info.choices and value not in info.choices:
             out.append(ArgError(i, f"{name} {value!r} is not one of {', '.join(info.choices)}"))
+        elif info.value_type is not None and not _converts(value, info.value_type):
+            out.append(ArgError(i, f"{name} {value!r} is not a valid {info.value_type}"))
         i += 1
         while info.multiple and not eq and i < len(args) and not args[i].startswith("--"):
             i += 1

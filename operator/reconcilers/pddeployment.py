@@ -18,7 +18,6 @@ from typing import Any
 
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
-from ..api.load import SpecError, parse_pddeployment
 from ..api.v1alpha1 import API_VERSION, parse_duration
 from ..catalog import Catalog
 from ..kernelbuild.gate import (
@@ -32,7 +31,7 @@ from ..kernelbuild.gate import (
 )
 from ..metrics.monitoring import MONITORING_API_VERSION, render_monitoring
 from ..metrics.scraper import Health
-from ..planning.plan import Plan, build_plan
+from ..planning.plan import Plan, plan_object
 from ..planning.problems import Problem, errors
 from ..planning.rollout import RolloutDecision, RolloutSettings, RolloutStatus, decide
 from ..render import render_group, render_shared
@@ -89,7 +88,7 @@ def reconcile(
     previous = body.get("status") or {}
 
     # 1. validate the object against the v1alpha1 schema and every SGLang rule
-    plan, problems = _validate_and_plan(body, catalog)
+    plan, problems = plan_object(body, catalog)
     if plan is None or not plan.valid:
         outcome = _refuse(kube, body, problems, previous, generation, now)
         outcome.writes = kube.total_writes - writes_before
@@ -153,17 +152,6 @@ def reconcile(
         _event(kube, body, outcome, type_, reason, message)
     outcome.writes = kube.total_writes - writes_before
     return outcome
-
-
-def _validate_and_plan(body: dict[str, Any], catalog: Catalog) -> tuple[Plan | None, list[Problem]]:
-    try:
-        pdd = parse_pddeployment(body)
-    except SpecError as e:
-        return None, [
-            Problem(field=err.field, message=err.message, fix="correct the field", rule="schema") for err in e.errors
-        ]
-    plan = build_plan(pdd, catalog)
-    return plan, list(plan.problems)
 
 
 def _refuse(

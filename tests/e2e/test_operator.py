@@ -11,6 +11,7 @@ import signal
 import time
 
 import pytest
+import yaml
 from helpers import GB300_EXAMPLE, load_example
 from opkit import (
     OperatorProcess,
@@ -158,6 +159,29 @@ def test_schema_refuses_bad_objects_naming_the_field(cluster, crds, ns):
     res = kapply(cluster, unknown_field, check=False)
     assert res.returncode != 0 and "replica" in res.stderr, res.stderr
     assert _pdd(cluster, ns) is None
+
+
+# Objects only the CRD (schema + CEL) refuses; the offline check must refuse the same field.
+CRD_ONLY_REFUSALS = [
+    ("spec.model.source", {"model.source": {"pvc": {"claimName": "model-store"}, "hub": {}}}),
+    ("spec.prefill.parallelism.dpAttention", {"prefill.parallelism": {"tp": 4, "dpAttention": True}}),
+    ("spec.speculative.numDraftTokens", {"speculative": {"algorithm": "DSPARK", "blockSize": 5, "numDraftTokens": 5}}),
+    ("spec.speculative.blockSize", {"speculative": {"algorithm": "EAGLE", "blockSize": 3}}),
+    ("spec.slo.ttft", {"slo": {"ttft": {}, "window": "5m"}}),
+    ("spec.engram.placement", {"decode.parallelism": {"tp": 1}}),
+]
+
+
+@pytest.mark.parametrize("field, changes", CRD_ONLY_REFUSALS, ids=[f for f, _ in CRD_ONLY_REFUSALS])
+def test_offline_check_refuses_what_the_api_server_refuses(cluster, crds, ns, field, changes):
+    from sglang_pd_operator.catalog import load_catalog
+    from sglang_pd_operator.planning.plan import plan_object
+
+    doc = _spec(ns, **changes)
+    res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False)
+    assert res.returncode != 0 and field.rsplit(".", 1)[-1] in res.stderr, res.stderr
+    plan, problems = plan_object(doc, load_catalog())
+    assert (plan is None or not plan.valid) and field in {p.field for p in problems if p.severity == "error"}, problems
 
 
 def test_cross_field_problem_is_refused_by_the_operator_without_children(cluster, operator, ns):
