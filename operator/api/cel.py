@@ -70,7 +70,9 @@ def violations(obj: dict[str, Any], *, kind: str = "PDDeployment") -> list[RuleV
     """
     out = []
     for path, rule, value in _walk(_schema(kind), obj, ""):
-        field = path + rule.get("fieldPath", "") if rule.get("fieldPath") else path or "metadata"
+        field = (path + rule["fieldPath"]).lstrip(".") if rule.get("fieldPath") else path
+        if not field:  # a rule on the whole object: name what it reads
+            field = "metadata.name" if "metadata.name" in rule["rule"] else "metadata"
         try:
             ok = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
         except Exception as e:  # celpy raises its own evaluation errors

@@ -118,9 +118,10 @@ def pddeployment_crd() -> dict[str, Any]:
 
 
 _PDD_NAME_RULE = {
-    "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
-    "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters: child "
-    "objects are named <name>-<group id>-<role> and Service names are limited to 63; choose a shorter name",
+    "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+    "message": f"metadata.name: must be a DNS label (lower case letters, digits, '-', starting with a letter) of at "
+    f"most {MAX_NAME_LENGTH} characters, since child objects are Services named <name>-<group id>-<role>; "
+    "choose such a name",
 }
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
+import difflib
+
 import yaml
 from pydantic import ValidationError
 
@@ -69,14 +71,40 @@ def parse_pddeployment(obj: dict[str, Any]) -> PDDeployment:
     try:
         pdd = PDDeployment.model_validate(body)
     except ValidationError as e:
-        errors = []
-        for err in e.errors():
-            loc = [p for p in err["loc"] if p not in ("function-after",)]
-            path = _path(loc)
-            explain = "pdd." + path if path.startswith("spec") else "pdd"
-            errors.append(FieldError(path, err["msg"], f"see `kubectl explain {explain}` for the allowed values"))
-        raise SpecError(errors) from e
+        raise SpecError([_field_error(err) for err in e.errors()]) from e
     return pdd
+
+
+def _spec_fields_at(loc: list[Any]) -> list[str]:
+    """Field names the schema allows at ``loc`` (a pydantic error location under ``spec``)."""
+    from .crd import structural_schema
+    from .v1alpha1 import PDDeploymentSpec
+
+    node: dict[str, Any] = {"properties": {"spec": structural_schema(PDDeploymentSpec)}}
+    for part in loc:
+        if isinstance(part, int):
+            node = node.get("items") or {}
+        else:
+            node = (node.get("properties") or {}).get(str(part)) or node.get("additionalProperties") or {}
+    return sorted(node.get("properties") or {})
+
+
+def _field_error(err: dict[str, Any]) -> FieldError:
+    """One pydantic error as a field error whose fix says what to do."""
+    loc = [p for p in err["loc"] if p not in ("function-after",)]
+    path = _path(loc)
+    parent = _path(loc[:-1])
+    explain = "pdd." + (parent if err["type"] == "extra_forbidden" else path) if path.startswith("spec") else "pdd"
+    if err["type"] == "extra_forbidden":
+        known = _spec_fields_at(loc[:-1]) if loc and loc[0] == "spec" else []
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+        fix = f"did you mean {parent}.{close[0]}?" if close else f"remove it; see `kubectl explain {explain}`"
+        return FieldError(path, "unknown field", fix)
+    if err["type"] == "missing":
+        return FieldError(path, "required field is missing", f"add {path} (see `kubectl explain {explain}`)")
+    got = err.get("input")
+    shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
+    return FieldError(path, f"{err['msg']}{shown}", f"see `kubectl explain {explain}` for the allowed values")
 
 
 def rule_violations(obj: dict[str, Any]) -> list[FieldError]:
@@ -99,9 +127,22 @@ def _split_rule_message(field: str, message: str) -> tuple[str, str]:
 
 
 def load_documents(text: str) -> list[dict[str, Any]]:
-    """Every non-empty YAML document of ``text`` as a dict; raises ``yaml.YAMLError`` on bad YAML."""
-    docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    for d in docs:
+    """Every object of ``text`` as a dict: each YAML document, with ``kind: List`` (or
+    ``...List``, as ``kubectl get -o yaml`` prints) expanded into its items.
+
+    Raises ``yaml.YAMLError`` on bad YAML, on a document that is not a mapping, and when
+    there is no object at all (an empty file is not a valid deployment).
+    """
+    docs: list[dict[str, Any]] = []
+    for d in yaml.safe_load_all(text):
+        if d is None:
+            continue
         if not isinstance(d, dict):
             raise yaml.YAMLError(f"expected a mapping, got {type(d).__name__}")
+        if str(d.get("kind", "")).endswith("List") and isinstance(d.get("items"), list):
+            docs += [i for i in d["items"] if isinstance(i, dict)]
+        else:
+            docs.append(d)
+    if not docs:
+        raise yaml.YAMLError("no object in the input (empty, or only comments)")
     return docs

@@ -187,7 +187,12 @@ class KVLayoutSpec(_Model):
     compressed: KVCompressedLayout = Field(
         default="auto", description="Compressed KV cache option (env SGLANG_DSV4_COMPRESSED_KV_LAYOUT)."
     )
-    pageSize: int = Field(default=64, ge=1, le=4096, description="Tokens per KV page (--page-size).")
+    pageSize: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="Tokens per KV page (--page-size). SGLang 0.5.23 serves DeepSeek-V4 models with 256 whatever is set.",
+    )
     dtype: KVCacheDType = Field(default="auto", description="KV cache dtype (--kv-cache-dtype).")
 
 

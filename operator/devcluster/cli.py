@@ -75,7 +75,7 @@ def up(run_dir: Path | None, detach: bool) -> None:
         raise click.Abort() from None
     _echo(f"export KUBECONFIG={running.kubeconfig}")
     if detach:
-        _echo(f"detached; stop it with: python -m sglang_pd_operator.devcluster down "
+        _echo(f"detached; stop it with: {Path(sys.executable).parent / 'sglang-pd-operator'} dev cluster down "
               f"--run-dir {running.run_dir}")
         return
     _echo("running; press Ctrl-C to stop")

@@ -35,6 +35,14 @@ class GroupState:
     ready: bool
     gpus: int = 0
     unschedulable: int = 0
+    unschedulable_reason: str = ""
+
+    def waiting(self) -> str:
+        """`` (N pods cannot be scheduled: <scheduler's reason>)`` or ``""``."""
+        if not self.unschedulable:
+            return ""
+        why = f": {self.unschedulable_reason}" if self.unschedulable_reason else ""
+        return f" ({self.unschedulable} pods cannot be scheduled{why})"
 
 
 @dataclass(frozen=True)
@@ -138,10 +146,12 @@ def decide(
         if others and draining is not None:
             events.append(("Drained", f"group {draining[:6]} deleted after its grace period"))
         started = previous.phase_started if (same_rollout and previous.phase == phase and previous.phase_started is not None) else now
+        pending = groups[target].waiting() if target in groups else ""
         message = (
             f"group {target[:6]} serves"
             if ready
             else ("creating the first group" if first_deploy or not others else f"group {target[:6]} is not Ready yet")
+            + pending
         )
         return RolloutDecision(
             serving_key=target,
@@ -213,11 +223,11 @@ def decide(
             phase_started=surging_since,
             draining_key=None,
             drain_started=None,
-            message=f"group {target[:6]} did not become Ready within the progress deadline; group {serving[:6]} "
-            "keeps serving",
+            message=f"group {target[:6]} did not become Ready within the progress deadline"
+            f"{target_state.waiting() if target_state else ''}; group {serving[:6]} keeps serving",
             events=tuple(events),
         )
-    waiting = f" ({target_state.unschedulable} pods wait for capacity)" if target_state and target_state.unschedulable else ""
+    waiting = target_state.waiting() if target_state else ""
     return RolloutDecision(
         serving_key=serving,
         apply_target=True,

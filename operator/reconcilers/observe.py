@@ -42,6 +42,7 @@ class ObservedGroup:
     key: str
     workloads: dict[str, WorkloadState] = field(default_factory=dict)
     unschedulable: int = 0
+    unschedulable_reason: str = ""
     deployment_names: tuple[str, ...] = ()
 
     @property
@@ -56,7 +57,13 @@ class ObservedGroup:
 
     def state(self) -> GroupState:
         """The pure view used by the rollout decision."""
-        return GroupState(key=self.key, ready=self.ready, gpus=self.gpus, unschedulable=self.unschedulable)
+        return GroupState(
+            key=self.key,
+            ready=self.ready,
+            gpus=self.gpus,
+            unschedulable=self.unschedulable,
+            unschedulable_reason=self.unschedulable_reason,
+        )
 
 
 @dataclass(frozen=True)
@@ -95,11 +102,12 @@ def workload_state(deployment: dict[str, Any]) -> WorkloadState:
     )
 
 
-def _unschedulable(pod: dict[str, Any]) -> bool:
+def _unschedulable(pod: dict[str, Any]) -> str | None:
+    """The scheduler's message when the pod cannot be scheduled (PodScheduled=False, Unschedulable), else None."""
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
-            return True
-    return False
+            return str(cond.get("message") or "unschedulable")
+    return None
 
 
 def observe(kube: Kube, *, name: str, namespace: str) -> Observed:
@@ -120,15 +128,23 @@ def observe(kube: Kube, *, name: str, namespace: str) -> Observed:
         g["names"].append(dep["metadata"]["name"])
     for pod in kube.list("v1", "Pod", namespace, f"{L.LABEL_DEPLOYMENT}={name}"):
         key = (pod["metadata"].get("labels") or {}).get(L.LABEL_COMPAT_KEY)
-        if key in groups and _unschedulable(pod):
+        why = _unschedulable(pod) if key in groups else None
+        if why is not None:
             groups[key]["unschedulable"] += 1
+            groups[key].setdefault("reason", why[:300])
     service = kube.get("v1", "Service", name, namespace)
     serving = None
     if service is not None:
         serving = (service.get("spec", {}).get("selector") or {}).get(L.LABEL_COMPAT_KEY)
     return Observed(
         groups={
-            k: ObservedGroup(key=k, workloads=v["workloads"], unschedulable=v["unschedulable"], deployment_names=tuple(v["names"]))
+            k: ObservedGroup(
+                key=k,
+                workloads=v["workloads"],
+                unschedulable=v["unschedulable"],
+                unschedulable_reason=v.get("reason", ""),
+                deployment_names=tuple(v["names"]),
+            )
             for k, v in groups.items()
         },
         serving_key=serving,

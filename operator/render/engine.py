@@ -93,7 +93,8 @@ def _resources(plan: Plan, role: RolePlan) -> dict[str, Any]:
     acc = inputs.accelerator
     assert acc is not None, "render needs a valid plan"
     gpus = inputs.gpus_per_replica
-    cpu = inputs.spec.resources.cpu or str(max(4, (acc.cpus // acc.gpusPerNode) * gpus - 2))
+    # half of the node's CPUs per GPU: room for the gateway, daemons and the node's system share
+    cpu = inputs.spec.resources.cpu or str(max(4, acc.cpus * gpus // (2 * acc.gpusPerNode)))
     memory = inputs.spec.resources.memory or gib(role.memory.host_bytes)
     requests: dict[str, str] = {"cpu": cpu, "memory": memory, acc.gpuResource: str(gpus)}
     limits: dict[str, str] = {"memory": memory, acc.gpuResource: str(gpus)}

@@ -181,6 +181,7 @@ def test_group_that_cannot_become_ready_keeps_the_old_one_serving_and_revert_rec
         prog, deg = condition(obj, "Progressing"), condition(obj, "Degraded")
         assert (prog["status"], prog["reason"]) == ("False", "ProgressDeadlineExceeded")
         assert (deg["status"], deg["reason"]) == ("True", "ProgressDeadlineExceeded")
+        assert "cannot be scheduled" in prog["message"] and "node affinity" in prog["message"], prog["message"]
         assert obj["status"]["rollout"]["servingKey"] == old
         assert sorted(p["metadata"]["uid"] for p in pods(cluster, ns, f"{LBL}/compat-key={old}")) == serving_pods
         failed_key = obj["status"]["compatKey"]

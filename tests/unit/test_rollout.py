@@ -57,6 +57,19 @@ def test_deadline_exceeded_keeps_old_group_serving_and_revert_cancels():
     assert revert.serving_key == "old" and revert.delete_keys == ("new",) and revert.phase == "Complete"
 
 
+def test_unschedulable_pods_and_the_schedulers_reason_appear_in_the_message():
+    why = "0/12 nodes are available: 12 node(s) didn't match Pod's node affinity/selector."
+    stuck = GroupState("new", ready=False, unschedulable=3, unschedulable_reason=why)
+    groups = {"old": GroupState("old", ready=True), "new": stuck}
+    d = decide(target="new", serving="old", groups=groups, previous=RolloutStatus(), settings=S, target_gpus=12, now=0)
+    assert d.phase == "Surging" and f"(3 pods cannot be scheduled: {why})" in d.message
+    d = decide(target="new", serving="old", groups=groups, previous=_status(d, "new"), settings=S, target_gpus=12, now=601)
+    assert d.phase == "Failed" and "3 pods cannot be scheduled" in d.message and "old keeps serving" in d.message
+    first = decide(target="new", serving=None, groups={"new": stuck}, previous=RolloutStatus(), settings=S, target_gpus=12, now=0)
+    assert first.message.startswith("creating the first group (3 pods cannot be scheduled")
+    assert GroupState("x", ready=False).waiting() == ""
+
+
 def test_surge_budget_queues_instead_of_creating():
     d = decide(target="new", serving="old", groups={"old": GroupState("old", ready=True)}, previous=RolloutStatus(),
                settings=RolloutSettings(max_surge_gpus=8), target_gpus=12, now=0)

@@ -326,3 +326,18 @@ def test_overlay_helpers():
     }
     with pytest.raises(KeyError):
         unset_path(doc, "spec.nothing")
+
+
+def test_list_documents_are_expanded_and_an_empty_file_is_unreadable(tmp_path):
+    """``kubectl get pdd -o yaml`` prints a ``kind: List``; each item is checked, and a file
+    with no object at all is unreadable input (exit 2), not a silent pass."""
+    listed = tmp_path / "list.yaml"
+    good, bad = build_doc("h200", {}), build_doc("h200", {"set": {"spec.kvLayout.layout": "v41"}})
+    listed.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [good, bad]}))
+    run = run_check([str(listed)], "-o", "json", cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    assert [r["valid"] for r in json.loads(run.stdout)] == [True, False]
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("---\n# nothing here\n")
+    run = run_check([str(empty)], cwd=tmp_path)
+    assert run.returncode == 2 and "no object" in run.stderr
