@@ -620,6 +620,13 @@ class RoleSpec(_Model):
     )
 
 
+class GatewayResourcesSpec(_Model):
+    """CPU and memory of one smg gateway pod (requests; memory is also the limit)."""
+
+    cpu: Quantity | None = Field(default=None, description="CPU request (default 2).")
+    memory: Quantity | None = Field(default=None, description="Memory request and limit (default 4Gi).")
+
+
 class GatewaySpec(_Model):
     """The smg model gateway in front of prefill and decode."""
 
@@ -637,6 +644,14 @@ class GatewaySpec(_Model):
     image: str | None = Field(default=None, description="Image with the smg binary; default: the runtime image.")
     port: int = Field(default=8000, ge=1024, le=65535, description="Port of the OpenAI-compatible API.")
     extraArgs: list[str] = Field(default_factory=list, description="Extra smg flags, validated against smg's parser.")
+    resources: GatewayResourcesSpec = Field(
+        default_factory=GatewayResourcesSpec, description="CPU and memory of each gateway pod."
+    )
+    nodeSelector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Node labels for the gateway pods, e.g. a CPU pool, so the gateway does not take GPU nodes' CPUs.",
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, description="Gateway pod tolerations.")
 
 
 # --------------------------------------------------------------------------- SLO

@@ -17,6 +17,8 @@ from ..planning.plan import Plan
 from . import labels as L
 
 GATEWAY_METRICS_PORT = 29000
+DEFAULT_CPU = "2"  # per gateway pod, when spec.gateway.resources.cpu is unset
+DEFAULT_MEMORY = "4Gi"
 
 
 def gateway_args(plan: Plan, compat_key: str | None = None) -> list[str]:
@@ -55,6 +57,7 @@ def render_gateway_group(plan: Plan, *, owner: dict | None = None) -> list[dict[
     name, ns, key = plan.name, plan.namespace, plan.compat_key
     gw = plan.spec.gateway
     labels = L.component_labels(name, L.ROLE_GATEWAY, key)
+    cpu, memory = gw.resources.cpu or DEFAULT_CPU, gw.resources.memory or DEFAULT_MEMORY
     probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5}
     container = {
         "name": "smg",
@@ -66,7 +69,7 @@ def render_gateway_group(plan: Plan, *, owner: dict | None = None) -> list[dict[
             {"name": "http", "containerPort": gw.port, "protocol": "TCP"},
             {"name": "metrics", "containerPort": GATEWAY_METRICS_PORT, "protocol": "TCP"},
         ],
-        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}},
+        "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}},
         "readinessProbe": probe,
         "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 4},
     }
@@ -78,6 +81,10 @@ def render_gateway_group(plan: Plan, *, owner: dict | None = None) -> list[dict[
             "spec": {"serviceAccountName": service_account_name(name), "containers": [container]},
         },
     }
+    if gw.nodeSelector:
+        spec["template"]["spec"]["nodeSelector"] = dict(gw.nodeSelector)
+    if gw.tolerations:
+        spec["template"]["spec"]["tolerations"] = [t.model_dump(exclude_none=True) for t in gw.tolerations]
     return [
         {
             "apiVersion": "apps/v1",

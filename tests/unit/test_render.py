@@ -74,6 +74,24 @@ def test_gateway_selectors_include_the_compat_key(gb300_doc, catalog):
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
 
 
+def test_gateway_placement_and_resources_come_from_the_spec_and_keep_the_group(gb300_doc, catalog):
+    plan, objs = _objs(gb300_doc, catalog)
+    gw = objs[("Deployment", f"dsv41-flash-{plan.compat_key[:6]}-gateway")]["spec"]["template"]["spec"]
+    assert "nodeSelector" not in gw and "tolerations" not in gw
+    assert gw["containers"][0]["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
+    gb300_doc["spec"]["gateway"].update(
+        nodeSelector={"node-role.example.com/cpu": "true"},
+        tolerations=[{"key": "cpu-only", "operator": "Exists", "effect": "NoSchedule"}],
+        resources={"cpu": "500m", "memory": "1Gi"},
+    )
+    plan2, objs2 = _objs(gb300_doc, catalog)
+    assert plan2.compat_key == plan.compat_key  # gateway placement is not part of the compat key
+    gw = objs2[("Deployment", f"dsv41-flash-{plan.compat_key[:6]}-gateway")]["spec"]["template"]["spec"]
+    assert gw["nodeSelector"] == {"node-role.example.com/cpu": "true"}
+    assert gw["tolerations"] == [{"key": "cpu-only", "operator": "Exists", "effect": "NoSchedule"}]
+    assert gw["containers"][0]["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
+
+
 def test_config_change_rolls_pods_and_replicas_do_not(gb300_doc, catalog):
     plan, objs = _objs(gb300_doc, catalog)
     key = plan.compat_key
