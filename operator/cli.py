@@ -16,7 +16,7 @@ from typing import Any
 import click
 import yaml
 
-from .api.load import load_documents
+from .api.load import load_documents, meant_as_pddeployment
 from .catalog import CatalogError, load_catalog
 from .planning.plan import Plan, plan_object
 from .planning.problems import Problem, errors, warnings
@@ -76,7 +76,7 @@ def check_result(doc: dict[str, Any], plan: Plan | None, problems: list[Problem]
 
 
 def _human(path: str, result: dict[str, Any], problems: list[Problem]) -> str:
-    head = f"{path}: {result['namespace']}/{result['name']}"
+    head = f"{path}: {result['namespace']}/{result['name'] or '<no name>'}"
     lines = []
     if result["valid"]:
         head += f": valid, compat key {result.get('compatKey')}"
@@ -103,17 +103,29 @@ def main(verbose: bool) -> None:
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
 @click.option("--catalog-dir", default=None, help="Catalog folder (default: kernels/).")
 def check(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None:
-    """Check PDDeployment FILES ('-' for stdin): exit 0 valid, 1 problems, 2 unreadable."""
+    """Check PDDeployment FILES ('-' for stdin): exit 0 valid, 1 problems, 2 unreadable.
+
+    Other objects in the files (Namespaces, PVCs, KernelBuilds) are skipped with a note on
+    stderr. With -o json: one object when one file holds one PDDeployment (or cannot be
+    read), else a list; an unreadable file is an entry with ``unreadable: true``.
+    """
     catalog = _catalog(catalog_dir)
-    results, code, texts = [], EXIT_VALID, []
+    results, code, texts, found = [], EXIT_VALID, [], False
     for path in files:
         try:
             docs = _read(path)
         except Unreadable as e:
             click.echo(f"error: {e}", err=True)
             code = EXIT_UNREADABLE
+            results.append(_unreadable_result(path, str(e)))
             continue
         for doc in docs:
+            if not meant_as_pddeployment(doc):
+                meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+                click.echo(f"note: {path}: skipped {doc.get('apiVersion')} {doc.get('kind')} {meta.get('name')}: "
+                           "not a PDDeployment", err=True)
+                continue
+            found = True
             plan, problems = plan_object(doc, catalog)
             result = check_result(doc, plan, problems)
             result["file"] = path
@@ -121,11 +133,20 @@ def check(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None:
             if not result["valid"] and code == EXIT_VALID:
                 code = EXIT_INVALID
             texts.append(_human(path, result, problems))
+    if not found and code == EXIT_VALID:
+        click.echo("error: no PDDeployment in the input", err=True)
+        code = EXIT_UNREADABLE
     if output == "json":
-        click.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2))
-    else:
+        click.echo(json.dumps(results[0] if len(files) == 1 and len(results) == 1 else results, indent=2))
+    elif texts:
         click.echo("\n".join(texts))
     sys.exit(code)
+
+
+def _unreadable_result(path: str, error: str) -> dict[str, Any]:
+    """The ``check -o json`` entry of a file that cannot be read or parsed."""
+    problem = {"field": "", "message": error, "severity": "error", "rule": "unreadable"}
+    return {"file": path, "valid": False, "unreadable": True, "problems": [problem]}
 
 
 @main.command()
@@ -144,6 +165,8 @@ def render(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None
             click.echo(f"error: {e}", err=True)
             sys.exit(EXIT_UNREADABLE)
         for doc in docs:
+            if not meant_as_pddeployment(doc):
+                continue  # a Namespace or PVC beside the PDDeployment: not ours to render
             plan, problems = plan_object(doc, catalog)
             if plan is None or not plan.valid:
                 failed = True

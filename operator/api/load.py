@@ -11,15 +11,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 import difflib
+import re
 
 import yaml
 from pydantic import ValidationError
 
 from .cel import violations
+from .crd import MAX_NAME_LENGTH
 
 if TYPE_CHECKING:
     from ..planning.problems import Problem
-from .v1alpha1 import API_VERSION, PDDeployment
+from .v1alpha1 import API_VERSION, GROUP, PDDeployment
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,36 @@ def _path(loc: Iterable[Any]) -> str:
     return out
 
 
+OTHER_KINDS_OF_THE_GROUP = ("KernelBuild",)
+
+
+def meant_as_pddeployment(obj: dict[str, Any]) -> bool:
+    """Whether ``obj`` is (or was meant to be) a PDDeployment, rather than another object
+    that shares a file with it (a Namespace, a PVC, a KernelBuild): its API group is ours,
+    its kind is close to ``PDDeployment``, or it names neither apiVersion nor kind.
+    ``check`` skips the other objects and checks these."""
+    api_version, kind = str(obj.get("apiVersion") or ""), str(obj.get("kind") or "")
+    if kind in OTHER_KINDS_OF_THE_GROUP:
+        return False
+    if not api_version and not kind:
+        return True
+    return api_version.split("/")[0] == GROUP or bool(difflib.get_close_matches(kind, ["PDDeployment"], cutoff=0.75))
+
+
+def _type_errors(obj: dict[str, Any]) -> list[FieldError]:
+    """apiVersion and kind problems, each with the value to set."""
+    out = []
+    if obj.get("apiVersion") != API_VERSION:
+        got = obj.get("apiVersion")
+        out.append(FieldError("apiVersion", "required field is missing" if got is None else
+                              f"{got!r} is not served by this operator", f"set apiVersion: {API_VERSION}"))
+    if obj.get("kind") != "PDDeployment":
+        got = obj.get("kind")
+        out.append(FieldError("kind", "required field is missing" if got is None else f"{got!r} is not PDDeployment",
+                              "set kind: PDDeployment"))
+    return out
+
+
 def parse_pddeployment(obj: dict[str, Any]) -> PDDeployment:
     """Validate one object (a dict as read from YAML or the API) as a PDDeployment.
 
@@ -62,21 +94,27 @@ def parse_pddeployment(obj: dict[str, Any]) -> PDDeployment:
     the object's root (``spec.kvLayout.pageSize``). The CRD's CEL rules are checked by
     :func:`rule_violations`.
     """
-    if obj.get("apiVersion") != API_VERSION or obj.get("kind") != "PDDeployment":
-        raise SpecError(
-            [FieldError("apiVersion", f"expected apiVersion {API_VERSION} and kind PDDeployment, got "
-                        f"{obj.get('apiVersion')!r} {obj.get('kind')!r}")]
-        )
+    problems = _type_errors(obj)
+    if problems:
+        raise SpecError(problems)
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not meta.get("name"):
+        problems.append(FieldError("metadata.name", "required field is missing",
+                                   f"add metadata.name: a DNS label of at most {MAX_NAME_LENGTH} characters"))
     body = {k: v for k, v in obj.items() if k != "status"}
     try:
-        pdd = PDDeployment.model_validate(body)
+        # strict: no "64" for an integer, no "yes" for a boolean, no 2.0 for replicas, as
+        # the API server's structural schema refuses them (pydantic would convert them)
+        pdd = PDDeployment.model_validate(body, strict=True)
     except ValidationError as e:
-        raise SpecError([_field_error(err) for err in e.errors()]) from e
+        problems += [_field_error(err) for err in e.errors()]
+    if problems:
+        raise SpecError(problems)
     return pdd
 
 
-def _spec_fields_at(loc: list[Any]) -> list[str]:
-    """Field names the schema allows at ``loc`` (a pydantic error location under ``spec``)."""
+def _schema_at(loc: list[Any]) -> dict[str, Any]:
+    """The structural schema node at ``loc`` (a pydantic error location under ``spec``)."""
     from .crd import structural_schema
     from .v1alpha1 import PDDeploymentSpec
 
@@ -86,25 +124,54 @@ def _spec_fields_at(loc: list[Any]) -> list[str]:
             node = node.get("items") or {}
         else:
             node = (node.get("properties") or {}).get(str(part)) or node.get("additionalProperties") or {}
-    return sorted(node.get("properties") or {})
+    return node
+
+
+def _unknown_field_fix(loc: list[Any]) -> str:
+    """For an unknown field: the allowed field it most likely means (a close spelling at the
+    same level, or the same name one level down, as ``spec.extraArgs`` for
+    ``spec.decode.extraArgs``), else "remove it"."""
+    parent, name = _path(loc[:-1]), str(loc[-1])
+    node = _schema_at(loc[:-1]) if loc and loc[0] == "spec" else {}
+    fields = node.get("properties") or {}
+    close = difflib.get_close_matches(name, sorted(fields), n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {parent}.{close[0]}?"
+    below = [f"{parent}.{child}.{name}" for child, sub in fields.items() if name in (sub.get("properties") or {})]
+    if below:
+        return f"did you mean {', '.join(below[:-1]) + ' or ' if len(below) > 1 else ''}{below[-1]}?"
+    return f"remove it; see `kubectl explain pdd.{parent}`" if parent else "remove it"
+
+
+def _type_fix(err: dict[str, Any]) -> str | None:
+    """The fix for a value of the wrong YAML type, or None for other errors."""
+    got, kind = err.get("input"), err["type"]
+    if kind == "string_type" and isinstance(got, (int, float, bool)):
+        read_as = "a boolean" if isinstance(got, bool) else "a number"
+        return f"quote the value: YAML reads {got!r} as {read_as}, the field is a string"
+    if kind == "int_type" and isinstance(got, str):
+        return f"write a number without quotes: {got}" if got.strip().lstrip("-").isdigit() else "write a whole number"
+    if kind == "int_type" and isinstance(got, float):
+        return "write a whole number"
+    if kind == "bool_type":
+        return "write true or false"
+    if kind == "float_type" and isinstance(got, str):
+        return "write a number without quotes"
+    return None
 
 
 def _field_error(err: dict[str, Any]) -> FieldError:
     """One pydantic error as a field error whose fix says what to do."""
     loc = [p for p in err["loc"] if p not in ("function-after",)]
     path = _path(loc)
-    parent = _path(loc[:-1])
-    explain = "pdd." + (parent if err["type"] == "extra_forbidden" else path) if path.startswith("spec") else "pdd"
+    explain = f"`kubectl explain pdd.{path}`" if path.startswith("spec") else "`kubectl explain pdd`"
     if err["type"] == "extra_forbidden":
-        known = _spec_fields_at(loc[:-1]) if loc and loc[0] == "spec" else []
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-        fix = f"did you mean {parent}.{close[0]}?" if close else f"remove it; see `kubectl explain {explain}`"
-        return FieldError(path, "unknown field", fix)
+        return FieldError(path, "unknown field", _unknown_field_fix(loc))
     if err["type"] == "missing":
-        return FieldError(path, "required field is missing", f"add {path} (see `kubectl explain {explain}`)")
+        return FieldError(path, "required field is missing", f"add {path} (see {explain})")
     got = err.get("input")
     shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
-    return FieldError(path, f"{err['msg']}{shown}", f"see `kubectl explain {explain}` for the allowed values")
+    return FieldError(path, f"{err['msg']}{shown}", _type_fix(err) or f"see {explain} for the allowed values")
 
 
 def rule_violations(obj: dict[str, Any]) -> list[FieldError]:
@@ -126,6 +193,20 @@ def _split_rule_message(field: str, message: str) -> tuple[str, str]:
     return (what, fix) if sep else (message, "change the field as the message says")
 
 
+class _KubectlYAMLLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading plain scalars as kubectl does (sigs.k8s.io/yaml on
+    go-yaml): ``3e5`` and ``1e-3`` are numbers there, strings in PyYAML's YAML 1.1 rules,
+    so an unquoted ``revision: 3e5`` must be refused here as the API server refuses it."""
+
+    yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
+for _first in "-+0123456789.":
+    _KubectlYAMLLoader.yaml_implicit_resolvers.setdefault(_first, []).insert(
+        0, ("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"))
+    )
+
+
 def load_documents(text: str) -> list[dict[str, Any]]:
     """Every object of ``text`` as a dict: each YAML document, with ``kind: List`` (or
     ``...List``, as ``kubectl get -o yaml`` prints) expanded into its items.
@@ -134,12 +215,14 @@ def load_documents(text: str) -> list[dict[str, Any]]:
     there is no object at all (an empty file is not a valid deployment).
     """
     docs: list[dict[str, Any]] = []
-    for d in yaml.safe_load_all(text):
+    for d in yaml.load_all(text, Loader=_KubectlYAMLLoader):
         if d is None:
             continue
         if not isinstance(d, dict):
             raise yaml.YAMLError(f"expected a mapping, got {type(d).__name__}")
         if str(d.get("kind", "")).endswith("List") and isinstance(d.get("items"), list):
+            if not d["items"]:
+                raise yaml.YAMLError(f"the {d['kind']} has no items")
             docs += [i for i in d["items"] if isinstance(i, dict)]
         else:
             docs.append(d)

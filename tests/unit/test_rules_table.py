@@ -341,3 +341,36 @@ def test_list_documents_are_expanded_and_an_empty_file_is_unreadable(tmp_path):
     empty.write_text("---\n# nothing here\n")
     run = run_check([str(empty)], cwd=tmp_path)
     assert run.returncode == 2 and "no object" in run.stderr
+
+
+def test_other_objects_are_skipped_and_json_has_one_entry_per_pddeployment_or_unreadable_file(tmp_path):
+    """A file with a Namespace beside the PDDeployment checks the PDDeployment only; a file
+    with no PDDeployment is unreadable input; ``-o json`` is an object for one file with one
+    PDDeployment, else a list in which an unreadable file is an entry of its own."""
+    good = build_doc("h200", {})
+    both = tmp_path / "both.yaml"
+    both.write_text(yaml.safe_dump_all([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "inference"}}, good]))
+    run = run_check([str(both)], "-o", "json", cwd=tmp_path)
+    assert run.returncode == 0 and json.loads(run.stdout)["valid"] is True, run.stderr
+    assert "skipped v1 Namespace inference" in run.stderr
+    only_cm = tmp_path / "cm.yaml"
+    only_cm.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}))
+    run = run_check([str(only_cm)], cwd=tmp_path)
+    assert run.returncode == 2 and "no PDDeployment" in run.stderr
+    run = run_check([str(both), str(tmp_path / "missing.yaml")], "-o", "json", cwd=tmp_path)
+    entries = json.loads(run.stdout)
+    assert run.returncode == 2 and [e["valid"] for e in entries] == [True, False]
+    assert entries[1]["unreadable"] is True and entries[1]["file"].endswith("missing.yaml")
+
+
+def test_numbers_are_read_as_kubectl_reads_them(tmp_path):
+    """``revision: 3e5`` is a number for kubectl (go-yaml), a string for PyYAML's YAML 1.1
+    rules; check reads it as kubectl does and refuses it, as the API server would."""
+    text = yaml.safe_dump(build_doc("h200", {})).replace("revision: 3f2c1e9", "revision: 3e5")
+    assert "revision: 3e5" in text
+    path = tmp_path / "rev.yaml"
+    path.write_text(text)
+    run = run_check([str(path)], "-o", "json", cwd=tmp_path)
+    assert run.returncode == 1
+    [problem] = json.loads(run.stdout)["problems"]
+    assert problem["field"] == "spec.model.revision" and "quote the value" in problem["message"]

@@ -57,6 +57,7 @@ ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
 
 PAIR_RULES: tuple[Callable[..., list[Problem]], ...] = (
     kv.kv_layouts_match,
+    kv.kv_layout_overridden,
     handshake.must_equal_fields,
     handshake.dspark_attention_tp_equal,
     handshake.mxfp8_attention_tp_equal,

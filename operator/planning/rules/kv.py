@@ -1,4 +1,5 @@
-"""KV layout rules: each role's layout must be servable on its GPU, and both must agree.
+"""KV layout rules: each role's layout must be servable on its GPU, both must agree, and an
+explicit layout SGLang replaces is named.
 
 Source: sglang 0.5.23 mem_cache/deepseek_v4_memory_pool.py (select_dsv4_kv_layout,
 pd_kv_layout), arg_groups/deepseek_v4_hook.py (attention backend resolution and
@@ -104,4 +105,65 @@ def kv_layouts_match(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: RoleP
             "(e.g. layout v4 and attentionBackend flashmla on both for a mixed Hopper/Blackwell pair)",
             rule="kv_layouts_match",
         )
+    ]
+
+
+def kv_layout_overridden(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: RolePlan) -> list[Problem]:
+    """Warn, per role, when an explicit kvLayout.layout or .compressed is not what SGLang builds.
+
+    Source: sglang 0.5.23 mem_cache/deepseek_v4_memory_pool.py ``select_dsv4_kv_layout``:
+    with --dsv4-attn-backend flashmla_mega the mode becomes v41 for every
+    SGLANG_DSV4_KV_LAYOUT but v41_new (layout v4 with flashmla_mega serves v41); trtllm keeps
+    uniform FP8 pools; layout auto off SM100/SM103 and gfx950 returns a v4 main cache and
+    drops the compressed option, and ``resolve_compressed_kv_layout`` (same file) pairs a
+    v4 main cache only with v4 caches (compressed fp4 with layout auto on H200 builds v4).
+    SGLang serves the role, so this is a warning; the operator still renders the value
+    asked (the env is what the user wrote) and SGLang ignores it. ``auto`` never warns, nor
+    does a value SGLang keeps; a role SGLang refuses (no prediction) is left to
+    kv_layout_servable. The roles are compared only to report a finding they share on one
+    field once ("prefill and decode ...").
+    """
+    found: dict[tuple[str, str, str], list[str]] = {}
+    for role in (prefill, decode):
+        layout, kv, acc = role.layout, role.inputs.kv_layout, role.inputs.accelerator
+        if layout is None or acc is None:  # not DeepSeek-V4, unknown model or GPU, or refused
+            continue
+        main, *caches = layout.pd_string.split(",")
+        backend = layout.attention_backend
+        via = f"attentionBackend auto resolves to {backend} here, and " if kv.attentionBackend == "auto" else ""
+        asked = []  # (field name, value asked, env var rendered, what SGLang builds, why, fix)
+        if kv.layout not in ("auto", main):
+            if backend == "flashmla_mega":
+                why = f"{via}--dsv4-attn-backend flashmla_mega forces v41 for every SGLANG_DSV4_KV_LAYOUT but v41_new"
+            elif backend == "trtllm":
+                why = f"{via}--dsv4-attn-backend trtllm keeps uniform FP8 pools whatever SGLANG_DSV4_KV_LAYOUT says"
+            else:
+                why = f"SGLang resolves it for --dsv4-attn-backend {backend} on {acc.isa}"
+            change = "another accelerator" if backend in ("flashmla", "auto") else "attentionBackend flashmla"
+            fix = f"set layout: {main} (what SGLang uses) or auto, or use {change} to get layout {kv.layout}"
+            asked.append(("layout", kv.layout, "SGLANG_DSV4_KV_LAYOUT", f"a {main} main KV cache", why, fix))
+        if kv.compressed != "auto" and any(("fp4" in c) != (kv.compressed == "fp4") for c in caches):
+            if main == "v4":
+                why = (
+                    f"the main cache is v4 (layout {kv.layout} on {acc.isa}; the V4.1 layouts need SM100/SM103 or "
+                    "gfx950) and a v4 main cache holds only v4 compressed caches, so SGLang drops "
+                    f"SGLANG_DSV4_COMPRESSED_KV_LAYOUT={kv.compressed}"
+                )
+                fix = "set compressed: auto (or fp8), or use an SM100/SM103 or gfx950 accelerator for fp4 caches"
+            else:
+                why = f"SGLang resolves it for --dsv4-attn-backend {backend} with a {main} main cache"
+                fix = "set compressed: auto"
+            builds = "compressed caches " + ",".join(caches)
+            asked.append(("compressed", kv.compressed, "SGLANG_DSV4_COMPRESSED_KV_LAYOUT", builds, why, fix))
+        for name, value, env, builds, why, fix in asked:
+            body = (
+                f"on {role.inputs.accelerator_name} ({acc.isa}): {name} {value} is set, but SGLang 0.5.23 builds "
+                f"{builds} (PD layout {layout.pd_string}): {why} (the operator renders {env}={value} as asked; "
+                "SGLang ignores it)"
+            )
+            found.setdefault((f"{role.inputs.kv_layout_field}.{name}", body, fix), []).append(role.role)
+    return [
+        Problem(field=field, message=f"{' and '.join(roles)} {body}", fix=fix, rule="kv_layout_overridden",
+                severity="warning")  # fmt: skip
+        for (field, body, fix), roles in found.items()
     ]
