@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import kopf
 
@@ -54,6 +55,10 @@ def run_operator(
     kopf only while holding that Lease (None: no election, a single replica).
     ``slo_interval``: seconds between SLO scrapes (``metrics/scraper.py``; 0: off).
     """
+    if kubeconfig:
+        # kopf logs in on its own (the kubernetes client's default loader), which reads
+        # $KUBECONFIG, not our option: point it at the same file as our client
+        os.environ["KUBECONFIG"] = kubeconfig
     metrics = OperatorMetrics()
     hooks = _metrics_hooks(metrics, metrics_port)
     api_client = api_client_from_env(kubeconfig)

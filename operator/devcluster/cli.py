@@ -61,7 +61,7 @@ def build_cmd() -> None:
 @_run_dir_option
 @click.option("--detach", is_flag=True, help="Return once ready; stop later with `down`.")
 def up(run_dir: Path | None, detach: bool) -> None:
-    """Start the cluster and print its kubeconfig path."""
+    """Start the cluster; print the `export KUBECONFIG=...` and `export PATH=...` lines to use it."""
     run_dir = run_dir or paths.default_run_dir()
     if not detach:
         # SIGTERM behaves like Ctrl-C: unwind, so the finally below stops the cluster.
@@ -73,7 +73,8 @@ def up(run_dir: Path | None, detach: bool) -> None:
         raise click.ClickException(str(err)) from err
     except KeyboardInterrupt:
         raise click.Abort() from None
-    _echo(f"export KUBECONFIG={running.kubeconfig}")
+    for line in running.shell_exports():  # paste these to use the built kubectl and helm
+        _echo(line)
     if detach:
         _echo(f"detached; stop it with: {Path(sys.executable).parent / 'sglang-pd-operator'} dev cluster down "
               f"--run-dir {running.run_dir}")

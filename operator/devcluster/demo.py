@@ -1,9 +1,13 @@
 """``dev demo``: the main job on the local control plane, start to finish.
 
-Starts the dev cluster, installs the CRDs, runs the operator as a process, applies the
-GB300 example, prints the resolved plan and every child object once the PDDeployment is
-Ready, then keeps running until Ctrl-C (``--once``: stop right away). Also home of the
-pieces the e2e tests reuse: :class:`OperatorProcess` and :func:`model_store`.
+Starts the dev cluster, installs the CRDs (and waits until the API server serves them),
+creates the example's namespace and its ``model-store`` PV and PVC, runs the operator as
+a process, applies the GB300 example (or ``--example``), prints the resolved plan and
+every child object once the PDDeployment is Ready, then keeps running until Ctrl-C,
+printing what to paste in a second terminal (``--once``: stop right away). When the
+PDDeployment does not get Ready, it prints why: its conditions and the namespace's recent
+Warning events. Also home of the pieces the e2e tests reuse: :class:`OperatorProcess`,
+:func:`install_crds` and :func:`model_store`.
 """
 
 from __future__ import annotations
@@ -21,8 +25,14 @@ from typing import Any, Callable
 
 import yaml
 
+from sglang_pd_operator.devcluster import components, rest
+from sglang_pd_operator.devcluster.cluster import admin_api
+from sglang_pd_operator.devcluster.handle import ToolFailed
+
 REPO = Path(__file__).resolve().parents[2]
 GB300_EXAMPLE = REPO / "examples" / "dsv41-flash-gb300-low-latency.yaml"
+#: Seconds the demo waits for the PDDeployment to be Ready.
+READY_TIMEOUT_S = 120.0
 
 
 def free_port() -> int:
@@ -143,6 +153,123 @@ def model_store(namespace: str) -> list[dict[str, Any]]:
     ]
 
 
+def install_crds(cluster, *, log: Callable[[str], None] | None = None, timeout: float = 60.0) -> list[str]:
+    """Server-side apply ``crds/`` and wait until each CRD is Established and a plain list
+    of its resource answers 200 in every served version; returns the CRD names.
+
+    Established alone is not enough: until the API server's watch cache of a new resource
+    has started, a list or watch of it answers 429 "storage is (re)initializing", and an
+    operator started in that window logs a failed request (kopf retries it). The list is
+    sent without retries (``rest.Api``), as kopf's first one is. Raises TimeoutError with
+    the last answer after ``timeout`` seconds.
+    """
+    start = time.monotonic()
+    cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+    api = admin_api(components.Layout(run_dir=Path(cluster.run_dir)), cluster.server)
+    names = []
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        name, group, plural = crd["metadata"]["name"], crd["spec"]["group"], crd["spec"]["names"]["plural"]
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", f"--timeout={timeout:.0f}s")
+        for version in (v["name"] for v in crd["spec"]["versions"] if v.get("served")):
+            _wait_listable(api, f"/apis/{group}/{version}/{plural}", deadline=start + timeout)
+        names.append(name)
+    if log:
+        log(f"== CRDs Established and served after {time.monotonic() - start:.1f}s: {', '.join(names)}")
+    return names
+
+
+def _wait_listable(api: rest.Api, path: str, *, deadline: float) -> None:
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            status, text = api.request("GET", path)
+        except rest.ApiError as err:
+            status, text = 0, str(err)
+        if status == 200:
+            return
+        last = f"HTTP {status}: {text.strip()[:200]}"
+        time.sleep(0.2)
+    raise TimeoutError(f"GET {path} did not answer 200 in time (last: {last})")
+
+
+def prepare_namespace(cluster, namespace: str, *, log: Callable[[str], None]) -> None:
+    """Create ``namespace`` and its ``model-store`` PV and PVC (:func:`model_store`), one log line each.
+
+    An existing namespace is kept. Raises ToolFailed when kubectl fails otherwise.
+    """
+    res = cluster.kubectl("create", "namespace", namespace, check=False)
+    if res.returncode != 0 and "AlreadyExists" not in res.stderr:
+        raise ToolFailed(res)
+    log(f"== namespace {namespace}: {'created' if res.returncode == 0 else 'exists already'}")
+    for obj in model_store(namespace):
+        out = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj)).stdout.split()
+        verb = out[-1] if out else "applied"  # kubectl: "persistentvolume/<name> created"
+        meta, spec = obj["metadata"], obj["spec"]
+        if obj["kind"] == "PersistentVolume":
+            log(f"== PersistentVolume {meta['name']} ({spec['capacity']['storage']}, hostPath "
+                f"{spec['hostPath']['path']}, reserved for {namespace}/model-store): {verb}")
+        else:
+            log(f"== PersistentVolumeClaim {namespace}/{meta['name']} (bound to {spec['volumeName']}; "
+                f"the examples read their weights from it): {verb}")
+
+
+def loopback_endpoint_noise(event: dict) -> bool:
+    """True for the endpoint slice controller's complaint that a pod IP is a loopback
+    address: the dev cluster's pod IPs are loopback on purpose (docs/dev-cluster.md, Limits)."""
+    return event.get("reason") == "FailedToUpdateEndpointSlices" and "loopback range" in (event.get("message") or "")
+
+
+def not_ready_report(obj: dict | None, events: list[dict], *, limit: int = 10) -> list[str]:
+    """Why a PDDeployment is not Ready, for a person: its conditions (type, status, reason,
+    message) and the last ``limit`` of ``events`` (core/v1 Events, e.g. the namespace's
+    Warnings), oldest first, leaving out the dev cluster's harmless loopback endpoint
+    events (counted on one line). Pure.
+    """
+    noise = [e for e in events if loopback_endpoint_noise(e)]
+    events = [e for e in events if not loopback_endpoint_noise(e)]
+    if obj is None:
+        lines = ["the PDDeployment does not exist"]
+    else:
+        meta = obj["metadata"]
+        st = obj.get("status") or {}
+        lines = [f"conditions of {meta.get('namespace')}/{meta['name']} (generation {meta.get('generation')}, "
+                 f"observed {st.get('observedGeneration')}):"]
+        conditions = st.get("conditions") or []
+        if not conditions:
+            lines.append("  (none: the operator has not written status yet)")
+        for c in conditions:
+            lines.append(f"  {c.get('type')}={c.get('status')}" + (f" {c['reason']}" if c.get("reason") else "")
+                         + (f": {c['message']}" if c.get("message") else ""))
+    recent = sorted(events, key=_event_time)[-limit:]
+    lines.append(f"recent Warning events ({len(recent)} of {len(events)}):" if events else "no Warning events")
+    if noise:
+        lines.append(f"  ({len(noise)} FailedToUpdateEndpointSlices events about loopback pod IPs left out: "
+                     f"harmless on the dev cluster)")
+    for e in recent:
+        involved = e.get("involvedObject") or {}
+        count = e.get("count") or (e.get("series") or {}).get("count") or 1
+        lines.append(f"  {_event_time(e)[11:19] or '--:--:--'} {involved.get('kind')}/{involved.get('name')} "
+                     f"{e.get('reason')}: {e.get('message', '').strip()}" + (f" (x{count})" if count > 1 else ""))
+    return lines
+
+
+def _event_time(event: dict) -> str:
+    """The latest RFC 3339 time an Event carries ('' when none)."""
+    return (event.get("lastTimestamp") or (event.get("series") or {}).get("lastObservedTime")
+            or event.get("eventTime") or event.get("metadata", {}).get("creationTimestamp") or "")
+
+
+def _warning_events(cluster, namespace: str) -> list[dict]:
+    res = cluster.kubectl("get", "events", "-n", namespace, "--field-selector", "type=Warning", "-o", "json", check=False)
+    return json.loads(res.stdout).get("items", []) if res.returncode == 0 else []
+
+
+def _pdd(cluster, namespace: str, name: str) -> dict | None:
+    res = cluster.kubectl("get", "pdd", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(res.stdout) if res.returncode == 0 else None
+
+
 def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -154,10 +281,9 @@ def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 def _ready(cluster, namespace: str, name: str) -> dict | None:
-    res = cluster.kubectl("get", "pdd", name, "-n", namespace, "-o", "json", check=False)
-    if res.returncode != 0:
+    obj = _pdd(cluster, namespace, name)
+    if obj is None:
         return None
-    obj = json.loads(res.stdout)
     gen = obj["metadata"].get("generation")
     for c in (obj.get("status") or {}).get("conditions") or []:
         if c["type"] == "Ready" and c["status"] == "True" and c.get("observedGeneration") == gen:
@@ -165,15 +291,27 @@ def _ready(cluster, namespace: str, name: str) -> dict | None:
     return None
 
 
+def running_hints(cluster, *, namespace: str, operator_log: Path) -> list[str]:
+    """What the demo prints once it is up: how to use the cluster from a second terminal."""
+    examples = sorted((REPO / "examples").glob("*.yaml"))
+    return [
+        "== running until Ctrl-C (the cluster and the operator stay up). In a second terminal:",
+        *(f"     {line}" for line in cluster.shell_exports()),
+        "     kubectl get pdd -A",
+        f"     kubectl apply -f {examples[0].parent}/<example>.yaml",
+        f"   kubectl: {cluster.bin_dir / 'kubectl'} (this cluster's version; the PATH line puts it first)",
+        f"   namespace {namespace} and its model-store PVC exist; examples: {', '.join(p.name for p in examples)}",
+        f"   operator log: {operator_log}",
+    ]
+
+
 def run_demo(*, cluster, example: Path, log: Callable[[str], None], once: bool) -> int:
     """Drive the demo on a running ``cluster``; returns a process exit code."""
     doc = yaml.safe_load(example.read_text())
     name, namespace = doc["metadata"]["name"], doc["metadata"].get("namespace", "default")
     log("== installing the CRDs (server-side apply of crds/)")
-    cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.pd.sglang-operator.io", "--timeout=60s")
-    cluster.kubectl("create", "namespace", namespace, check=False)
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(model_store(namespace)))
+    install_crds(cluster, log=log)
+    prepare_namespace(cluster, namespace, log=log)
 
     log("== the resolved plan (sglang-pd-operator check)")
     check = subprocess.run([*operator_command(), "check", str(example)], capture_output=True, text=True, cwd="/")
@@ -182,18 +320,21 @@ def run_demo(*, cluster, example: Path, log: Callable[[str], None], once: bool) 
     op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=cluster.run_dir / "operator.log", resync=5).start()
     log(f"== operator running (pid {op.proc.pid}, log {op.log_path}, metrics http://127.0.0.1:{op.metrics_port}/metrics)")
     try:
-        log(f"== kubectl apply -f {example.relative_to(REPO)}")
+        log(f"== kubectl apply -f {example.relative_to(REPO) if example.is_relative_to(REPO) else example}")
         log(cluster.kubectl("apply", "-f", str(example)).stdout.rstrip())
         start = time.monotonic()
         try:
-            obj = _wait(lambda: _ready(cluster, namespace, name), 120, f"{namespace}/{name} Ready")
+            obj = _wait(lambda: _ready(cluster, namespace, name), READY_TIMEOUT_S, f"{namespace}/{name} Ready")
         except TimeoutError as e:
-            log(f"error: {e}\n--- operator log ---\n{op.log_tail()}")
+            report = not_ready_report(_pdd(cluster, namespace, name), _warning_events(cluster, namespace))
+            log("\n".join([f"error: {e}", *report, f"--- operator log (last lines; all in {op.log_path}) ---",
+                            op.log_tail(20)]))
             return 1
         log(f"== Ready after {time.monotonic() - start:.1f}s")
         log(cluster.kubectl("get", "pdd", "-n", namespace).stdout.rstrip())
         log("== status")
-        log(yaml.safe_dump({k: obj["status"][k] for k in ("conditions", "prefill", "decode", "gateway", "compatKey", "kvLayout")}, sort_keys=False).rstrip())
+        shown = ("conditions", "prefill", "decode", "gateway", "compatKey", "kvLayout")  # kvLayout: DeepSeek-V4 only
+        log(yaml.safe_dump({k: obj["status"][k] for k in shown if k in obj["status"]}, sort_keys=False).rstrip())
         log("== child objects")
         sel = f"pd.sglang-operator.io/deployment={name}"
         log(cluster.kubectl("get", "deployments,services,configmaps,serviceaccounts,roles,rolebindings", "-n", namespace, "-l", sel).stdout.rstrip())
@@ -203,7 +344,7 @@ def run_demo(*, cluster, example: Path, log: Callable[[str], None], once: bool) 
         log(json.loads(cluster.kubectl("get", "configmap", cm, "-n", namespace, "-o", "json").stdout)["data"]["config.yaml"].rstrip())
         if once:
             return 0
-        log(f"== running; try: KUBECONFIG={cluster.kubeconfig} kubectl get pdd -A   (Ctrl-C stops everything)")
+        log("\n".join(running_hints(cluster, namespace=namespace, operator_log=op.log_path)))
         while op.alive():
             time.sleep(1)
         log(f"error: the operator exited\n{op.log_tail()}")

@@ -77,6 +77,12 @@ class Cluster:
         return cls(run_dir=Path(st.run_dir), kubeconfig=Path(st.kubeconfig),
                    bin_dir=Path(st.bin_dir), server=st.server, pod_network=st.pod_network)
 
+    def shell_exports(self) -> list[str]:
+        """The lines a shell pastes to use this cluster: ``export KUBECONFIG=...`` and an
+        ``export PATH=<bin_dir>:$PATH`` that puts the built kubectl and helm (the cluster's
+        own version) before any other on the PATH."""
+        return [f"export KUBECONFIG={self.kubeconfig}", f"export PATH={self.bin_dir}:$PATH"]
+
     def env(self) -> dict[str, str]:
         """Environment for tools: KUBECONFIG and run-local helm directories."""
         helm = self.run_dir / "helm"

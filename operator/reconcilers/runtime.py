@@ -147,13 +147,16 @@ class Runtime:
         self._catalog, self._catalog_read = catalog, now
         return catalog
 
-    def reconcile_body(self, body: dict[str, Any]) -> Outcome:
-        """Reconcile a PDDeployment body under its lock (the body must be fresh: read under the same lock)."""
+    def reconcile_body(self, body: dict[str, Any]) -> Outcome | None:
+        """Reconcile a PDDeployment body under its lock (the body must be fresh: read under the same lock).
+
+        None when the object was deleted meanwhile (see :meth:`reconcile_key`).
+        """
         meta = body["metadata"]
         with self.lock(meta["namespace"], meta["name"]):
             return self._reconcile_locked(body)
 
-    def _reconcile_locked(self, body: dict[str, Any]) -> Outcome:
+    def _reconcile_locked(self, body: dict[str, Any]) -> Outcome | None:
         meta = body["metadata"]
         start = time.perf_counter()
         ok = False
@@ -167,6 +170,13 @@ class Runtime:
             )
             ok = True
             return outcome
+        except k8s.ApiException as e:
+            if e.status != 404 or not self._gone(body):
+                raise
+            ok = True  # nothing failed: the object is gone, its children go with it
+            log.debug("%s/%s was deleted while it was reconciled (%s %s); nothing to do",
+                      meta["namespace"], meta["name"], e.status, e.reason)
+            return None
         finally:
             if self.hooks.on_reconcile:
                 self.hooks.on_reconcile(meta["namespace"], meta["name"], time.perf_counter() - start, ok)
@@ -175,13 +185,23 @@ class Runtime:
         """Read the PDDeployment and reconcile it, both under its lock; None when it no longer exists.
 
         Reading under the lock matters: a reconcile that waited for another must see the
-        status that one wrote, or it would act on a stale rollout status.
+        status that one wrote, or it would act on a stale rollout status. A PDDeployment
+        deleted while it was reconciled makes a write answer 404 (its status subresource,
+        or a child in its namespace being deleted): that is "gone", logged at debug level,
+        and None is returned. Any other error, and a 404 while the object still exists,
+        propagates.
         """
         with self.lock(namespace, name):
             body = self.kube.get(API_VERSION, "PDDeployment", name, namespace)
             if body is None:
                 return None
             return self._reconcile_locked(body)
+
+    def _gone(self, body: dict[str, Any]) -> bool:
+        """True when the PDDeployment ``body`` no longer exists (deleted, or replaced by a new object of its name)."""
+        meta = body["metadata"]
+        now = self.kube.get(API_VERSION, "PDDeployment", meta["name"], meta["namespace"])
+        return now is None or now["metadata"].get("uid") != meta.get("uid")
 
     def list_keys(self, namespaces: list[str] | None = None) -> list[tuple[str, str]]:
         """(namespace, name) of every PDDeployment (in ``namespaces``, or cluster-wide)."""

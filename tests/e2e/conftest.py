@@ -73,12 +73,11 @@ def namespace(cluster) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def crds(cluster):
-    """The operator's CRDs installed (server-side apply of crds/) and Established."""
-    from helpers import ROOT
+    """The operator's CRDs installed (server-side apply of crds/), Established and served
+    (a list answers 200), so an operator started next does not meet a 429."""
+    from sglang_pd_operator.devcluster.demo import install_crds
 
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    for path in sorted((ROOT / "crds").glob("*.yaml")):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{path.stem}.pd.sglang-operator.io", "--timeout=60s")
+    install_crds(cluster)
     return True
 
 

@@ -187,6 +187,7 @@ def test_fake_nodes_follow_node_pools_file(cluster):
     assert by_pool["gb300"].count >= 4 and by_pool["gb300"].capacity["nvidia.com/gpu"] == "4"
     assert by_pool["h200"].count >= 2 and by_pool["h200"].capacity["nvidia.com/gpu"] == "8"
     assert by_pool["mi355x"].count >= 2 and by_pool["mi355x"].capacity["amd.com/gpu"] == "8"
+    assert by_pool["l40s"].count >= 2 and by_pool["l40s"].capacity["nvidia.com/gpu"] == "8"
 
 
 def test_kubectl_and_helm_work_with_the_kubeconfig(cluster, tmp_path):
@@ -239,6 +240,14 @@ def test_two_clusters_in_parallel_do_not_collide(tmp_path):
         assert states[0].server != states[1].server
         pids = [{p.pid for p in s.processes} for s in states]
         assert not pids[0] & pids[1]
+        # `up` prints what a shell needs; with it, a bare `kubectl` is the cluster's own version
+        for out, s in zip(outputs, states):
+            lines = out.splitlines()
+            assert f"export KUBECONFIG={s.kubeconfig}" in lines and f"export PATH={s.bin_dir}:$PATH" in lines, out
+        shell_env = {**os.environ, "KUBECONFIG": states[0].kubeconfig, "PATH": f"{states[0].bin_dir}:{os.environ['PATH']}"}
+        version = json.loads(subprocess.run(["kubectl", "version", "-o", "json"], env=shell_env, capture_output=True,
+                                            text=True, check=True).stdout)
+        assert version["clientVersion"]["gitVersion"] == version["serverVersion"]["gitVersion"]
         for run_dir in runs:
             kubectl = subprocess.run(
                 [states[0].bin_dir + "/kubectl", f"--kubeconfig={run_dir / 'kubeconfig'}",

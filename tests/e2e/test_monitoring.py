@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, load_example
+from helpers import load_example
 from opkit import OperatorProcess, condition, kapply, kget, model_store, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -27,9 +27,8 @@ NAME = "mon-e2e"
 
 
 @pytest.fixture
-def ns(cluster):
+def ns(cluster, crds):
     name = f"e2e-mon-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
     cluster.kubectl("create", "namespace", name)
     kapply(cluster, model_store(name))
     yield name

@@ -7,6 +7,8 @@ import yaml
 from helpers import ROOT
 
 from sglang_pd_operator.catalog import CatalogError, load_catalog
+from sglang_pd_operator.devcluster.nodes import allocatable, parse_quantity
+from sglang_pd_operator.planning.memory import quantity_bytes
 
 
 def test_builtin_catalog_matches_the_dev_cluster_node_pools():
@@ -18,6 +20,22 @@ def test_builtin_catalog_matches_the_dev_cluster_node_pools():
         for k, v in acc.nodeLabels.items():
             assert pool["labels"].get(k) == v, f"{pool['name']}: node label {k} differs from the catalog"
         assert int(pool["capacity"][acc.gpuResource]) == acc.gpusPerNode
+        assert int(pool["capacity"][acc.rdmaResource]) == len(acc.rails), f"{pool['name']}: one {acc.rdmaResource} per rail"
+        assert int(pool["capacity"]["cpu"]) >= acc.cpus, pool["name"]
+        # the planner sizes pods for the catalog's hostMemory: the fake node must fit it
+        fits = parse_quantity(allocatable(pool["capacity"], pool["reserved"])["memory"]) >= quantity_bytes(acc.hostMemory)
+        assert fits, f"{pool['name']}: allocatable memory below the catalog's hostMemory {acc.hostMemory}"
+
+
+def test_every_example_runs_on_the_dev_cluster():
+    """Each accelerator an example asks for (spec-wide or per role) has a node pool, so the demo can run it."""
+    pools = {p["name"] for p in yaml.safe_load((ROOT / "hack/cluster/node-pools.yaml").read_text())["pools"]}
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            spec = doc["spec"]
+            wanted = {spec.get("accelerator")} | {(spec.get(r) or {}).get("accelerator") for r in ("prefill", "decode")}
+            missing = sorted(a for a in wanted - {None} if a not in pools)
+            assert not missing, f"{path.name}: no node pool in hack/cluster/node-pools.yaml for {missing}"
 
 
 def test_override_replaces_an_entry_and_adds_new_ones():
