@@ -119,12 +119,7 @@ def check(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None:
             code = EXIT_UNREADABLE
             results.append(_unreadable_result(path, str(e)))
             continue
-        for doc in docs:
-            if not meant_as_pddeployment(doc):
-                meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
-                click.echo(f"note: {path}: skipped {doc.get('apiVersion')} {doc.get('kind')} {meta.get('name')}: "
-                           "not a PDDeployment", err=True)
-                continue
+        for doc in _pddeployments(path, docs):
             found = True
             plan, problems = plan_object(doc, catalog)
             result = check_result(doc, plan, problems)
@@ -143,6 +138,19 @@ def check(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None:
     sys.exit(code)
 
 
+def _pddeployments(path: str, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The PDDeployments among ``docs`` (read from ``path``); a note on stderr for each other object skipped."""
+    out = []
+    for doc in docs:
+        if meant_as_pddeployment(doc):
+            out.append(doc)
+            continue
+        meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+        click.echo(f"note: {path}: skipped {doc.get('apiVersion')} {doc.get('kind')} {meta.get('name')}: "
+                   "not a PDDeployment", err=True)
+    return out
+
+
 def _unreadable_result(path: str, error: str) -> dict[str, Any]:
     """The ``check -o json`` entry of a file that cannot be read or parsed."""
     problem = {"field": "", "message": error, "severity": "error", "rule": "unreadable"}
@@ -154,26 +162,34 @@ def _unreadable_result(path: str, error: str) -> dict[str, Any]:
 @click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml")
 @click.option("--catalog-dir", default=None, help="Catalog folder (default: kernels/).")
 def render(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None:
-    """Print the child objects the operator would create for FILES (no cluster needed)."""
+    """Print the child objects the operator would create for FILES (no cluster needed).
+
+    Problems go to stderr (warnings too); other objects are skipped with a note. Exit 0,
+    1 when a PDDeployment is refused, 2 when a file is unreadable or holds no PDDeployment.
+    """
     catalog = _catalog(catalog_dir)
     objects: list[dict[str, Any]] = []
-    failed = False
+    failed = found = False
     for path in files:
         try:
             docs = _read(path)
         except Unreadable as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(EXIT_UNREADABLE)
-        for doc in docs:
-            if not meant_as_pddeployment(doc):
-                continue  # a Namespace or PVC beside the PDDeployment: not ours to render
+        for doc in _pddeployments(path, docs):
+            found = True
             plan, problems = plan_object(doc, catalog)
+            for p in warnings(problems):
+                click.echo(f"{path}: warning: {p.line()}", err=True)
             if plan is None or not plan.valid:
                 failed = True
                 for p in errors(problems):
                     click.echo(f"{path}: {p.line()}", err=True)
                 continue
             objects += render_all(plan)
+    if not found:
+        click.echo("error: no PDDeployment in the input", err=True)
+        sys.exit(EXIT_UNREADABLE)
     if output == "json":
         click.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
     else:

@@ -57,6 +57,66 @@ def _path(loc: Iterable[Any]) -> str:
     return out
 
 
+def as_api_server_reads(value: Any) -> Any:
+    """``value`` as the API server holds it after decoding: null fields dropped (the CRD
+    declares no field nullable, so the API server prunes them) and whole floats as
+    integers (JSON has one number type: ``tp: 8.0`` is the integer 8). Returns a copy."""
+    if isinstance(value, dict):
+        return {k: as_api_server_reads(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [as_api_server_reads(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: Top-level fields of a custom object, and the ObjectMeta fields (metav1.ObjectMeta).
+TOP_LEVEL_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
+OBJECT_META_FIELDS = (
+    "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation", "creationTimestamp",
+    "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations", "ownerReferences", "finalizers",
+    "managedFields",
+)
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+def _envelope_errors(obj: dict[str, Any]) -> list[FieldError]:
+    """Unknown top-level and metadata fields, and labels/annotations the API server refuses
+    (strict field validation and ObjectMeta validation, as ``kubectl apply`` meets them)."""
+    out = []
+    for key in obj:
+        if key not in TOP_LEVEL_FIELDS:
+            close = difflib.get_close_matches(str(key), TOP_LEVEL_FIELDS, n=1, cutoff=0.6)
+            out.append(FieldError(str(key), "unknown field", f"did you mean {close[0]}?" if close else "remove it"))
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return out
+    for key in meta:
+        if key not in OBJECT_META_FIELDS:
+            close = difflib.get_close_matches(str(key), OBJECT_META_FIELDS, n=1, cutoff=0.6)
+            out.append(FieldError(f"metadata.{key}", "unknown field",
+                                  f"did you mean metadata.{close[0]}?" if close else "remove it"))
+    for field in ("labels", "annotations"):
+        entries = meta.get(field) or {}
+        if not isinstance(entries, dict):
+            out.append(FieldError(f"metadata.{field}", "must be a map of strings to strings", "write key: value pairs"))
+            continue
+        for k, v in entries.items():
+            if not isinstance(v, str):
+                out.append(FieldError(f"metadata.{field}.{k}", f"value must be a string (got {v!r})", "quote the value"))
+            elif field == "labels" and not _LABEL_VALUE.match(v):
+                out.append(FieldError(f"metadata.labels.{k}", f"invalid label value {v!r}",
+                                      "use at most 63 letters, digits, '-', '_' or '.', starting and ending "
+                                      "with a letter or digit"))
+            if not _LABEL_KEY.match(str(k)):
+                out.append(FieldError(f"metadata.{field}.{k}", f"invalid key {k!r}",
+                                      "use an optional DNS prefix and '/', then a name of letters, digits, '-', "
+                                      "'_' or '.' (at most 63), starting and ending with a letter or digit"))
+    return out
+
+
 OTHER_KINDS_OF_THE_GROUP = ("KernelBuild",)
 
 
@@ -94,16 +154,18 @@ def parse_pddeployment(obj: dict[str, Any]) -> PDDeployment:
     the object's root (``spec.kvLayout.pageSize``). The CRD's CEL rules are checked by
     :func:`rule_violations`.
     """
+    obj = as_api_server_reads(obj)
     problems = _type_errors(obj)
     if problems:
         raise SpecError(problems)
+    problems = _envelope_errors(obj)
     meta = obj.get("metadata")
     if not isinstance(meta, dict) or not meta.get("name"):
         problems.append(FieldError("metadata.name", "required field is missing",
                                    f"add metadata.name: a DNS label of at most {MAX_NAME_LENGTH} characters"))
     body = {k: v for k, v in obj.items() if k != "status"}
     try:
-        # strict: no "64" for an integer, no "yes" for a boolean, no 2.0 for replicas, as
+        # strict: no "64" for an integer, no "yes" for a boolean, no 2.5 for replicas, as
         # the API server's structural schema refuses them (pydantic would convert them)
         pdd = PDDeployment.model_validate(body, strict=True)
     except ValidationError as e:
@@ -180,7 +242,7 @@ def rule_violations(obj: dict[str, Any]) -> list[FieldError]:
     ``parse_pddeployment`` checks the schema; this checks the rules the API server
     evaluates on top of it, so offline ``check`` refuses what ``kubectl apply`` would.
     """
-    body = {k: v for k, v in obj.items() if k != "status"}
+    body = {k: v for k, v in as_api_server_reads(obj).items() if k != "status"}
     return [FieldError(v.field, *_split_rule_message(v.field, v.message)) for v in violations(body)]
 
 
@@ -195,12 +257,22 @@ def _split_rule_message(field: str, message: str) -> tuple[str, str]:
 
 class _KubectlYAMLLoader(yaml.SafeLoader):
     """PyYAML's safe loader, reading plain scalars as kubectl does (sigs.k8s.io/yaml on
-    go-yaml): ``3e5`` and ``1e-3`` are numbers there, strings in PyYAML's YAML 1.1 rules,
-    so an unquoted ``revision: 3e5`` must be refused here as the API server refuses it."""
+    go-yaml): ``3e5`` and ``1e-3`` are numbers there and a lone ``y``/``n`` is a boolean,
+    all strings in PyYAML's YAML 1.1 rules, so an unquoted ``revision: 3e5`` must be
+    refused here as the API server refuses it."""
 
     yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
 
+def _construct_bool(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> bool:
+    return loader.construct_scalar(node).lower() in ("y", "yes", "true", "on")
+
+
+_KubectlYAMLLoader.add_constructor("tag:yaml.org,2002:bool", _construct_bool)
+for _first in "yYnN":  # go-yaml also reads a lone y / n as a boolean
+    _KubectlYAMLLoader.yaml_implicit_resolvers.setdefault(_first, []).insert(
+        0, ("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"))
+    )
 for _first in "-+0123456789.":
     _KubectlYAMLLoader.yaml_implicit_resolvers.setdefault(_first, []).insert(
         0, ("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"))

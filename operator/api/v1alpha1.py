@@ -170,6 +170,19 @@ class KVLayoutSpec(_Model):
     SGLANG_DSV4_COMPRESSED_KV_LAYOUT, --page-size and --kv-cache-dtype (sglang 0.5.23).
     """
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.attentionBackend) || self.attentionBackend != 'trtllm'",
+                    "attentionBackend: trtllm does not support PD disaggregation in SGLang 0.5.23; use auto, "
+                    "flashmla or flashmla_mega",
+                    field_path=".attentionBackend",
+                ),
+            ]
+        }
+    )
+
     attentionBackend: AttentionBackend = Field(
         default="auto",
         description=(
@@ -585,8 +598,42 @@ class Toleration(_Model):
     tolerationSeconds: int | None = Field(default=None, description="For NoExecute: seconds to stay bound.")
 
 
+def _single_gpu(role: str) -> str:
+    """CEL: the role's parallelism is tp = dp = ep = 1 (absent fields default to 1)."""
+    p = f"{role}.parallelism"
+    return (
+        f"(!has({p}) || ((!has({p}.tp) || {p}.tp == 1) && (!has({p}.dp) || {p}.dp == 1) && "
+        f"(!has({p}.ep) || {p}.ep == 1)))"
+    )
+
+
+def _multi_gpu(role: str) -> str:
+    """CEL: the role's replicas span more than one GPU (tp > 1)."""
+    p = f"{role}.parallelism"
+    return f"(has({p}) && has({p}.tp) && {p}.tp > 1)"
+
+
+def _paged_experts_anywhere() -> str:
+    """CEL (on the spec): Paged Experts is set spec-wide or on either role."""
+    return ("(has(self.pagedExperts) || (has(self.prefill) && has(self.prefill.pagedExperts)) || "
+            "(has(self.decode) && has(self.decode.pagedExperts)))")
+
+
 class RoleSpec(_Model):
     """One role (prefill or decode): its replicas, parallelism and pod settings."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.pagedExperts) || " + _single_gpu("self"),
+                    "parallelism.tp: Paged Experts (pagedExperts on this role) runs on a single GPU; set "
+                    "parallelism tp, dp and ep to 1 (scale with replicas)",
+                    field_path=".parallelism.tp",
+                ),
+            ]
+        }
+    )
 
     replicas: int | None = Field(
         default=None,
@@ -721,21 +768,6 @@ class RolloutSpec(_Model):
     )
 
 
-def _single_gpu(role: str) -> str:
-    """CEL: the role's parallelism is tp = dp = ep = 1 (absent fields default to 1)."""
-    p = f"{role}.parallelism"
-    return (
-        f"(!has({p}) || ((!has({p}.tp) || {p}.tp == 1) && (!has({p}.dp) || {p}.dp == 1) && "
-        f"(!has({p}.ep) || {p}.ep == 1)))"
-    )
-
-
-def _multi_gpu(role: str) -> str:
-    """CEL: the role's replicas span more than one GPU (tp > 1)."""
-    p = f"{role}.parallelism"
-    return f"(has({p}) && has({p}.tp) && {p}.tp > 1)"
-
-
 # --------------------------------------------------------------------------- spec
 class PDDeploymentSpec(_Model):
     """One served model: prefill + decode engines and the smg gateway."""
@@ -744,15 +776,15 @@ class PDDeploymentSpec(_Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "!has(self.pagedExperts) || !has(self.speculative)",
-                    "spec.speculative: SGLang's Paged Experts refuses speculative decoding, and spec.pagedExperts "
+                    "!" + _paged_experts_anywhere() + " || !has(self.speculative)",
+                    "spec.speculative: SGLang's Paged Experts refuses speculative decoding, and pagedExperts "
                     "is set; remove one of them",
                     field_path=".speculative",
                 ),
                 cel(
                     "!has(self.kernels) || !has(self.kernels.plugin) || self.kernels.plugin == 'none' || "
-                    "!has(self.pagedExperts)",
-                    "spec.kernels.plugin cannot be combined with spec.pagedExperts; set kernels.plugin: none",
+                    "!" + _paged_experts_anywhere(),
+                    "spec.kernels.plugin cannot be combined with pagedExperts; set kernels.plugin: none",
                     field_path=".kernels.plugin",
                 ),
                 cel(
@@ -773,13 +805,6 @@ class PDDeploymentSpec(_Model):
                     "!has(self.transfer.backend) || self.transfer.backend == 'mooncake'",
                     "spec.transfer.forceTCP: applies to the mooncake backend only (MC_FORCE_TCP); remove it or use backend mooncake",
                     field_path=".transfer.forceTCP",
-                ),
-                cel(
-                    "!has(self.kvLayout) || !has(self.kvLayout.attentionBackend) || "
-                    "self.kvLayout.attentionBackend != 'trtllm'",
-                    "spec.kvLayout.attentionBackend: trtllm does not support PD disaggregation in SGLang 0.5.23; "
-                    "use auto, flashmla or flashmla_mega",
-                    field_path=".kvLayout.attentionBackend",
                 ),
             ]
         }

@@ -171,6 +171,10 @@ CRD_ONLY_REFUSALS = [
     ("spec.speculative.blockSize", {"speculative": {"algorithm": "EAGLE", "blockSize": 3}}),
     ("spec.slo.ttft", {"slo": {"ttft": {}, "window": "5m"}}),
     ("spec.engram.placement", {"decode.parallelism": {"tp": 1}}),
+    # per-role overrides are checked by the CRD as the spec-wide fields are
+    ("spec.decode.parallelism.tp", {"decode.pagedExperts": {"residentExperts": 26}, "decode.parallelism": {"tp": 2}}),
+    ("spec.speculative", {"decode.pagedExperts": {"residentExperts": 26}}),
+    ("spec.decode.kvLayout.attentionBackend", {"decode.kvLayout": {"attentionBackend": "trtllm"}}),
 ]
 
 
@@ -184,6 +188,25 @@ def test_offline_check_refuses_what_the_api_server_refuses(cluster, crds, ns, fi
     assert res.returncode != 0 and field.rsplit(".", 1)[-1] in res.stderr, res.stderr
     plan, problems = plan_object(doc, load_catalog())
     assert (plan is None or not plan.valid) and field in {p.field for p in problems if p.severity == "error"}, problems
+
+
+def test_offline_check_reads_the_envelope_and_numbers_as_the_api_server_does(cluster, crds, ns):
+    """Unknown top-level and metadata fields are refused by both; a whole float for an
+    integer (``tp: 4.0``) and a null field are accepted by both."""
+    from sglang_pd_operator.catalog import load_catalog
+    from sglang_pd_operator.planning.plan import plan_object
+
+    for where, doc in (("specs", {**_spec(ns), "specs": {}}),
+                       ("metadata.label", {**_spec(ns), "metadata": {**_spec(ns)["metadata"], "label": {"a": "b"}}})):
+        res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False)
+        assert res.returncode != 0 and where.rsplit(".", 1)[-1] in res.stderr, res.stderr
+        plan, problems = plan_object(doc, load_catalog())
+        assert plan is None and where in {p.field for p in problems}, problems
+    lenient = _spec(ns, **{"decode.parallelism": {"tp": 4.0}, "gateway.image": None})
+    res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(lenient), check=False)
+    assert res.returncode == 0, res.stderr
+    plan, problems = plan_object(lenient, load_catalog())
+    assert plan is not None and plan.valid, problems
 
 
 def test_cross_field_problem_is_refused_by_the_operator_without_children(cluster, operator, ns):
