@@ -150,8 +150,11 @@ def _type_errors(obj: dict[str, Any]) -> list[FieldError]:
 def parse_pddeployment(obj: dict[str, Any]) -> PDDeployment:
     """Validate one object (a dict as read from YAML or the API) as a PDDeployment.
 
-    Raises :class:`SpecError` with one :class:`FieldError` per problem; paths start at
-    the object's root (``spec.kvLayout.pageSize``). The CRD's CEL rules are checked by
+    The object is first read as the API server holds it (:func:`as_api_server_reads`);
+    then apiVersion/kind, the envelope (top-level and metadata fields, labels), a
+    ``metadata.name``, and the spec with the structural schema's strict types. Raises
+    :class:`SpecError` with one :class:`FieldError` per problem; paths start at the
+    object's root (``spec.kvLayout.pageSize``). The CRD's CEL rules are checked by
     :func:`rule_violations`.
     """
     obj = as_api_server_reads(obj)

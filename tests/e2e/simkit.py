@@ -9,6 +9,7 @@ started here is stopped by :meth:`Processes.stop_all` (the test fixture calls it
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -20,6 +21,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMULATOR = ROOT / "tools" / "engine_simulator"
@@ -35,6 +38,22 @@ def smg_binary() -> str | None:
         if path and os.path.isfile(path) and os.access(path, os.X_OK):
             return path
     return None
+
+
+def master_binary() -> str:
+    """The mooncake_master executable of the installed mooncake-transfer-engine, or skip (pytest)."""
+    spec = importlib.util.find_spec("mooncake")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("mooncake-transfer-engine is not installed (pip install -r requirements/contract.txt)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "mooncake_master"
+    if not path.exists():
+        found = shutil.which("mooncake_master", path=os.path.dirname(sys.executable))
+        if not found:
+            pytest.skip("the mooncake package ships no mooncake_master binary")
+        return found
+    if not os.access(path, os.X_OK):
+        path.chmod(path.stat().st_mode | 0o111)
+    return str(path)
 
 
 def get_json(url: str, timeout: float = 5.0) -> Any:

@@ -21,18 +21,16 @@ Skips only when ``mooncake_master`` cannot run here (the package, its binary or
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from helpers import load_example
+from simkit import master_binary
 from opkit import OperatorProcess, condition, free_port, kapply, kget, pods, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -44,22 +42,6 @@ INTERVAL = 2.0
 
 
 # --------------------------------------------------------------------------- the real master
-
-
-def master_binary() -> str:
-    """The mooncake_master executable of the installed mooncake-transfer-engine, or skip."""
-    spec = importlib.util.find_spec("mooncake")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("mooncake-transfer-engine is not installed (pip install -r requirements/contract.txt)")
-    path = Path(list(spec.submodule_search_locations)[0]) / "mooncake_master"
-    if not path.exists():
-        found = shutil.which("mooncake_master", path=os.path.dirname(sys.executable))
-        if not found:
-            pytest.skip("the mooncake package ships no mooncake_master binary")
-        return found
-    if not os.access(path, os.X_OK):
-        path.chmod(path.stat().st_mode | 0o111)
-    return str(path)
 
 
 def _answers(url: str) -> bool:

@@ -14,17 +14,14 @@ reads the refusal (Valid=False naming both roles' devices) from the object's sta
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import shutil
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 from helpers import load_example
+from simkit import master_binary
 from opkit import OperatorProcess, condition, free_port, kapply, kget, wait_for
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -36,22 +33,6 @@ from sglang_pd_operator.reconcilers import kvstore as K
 from sglang_pd_operator.render.mooncake import master_args, mooncake_spec
 
 pytestmark = pytest.mark.e2e
-
-
-def master_binary() -> str:
-    """The mooncake_master executable of the installed mooncake-transfer-engine, or skip."""
-    spec = importlib.util.find_spec("mooncake")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("mooncake-transfer-engine is not installed (pip install -r requirements/contract.txt)")
-    path = Path(list(spec.submodule_search_locations)[0]) / "mooncake_master"
-    if not path.exists():
-        found = shutil.which("mooncake_master", path=os.path.dirname(sys.executable))
-        if not found:
-            pytest.skip("the mooncake package ships no mooncake_master binary")
-        return found
-    if not os.access(path, os.X_OK):
-        path.chmod(path.stat().st_mode | 0o111)
-    return str(path)
 
 
 def hicache_plan():
