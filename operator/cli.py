@@ -18,7 +18,8 @@ import yaml
 
 from .api.load import load_documents, meant_as_pddeployment
 from .catalog import CatalogError, load_catalog
-from .planning.plan import Plan, plan_object
+from .planning.plan import plan_object
+from .planning.structs import Plan
 from .planning.problems import Problem, errors, warnings
 from .render import render_all
 

@@ -45,7 +45,7 @@ from typing import Any, Literal
 from collections.abc import Mapping
 
 from ..planning.engine_args import SGLANG_CACHE_DIR
-from ..planning.plan import Plan
+from ..planning.structs import Plan
 from ..planning.roles import ROLES, Role
 from .builder import CRASH_ON_JIT, cache_env
 from .inputs import LABEL_ROLE, KernelBuildError, KernelBuildInputs, differing_inputs, kernel_build_inputs

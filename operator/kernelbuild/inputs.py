@@ -31,7 +31,7 @@ from ..api.kernelbuild import KernelBuildSpec
 from ..api.v1alpha1 import API_VERSION
 from ..catalog import Catalog
 from ..planning.memory import gib
-from ..planning.plan import Plan
+from ..planning.structs import Plan
 from ..planning.roles import Role
 from .recipes import BuildCatalog, Recipe, builtin_build_catalog
 

@@ -9,83 +9,22 @@ Kubernetes objects; ``check`` prints it; the reconciler refuses to touch anythin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from ..api.load import SpecError, parse_pddeployment, rule_violations
 from ..api.v1alpha1 import PDDeployment, PDDeploymentSpec
 from ..catalog import Catalog
 from . import compat
-from .engine_args import EngineCommand, build_engine_command
+from .engine_args import build_engine_command
 from .features import features_in_use
 from .kvlayout import LayoutInputs, LayoutPrediction, LayoutRefusal, predict_layout, resolve_kv_cache_dtype
-from .memory import MemoryPlan, plan_memory
+from .memory import plan_memory
 from .problems import Problem, errors
 from .roles import ROLES, Role, RoleInputs, resolve_role
-from .transfer import TransferPlan, plan_transfer
-
-
-@dataclass(frozen=True)
-class RolePlan:
-    """Everything decided for one role.
-
-    ``layout`` is None when the model is not a DeepSeek-V4 family model (no PD layout
-    string to predict) or when SGLang would refuse the layout (then ``layout_refusal``
-    holds SGLang's reason). ``compat_inputs`` are the values hashed into the compat key.
-    ``transfer`` is the role's KV transfer wiring (NIC per GPU, rail classes).
-    """
-
-    inputs: RoleInputs
-    kv_cache_dtype: str
-    layout: LayoutPrediction | None
-    layout_refusal: str | None
-    command: EngineCommand
-    features: frozenset[str]
-    memory: MemoryPlan
-    compat_inputs: dict[str, Any] = field(hash=False)
-    transfer: TransferPlan | None = None
-
-    @property
-    def role(self) -> Role:
-        """prefill or decode."""
-        return self.inputs.role
-
-    @property
-    def compat_key(self) -> str:
-        """This role's compat key (equal on both roles when the pair is valid)."""
-        return compat.compat_key(self.compat_inputs)
-
-    @property
-    def kv_layout_string(self) -> str | None:
-        """The predicted PD KV layout string, e.g. v41,c4:v41,c128:v41, or None."""
-        return self.layout.pd_string if self.layout else None
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The resolved deployment: both roles, the compat key and every problem found."""
-
-    name: str
-    namespace: str
-    generation: int
-    spec: PDDeploymentSpec
-    prefill: RolePlan
-    decode: RolePlan
-    problems: tuple[Problem, ...]
-
-    @property
-    def valid(self) -> bool:
-        """No problem of severity error."""
-        return not errors(self.problems)
-
-    @property
-    def compat_key(self) -> str:
-        """The prefill role's compat key; equal to decode's whenever ``valid``."""
-        return self.prefill.compat_key
-
-    def role(self, role: Role) -> RolePlan:
-        """The plan of ``role``."""
-        return self.prefill if role == "prefill" else self.decode
+from .rules import run_all_rules
+from .structs import Plan, RolePlan
+from .transfer import plan_transfer
 
 
 def _predict(spec: PDDeploymentSpec, inputs: RoleInputs) -> tuple[str, LayoutPrediction | None, str | None]:
@@ -191,8 +130,6 @@ def build_plan(pdd: PDDeployment, catalog: Catalog) -> Plan:
     Never raises for a bad spec (pydantic validation of the YAML happens before, in
     ``api``); problems carry the field path, the reason and the fix.
     """
-    from .rules import run_all_rules  # rules import plan types; keep the import local
-
     spec = pdd.spec
     prefill, decode = (
         plan_role(spec=spec, role=r, catalog=catalog, name=pdd.name, namespace=pdd.namespace) for r in ROLES

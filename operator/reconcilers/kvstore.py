@@ -40,7 +40,7 @@ from ..metrics.kvstore import (
     probe_master,
 )
 from ..planning import hicache as H
-from ..planning.plan import Plan
+from ..planning.structs import Plan
 from ..render.mooncake import master_metrics_url, mooncake_spec
 from .status import Cond
 

@@ -31,7 +31,8 @@ from ..kernelbuild.gate import (
 )
 from ..metrics.monitoring import MONITORING_API_VERSION, render_monitoring
 from ..metrics.scraper import Health
-from ..planning.plan import Plan, plan_object
+from ..planning.plan import plan_object
+from ..planning.structs import Plan
 from ..planning.problems import Problem, errors
 from ..planning.rollout import RolloutDecision, RolloutSettings, RolloutStatus, decide
 from ..render import render_group, render_shared

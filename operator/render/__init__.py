@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..planning.plan import Plan
+from ..planning.structs import Plan
 from .engine import render_role
 from .gateway import render_gateway_group, render_gateway_shared
 from .mooncake import render_mooncake_master

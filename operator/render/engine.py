@@ -20,7 +20,7 @@ from ..planning import transfer as T
 from ..planning.engine_args import ENGINE_PORT, HF_CACHE, MODEL_MOUNT, SGLANG_CACHE_DIR
 from ..planning.hicache import FILE_STORAGE_MOUNT, LOCAL_HOSTNAME_ENV, hicache_spec, storage_backend
 from ..planning.memory import gib, quantity_bytes
-from ..planning.plan import Plan, RolePlan
+from ..planning.structs import Plan, RolePlan
 from ..planning.sglang_flags import flag_table
 from . import labels as L
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..planning.engine_args import ENGINE_PORT
-from ..planning.plan import Plan
+from ..planning.structs import Plan
 from . import labels as L
 
 GATEWAY_METRICS_PORT = 29000

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..api.v1alpha1 import MooncakeStorageSpec
 from ..planning import hicache as H
-from ..planning.plan import Plan, RolePlan
+from ..planning.structs import Plan, RolePlan
 from . import labels as L
 
 MASTER_BINARY = "mooncake_master"

@@ -38,7 +38,8 @@ import sglang_real as real  # noqa: E402
 from sglang_pd_operator.api.load import load_documents, parse_pddeployment  # noqa: E402
 from sglang_pd_operator.catalog import builtin_catalog  # noqa: E402
 from sglang_pd_operator.planning.engine_args import ENGINE_PORT, MODEL_MOUNT  # noqa: E402
-from sglang_pd_operator.planning.plan import Plan, RolePlan, build_plan  # noqa: E402
+from sglang_pd_operator.planning.plan import build_plan
+from sglang_pd_operator.planning.structs import Plan, RolePlan  # noqa: E402
 from sglang_pd_operator.render.engine import CONFIG_DIR, CONFIG_FILE, render_role  # noqa: E402
 
 pytestmark = pytest.mark.contract

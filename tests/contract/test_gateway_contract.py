@@ -23,7 +23,7 @@ import sglang_real as real  # noqa: E402
 from test_engine_args_contract import example_docs, plan_of, valid_pdd_docs  # noqa: E402
 
 from sglang_pd_operator.planning.engine_args import ENGINE_PORT  # noqa: E402
-from sglang_pd_operator.planning.plan import Plan  # noqa: E402
+from sglang_pd_operator.planning.structs import Plan  # noqa: E402
 from sglang_pd_operator.render import render_all  # noqa: E402
 from sglang_pd_operator.render import labels as L  # noqa: E402
 from sglang_pd_operator.render.gateway import GATEWAY_METRICS_PORT, gateway_args  # noqa: E402

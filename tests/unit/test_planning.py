@@ -24,7 +24,8 @@ from sglang_pd_operator.planning import compat
 from sglang_pd_operator.planning.engine_args import MANAGED_FLAGS
 from sglang_pd_operator.planning.features import features_in_use, parse_flags
 from sglang_pd_operator.planning.memory import TAIL_GRAPH_BYTES_PER_GPU, bounded_replay_on
-from sglang_pd_operator.planning.plan import Plan, build_plan
+from sglang_pd_operator.planning.plan import build_plan
+from sglang_pd_operator.planning.structs import Plan
 from sglang_pd_operator.planning.sglang_flags import flag_table, validate_args
 
 ROOT = Path(__file__).resolve().parents[2]

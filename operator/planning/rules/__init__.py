@@ -11,7 +11,7 @@ from typing import Callable
 
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
-from ..plan import RolePlan
+from ..structs import RolePlan
 from ..problems import Problem
 from . import args, deepseek_v4, engram, handshake, kv, kvcache, paged_experts, placement, plugins, transfer
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..engine_args import MANAGED_ENV, MANAGED_FLAGS
-from ..plan import RolePlan
+from ..structs import RolePlan
 from ..problems import Problem
 from ..sglang_flags import validate_args
 

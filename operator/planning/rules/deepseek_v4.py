@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..features import parse_flags
-from ..plan import RolePlan
+from ..structs import RolePlan
 from ..problems import Problem
 from ..roles import DSV4_PAGE_SIZE
 

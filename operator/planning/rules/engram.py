@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
-from ..plan import RolePlan
+from ..structs import RolePlan
 from ..problems import Problem
 
 

@@ -13,7 +13,7 @@ from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..compat import differing_inputs
 from ..features import parse_flags
-from ..plan import RolePlan
+from ..structs import RolePlan
 from ..problems import Problem
 
 # compat input -> (field to change, why it must be equal)

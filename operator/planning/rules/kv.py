@@ -10,7 +10,7 @@ disaggregation/common/conn.py, which raises "KV layout mismatch" at the PD hands
 from __future__ import annotations
 
 from ...catalog import Catalog
-from ..plan import RolePlan
+from ..structs import RolePlan
 from ..problems import Problem
 from ...api.v1alpha1 import PDDeploymentSpec
 

@@ -16,7 +16,7 @@ from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..features import parse_flags
 from ..hicache import hicache_spec, storage_backend
-from ..plan import RolePlan
+from ..structs import RolePlan
 from ..problems import Problem
 
 

@@ -15,7 +15,7 @@ from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..features import parse_flags
 from ..memory import gib
-from ..plan import RolePlan
+from ..structs import RolePlan
 from ..problems import Problem
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..features import FEATURE_DESCRIPTIONS, VENDOR_FEATURES, parse_flags
-from ..plan import RolePlan
+from ..structs import RolePlan
 from ..problems import Problem
 
 PLUGIN_DESTS = ("enable_nvidia_megakernel", "enable_amd_monokernel")

@@ -17,7 +17,7 @@ import json
 
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Accelerator, Catalog
-from ..plan import RolePlan
+from ..structs import RolePlan
 from ..problems import Problem
 from ..transfer import TransferPlan, explicit_devices, shared_rail_classes
 
