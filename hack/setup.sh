@@ -3,6 +3,7 @@
 #   hack/setup.sh             the operator + test tools
 #   hack/setup.sh --contract  also the real sglang==0.5.23 and smg==1.13.0 (CPU-only, see
 #                             requirements/contract.txt) for the contract and gateway tests
+#                             and the SGLang oracle (check --sglang)
 # Idempotent: a stamp keyed on the dependency files skips work already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,7 @@ contract=""
 [ "${1:-}" = "--contract" ] && contract="-contract"
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-hash=$(cat pyproject.toml requirements/*.txt requirements/cuda_stubs.py | sha256sum | cut -c1-16)
+hash=$(cat pyproject.toml requirements/*.txt operator/oracle/requirements/*.txt operator/oracle/cuda_stubs.py | sha256sum | cut -c1-16)
 stamp=".venv/.installed-${hash}${contract}"
 if [ ! -f "$stamp" ]; then
   echo "setup: installing the project into .venv"
@@ -30,7 +31,7 @@ if [ ! -f "$stamp" ]; then
     .venv/bin/pip install -q -r requirements/contract.txt
     .venv/bin/pip install -q --no-deps -r requirements/contract-nodeps.txt
     .venv/bin/pip install -q -r requirements/lint.txt
-    .venv/bin/python requirements/cuda_stubs.py
+    .venv/bin/python -m sglang_pd_operator.oracle.cuda_stubs
   fi
   touch "$stamp"
 fi

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 ISA = Literal["sm_103", "sm_100", "sm_90a", "sm_89", "gfx950", "gfx942"]
 FeatureSupport = Literal["accepted", "refused", "unknown"]
 CATALOG_FILES = ("accelerators.yaml", "plugins.yaml", "models.yaml")
+HF_CONFIG_DIR = "hf-configs"
 
 
 class CatalogError(ValueError):
@@ -155,6 +156,9 @@ class ModelFacts(_Entry):
     engramTableBytes: int | None = Field(
         default=None, ge=0, description="Bytes of the Engram table (host placement keeps one copy per node)."
     )
+    dsparkDraftBundled: bool = Field(
+        default=False, description="The checkpoint bundles a DSpark draft head (dspark_* keys in its config.json)."
+    )
 
     @property
     def expert_bytes_total(self) -> int:
@@ -175,6 +179,9 @@ class Catalog(BaseModel):
     accelerators: dict[str, Accelerator]
     plugins: dict[str, KernelPlugin]
     models: dict[str, ModelFacts]
+    hfConfigs: dict[str, dict] = Field(
+        default_factory=dict, description="Model id -> its Hugging Face config.json (kernels/hf-configs/)."
+    )
 
     def accelerator(self, name: str) -> Accelerator | None:
         """The accelerator named ``name`` (case-insensitive), or None."""
@@ -187,6 +194,10 @@ class Catalog(BaseModel):
     def model(self, name: str) -> ModelFacts | None:
         """Model facts for a model id such as ``deepseek-ai/DeepSeek-V4.1-Flash``, or None."""
         return self.models.get(name)
+
+    def hf_config(self, name: str) -> dict | None:
+        """The model's Hugging Face config.json mapping (kernels/hf-configs/), or None."""
+        return self.hfConfigs.get(name)
 
 
 def default_catalog_dir() -> Path:
@@ -234,12 +245,23 @@ def load_catalog(directory: Path | None = None, overrides: Mapping[str, str] | N
             if not isinstance(entries, dict):
                 raise CatalogError(f"{name}: section {section!r} must map names to entries")
             merged[section].update({str(k): v for k, v in entries.items()})
+    hf_configs = {}
+    for path in sorted((directory / HF_CONFIG_DIR).glob("*.yaml")):
+        data = _parse(str(path), path.read_text())
+        if not isinstance(data.get("config"), dict) or not isinstance(data.get("model"), str):
+            raise CatalogError(f"{path}: expected `model: <id>` and a `config` mapping")
+        hf_configs[data["model"]] = data["config"]
     try:
-        return Catalog(**merged)
+        return Catalog(**merged, hfConfigs=hf_configs)
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         raise CatalogError(f"catalog entry {loc}: {first['msg']}") from e
+
+
+def hf_config_path(model: str, directory: Path | None = None) -> Path:
+    """Where the catalog keeps ``model``'s Hugging Face config: ``hf-configs/<org>--<name>.yaml``."""
+    return (directory or default_catalog_dir()) / HF_CONFIG_DIR / f"{model.replace('/', '--')}.yaml"
 
 
 @lru_cache(maxsize=1)

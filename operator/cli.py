@@ -1,8 +1,9 @@
 """The command line: ``run`` the operator, ``check`` and ``render`` specs offline, write ``crds``, ``dev`` tools.
 
 ``check`` and ``render`` need no cluster: they are what a GitOps pipeline runs before
-merging. Exit codes of ``check``: 0 valid (warnings allowed), 1 any error, 2 unreadable
-input.
+merging. Exit codes of ``check``: 0 valid (warnings allowed), 1 any error (ours, or with
+``--sglang`` SGLang's), 2 unreadable input, 3 ``--sglang`` gave no verdict (the oracle is
+not installed, failed, or could not judge a spec the operator accepts).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .planning.structs import Plan
 from .planning.problems import Problem, errors, warnings
 from .render import render_all
 
-EXIT_VALID, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
+EXIT_VALID, EXIT_INVALID, EXIT_UNREADABLE, EXIT_NO_VERDICT = 0, 1, 2, 3
 
 
 class Unreadable(Exception):
@@ -103,32 +104,50 @@ def main(verbose: bool) -> None:
 @click.argument("files", nargs=-1, required=True)
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
 @click.option("--catalog-dir", default=None, help="Catalog folder (default: kernels/).")
-def check(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None:
-    """Check PDDeployment FILES ('-' for stdin): exit 0 valid, 1 problems, 2 unreadable.
+@click.option("--sglang", "with_sglang", is_flag=True,
+              help="Also run SGLang 0.5.23's own startup validation and PD handshake on each role "
+                   "(needs `sglang-pd-operator sglang install`; no GPU).")
+@click.option("--sglang-python", default=None, metavar="PYTHON",
+              help="Interpreter that has sglang 0.5.23 installed (default: this one).")
+def check(files: tuple[str, ...], output: str, catalog_dir: str | None, with_sglang: bool,
+          sglang_python: str | None) -> None:
+    """Check PDDeployment FILES ('-' for stdin): exit 0 valid, 1 problems, 2 unreadable, 3 no SGLang verdict.
 
     Other objects in the files (Namespaces, PVCs, KernelBuilds) are skipped with a note on
     stderr. With -o json: one object when one file holds one PDDeployment (or cannot be
-    read), else a list; an unreadable file is an entry with ``unreadable: true``.
+    read), else a list; an unreadable file is an entry with ``unreadable: true``. With
+    --sglang each entry gains ``sglang``: SGLang's verdict per role and for the pair.
     """
     catalog = _catalog(catalog_dir)
+    oracle = _start_oracle(catalog, sglang_python) if with_sglang else None
     results, code, texts, found = [], EXIT_VALID, [], False
-    for path in files:
-        try:
-            docs = _read(path)
-        except Unreadable as e:
-            click.echo(f"error: {e}", err=True)
-            code = EXIT_UNREADABLE
-            results.append(_unreadable_result(path, str(e)))
-            continue
-        for doc in _pddeployments(path, docs):
-            found = True
-            plan, problems = plan_object(doc, catalog)
-            result = check_result(doc, plan, problems)
-            result["file"] = path
-            results.append(result)
-            if not result["valid"] and code == EXIT_VALID:
-                code = EXIT_INVALID
-            texts.append(_human(path, result, problems))
+    try:
+        for path in files:
+            try:
+                docs = _read(path)
+            except Unreadable as e:
+                click.echo(f"error: {e}", err=True)
+                code = EXIT_UNREADABLE
+                results.append(_unreadable_result(path, str(e)))
+                continue
+            for doc in _pddeployments(path, docs):
+                found = True
+                plan, problems = plan_object(doc, catalog)
+                result = check_result(doc, plan, problems)
+                result["file"] = path
+                text = _human(path, result, problems)
+                if oracle is not None and plan is not None:
+                    verdict, text_sglang, verdict_code = _sglang_verdict(oracle, plan, result["valid"])
+                    result["sglang"] = verdict
+                    text += "\n" + text_sglang
+                    code = _worse(code, verdict_code)
+                results.append(result)
+                if not result["valid"]:
+                    code = _worse(code, EXIT_INVALID)
+                texts.append(text)
+    finally:
+        if oracle is not None:
+            oracle.close()
     if not found and code == EXIT_VALID:
         click.echo("error: no PDDeployment in the input", err=True)
         code = EXIT_UNREADABLE
@@ -137,6 +156,66 @@ def check(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None:
     elif texts:
         click.echo("\n".join(texts))
     sys.exit(code)
+
+
+def _worse(code: int, other: int) -> int:
+    """The exit code that wins: unreadable (2) over problems (1) over no verdict (3) over valid (0)."""
+    order = {EXIT_VALID: 0, EXIT_NO_VERDICT: 1, EXIT_INVALID: 2, EXIT_UNREADABLE: 3}
+    return code if order[code] >= order[other] else other
+
+
+def _start_oracle(catalog, python: str | None):
+    """The SGLang oracle, or exit 3 saying how to install it."""
+    from .oracle import Oracle, unavailable
+
+    why = unavailable(python)
+    if why is not None:
+        click.echo(f"error: --sglang: {why}", err=True)
+        sys.exit(EXIT_NO_VERDICT)
+    return Oracle(catalog=catalog, python=python)
+
+
+def _sglang_verdict(oracle, plan: Plan, ours_valid: bool) -> tuple[dict[str, Any], str, int]:
+    """(JSON verdict, text lines, exit code) of SGLang's judgement of ``plan``."""
+    import time
+
+    from .oracle import OracleError
+
+    t0 = time.monotonic()
+    try:
+        verdict = oracle.judge_plan(plan)
+    except OracleError as e:
+        first = str(e).splitlines()[0]
+        return {"accepted": None, "error": str(e)}, f"  SGLang 0.5.23: no verdict: {first}", EXIT_NO_VERDICT
+    seconds = time.monotonic() - t0
+    data = verdict.to_dict()
+    data["seconds"] = round(seconds, 3)
+    head = {True: "starts and pairs", False: "refused", None: "no verdict"}[verdict.accepted]
+    lines = [f"  SGLang 0.5.23: {head} ({seconds:.1f} s)"]
+    for rv in (verdict.prefill, verdict.decode):
+        if rv.starts:
+            facts = rv.facts or {}
+            layout = f", KV layout {facts['kvLayout']}" if facts.get("kvLayout") else ""
+            state = f"starts (attention TP {facts.get('attnTpSize')}, page {facts.get('pageSize')}{layout})"
+        elif rv.starts is False and rv.refusal is not None:
+            state = f"refused at {rv.refusal.stage}: {rv.refusal.line()}"
+        else:
+            state = f"no verdict: {rv.indeterminate}"
+        lines.append(f"    {rv.role} on {rv.accelerator}: {state}")
+    pair = verdict.pair
+    if pair.pairs:
+        lines.append("    pair: the PD handshake passes")
+    elif pair.pairs is False and pair.refusal is not None:
+        lines.append(f"    pair: refused at {pair.refusal.stage}: {pair.refusal.line()}")
+    else:
+        lines.append(f"    pair: not tried: {pair.indeterminate}")
+    for note in verdict.assumptions:
+        lines.append(f"    assumes: {note}")
+    if verdict.accepted is False:
+        return data, "\n".join(lines), EXIT_INVALID
+    if verdict.accepted is None and ours_valid:
+        return data, "\n".join(lines), EXIT_NO_VERDICT
+    return data, "\n".join(lines), EXIT_VALID
 
 
 def _pddeployments(path: str, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -289,6 +368,47 @@ def run(
     except CRDSchemaError as e:
         logging.getLogger("sglang_pd_operator").error("refusing to run: %s", e)
         sys.exit(1)
+
+
+@main.group()
+def sglang() -> None:
+    """The SGLang oracle behind ``check --sglang``: install it, or see whether it works here."""
+
+
+@sglang.command("install")
+@click.option("--python", "python", default=None, metavar="PYTHON",
+              help="Interpreter to install into (default: this one).")
+def sglang_install(python: str | None) -> None:
+    """Install sglang 0.5.23 for the oracle, CPU only (no CUDA wheels; needs cc and readelf).
+
+    About 2 minutes and 3 GiB on a fresh environment; see README, "SGLang's own verdict".
+    """
+    import subprocess
+
+    from .oracle import unavailable
+    from .oracle.install import install
+
+    try:
+        timings = install(python, echo=click.echo)
+    except subprocess.CalledProcessError as e:
+        raise click.ClickException(f"step failed (exit {e.returncode}): {' '.join(e.cmd)}") from e
+    why = unavailable(python)
+    if why is not None:
+        raise click.ClickException(f"installed, but the oracle cannot run: {why}")
+    click.echo(f"sglang install: done in {sum(t for _, t in timings):.0f} s; `check --sglang` is ready")
+
+
+@sglang.command("status")
+@click.option("--python", "python", default=None, metavar="PYTHON", help="Interpreter with sglang (default: this one).")
+def sglang_status(python: str | None) -> None:
+    """Exit 0 when ``check --sglang`` can run with PYTHON, 3 (and why) when not."""
+    from .oracle import unavailable
+
+    why = unavailable(python)
+    if why is not None:
+        click.echo(why, err=True)
+        sys.exit(EXIT_NO_VERDICT)
+    click.echo("the SGLang 0.5.23 oracle is ready")
 
 
 def _mount_dev() -> None:

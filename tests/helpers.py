@@ -15,3 +15,14 @@ GB300_EXAMPLE = EXAMPLES / "dsv41-flash-gb300-low-latency.yaml"
 def load_example(path: Path = GB300_EXAMPLE) -> dict:
     """The first document of an example file as a dict (a fresh copy every call)."""
     return copy.deepcopy(yaml.safe_load(path.read_text()))
+
+
+def rules_table():
+    """tests/unit/test_rules_table.py as a module, loaded by path: its CASES, bases and build_doc()."""
+    import importlib.util
+
+    path = ROOT / "tests" / "unit" / "test_rules_table.py"
+    spec = importlib.util.spec_from_file_location("rules_table_cases", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -332,6 +332,13 @@ class TransferSpec(_Model):
                     "backend: mooncake",
                     field_path=".forceTCP",
                 ),
+                cel(
+                    "!has(self.backend) || self.backend != 'fake'",
+                    "spec.transfer.backend fake: SGLang 0.5.23's prefill refuses it at startup (\"Prefill server "
+                    "does not support 'fake' as the transfer backend\", pd_disaggregation_hook.py); use mooncake, "
+                    "nixl or mori",
+                    field_path=".backend",
+                ),
             ]
         }
     )
@@ -339,8 +346,8 @@ class TransferSpec(_Model):
     backend: TransferBackend = Field(
         default="mooncake",
         description=(
-            "--disaggregation-transfer-backend: mooncake (RDMA via Mooncake's transfer engine), nixl (UCX), "
-            "mori (AMD GPUs only) or fake (moves no KV; for tests only)."
+            "--disaggregation-transfer-backend: mooncake (RDMA via Mooncake's transfer engine), nixl (UCX) or "
+            "mori (AMD GPUs only). fake (moves no KV) is refused: SGLang's prefill does not start with it."
         ),
     )
     ibDevices: list[IBDevice] | None = Field(

@@ -3,7 +3,8 @@
 Modules, lowest layer first (each imports only from those above it in this list):
 
 - ``histogram``         classic Prometheus histograms and ``histogram_quantile`` (pure math).
-- ``exposition``        parse one pod's ``/metrics`` text into the SGLang / smg series we use.
+- ``exposition``        parse one pod's ``/metrics`` text into the SGLang / smg series we use
+                        (the scheduler ranks of one DP shard record the same requests: counted once).
 - ``slo``               :class:`~sglang_pd_operator.metrics.slo.SLOEvaluator`: per-pod increases
                         over the window, percentiles, attainment, burn rates -> ``SLOResult``.
 - ``kvstore``           the Mooncake Store master's probe (``/health``, ``/metrics``) ->
@@ -14,13 +15,16 @@ Modules, lowest layer first (each imports only from those above it in this list)
 - ``monitoring``        pure rendering of the PodMonitor and PrometheusRule for clusters that run
                         the Prometheus Operator.
 - ``scraper``           the asyncio loop of the operator process: every interval it fetches
-                        ``/metrics?name[]=...`` of each PDDeployment's ready pods, feeds the
-                        evaluator, probes each Mooncake master, publishes to ``OperatorMetrics``
-                        and hands a ``Health`` per deployment to the operator (which writes it
-                        into status).
+                        ``/metrics`` of each PDDeployment's ready pods (with ``?name[]=`` only
+                        where that provably returns the series: real SGLang answers it with an
+                        empty page), feeds the evaluator, probes each Mooncake master, publishes
+                        to ``OperatorMetrics`` and hands a ``Health`` per deployment to the
+                        operator (which writes it into status).
 
-Each interval the scraper calls, for every ready pod, ``evaluator.observe(key, role, pod,
-text, now)``, then ``result = evaluator.evaluate(key, spec.slo, now)`` and
+Each interval the scraper parses, for every ready pod, the families
+``evaluator.families_for(role, spec.slo)`` from its page
+(``exposition.parse_exposition``) and calls ``evaluator.observe_scrape(key, role, pod,
+scrape, now)`` (``evaluator.observe`` does both for a whole text), then ``result = evaluator.evaluate(key, spec.slo, now)`` and
 ``operator_metrics.publish(result)``; ``slo.slo_condition(result)`` and
 ``result.to_status()`` give the ``SLOMet`` condition and the ``status.slo`` block
 (``reconcilers/status.py``). docs/slo.md explains the choices (sources per role, windows,

@@ -4,14 +4,68 @@ The operator scrapes ``/metrics`` of every ready prefill, decode and gateway pod
 interval (``scraper``). This module turns one such text
 into a :class:`Scrape`: the histograms, counters and gauges named in :data:`FAMILIES`,
 each summed over every label other than ``le`` (``model_name``, ``engine_type``,
-``tp_rank``, ``dp_rank``, ``is_streaming``, ...). ``slo`` then subtracts consecutive
+``dp_rank``, ``is_streaming``, ...) except the scheduler rank labels (:data:`RANK_LABELS`),
+over which each DP shard is counted once (below). ``slo`` then subtracts consecutive
 scrapes of the same pod and adds pods together.
 
-The scraper asks each pod only for the samples it reads (``/metrics?name[]=...``, see
-:func:`sample_names`; SGLang's prometheus_client endpoint honours it) and the text is
-parsed with ``prometheus_client.parser.text_string_to_metric_families`` alone. A target
-that ignores ``name[]`` (smg's Rust exporter) sends everything; the extra families are
-parsed and dropped, which costs time but changes nothing.
+**One DP shard, many schedulers, one count.** Every scheduler process of an engine has
+its own ``SchedulerMetricsCollector`` whenever metrics are on
+(``metrics_collector.py`` ``SchedulerMetricsCollector.init_new``: labels ``tp_rank``,
+``pp_rank``, ``moe_ep_rank``, and ``dp_rank`` with DP attention or DP > 1), and a request
+runs on every scheduler of its DP shard: all of them without DP attention, the attention
+TP x CP ranks of its DP rank with it (``runtime_context.py`` ``derive_attention_ranks``:
+``tp_rank = (attn_dp_rank * attn_cp_size + attn_cp_rank) * attn_tp_size + attn_tp_rank``),
+on every PP stage. Each of them records what it concludes about the request:
+
+- a failed transfer or bootstrap: the KV poll is MIN-all-reduced over the attention-TP
+  (and -CP) group (``disaggregation/utils.py`` ``poll_and_all_reduce``,
+  ``poll_and_all_reduce_attn_cp_tp_group``; across PP stages ``poll_and_all_reduce_pp``,
+  ``poll_and_all_reduce_prefill_pp`` and the PP consensus on finished rids), so every rank
+  concludes Failed and calls ``increment_transfer_failed_reqs`` /
+  ``increment_bootstrap_failed_reqs`` itself, guarded only by the engine-wide
+  ``metrics_reporter.enable_metrics`` (``managers/scheduler_components/metrics_reporter.py``
+  ``SchedulerMetricsReporter.__post_init__``): ``disaggregation/prefill.py``
+  ``handle_inflight_transfer_failure`` and ``handle_bootstrap_failure`` (from
+  ``pop_bootstrapped``), ``disaggregation/decode.py`` ``_update_handshake_waiters``,
+  ``_record_transfer_failure`` and ``_handle_kv_checksum_mismatch``;
+- a completed transfer: every rank's request carries that rank's collector
+  (``managers/scheduler.py`` passes ``self.metrics_collector`` to every ``Req`` when
+  ``metrics_reporter.enable_metrics``), and ``prefill.py``
+  ``process_disagg_prefill_inflight_queue`` calls ``req_time_stats.py``
+  ``compute_and_observe_kv_transfer_metrics`` with that rank's own sender's
+  ``get_transfer_metric`` (its part of the KV; attention-CP ranks other than 0 skip it,
+  ``is_dummy_cp_rank``): ``sglang:kv_transfer_latency_ms`` and
+  ``sglang:kv_transfer_speed_gb_s`` get one observation per rank per request;
+- queue gauges: logged by attention-TP rank 0 of the shard (on each PP stage), or by
+  every rank with ``--enable-metrics-for-all-schedulers``
+  (``SchedulerMetricsCollector.init_new`` ``current_scheduler_metrics_enabled``), each
+  then showing the same requests.
+
+In prometheus_client's multiprocess mode each rank's values stay a series of their own, so
+summing over ``tp_rank`` counted a TP4 decode's one failed request four times. Series that
+differ only in :data:`RANK_LABELS` are therefore one shard (:func:`group_by_shard`):
+a counter counts the shard's largest value (equal on every rank whenever SGLang's
+all-reduce decided; the largest also keeps a failure only a later PP stage saw, prefill
+deciding a transfer per stage), a histogram or gauge the series of the shard's lowest
+rank (PP stage 0, attention-TP and -CP rank 0: the rank that always logs and transfers).
+Shards are summed as before (DP attention with attention TP 1: every DP rank is a shard).
+The tokenizer process's families (TTFT, ITL, TPOT, e2e, ``num_requests_total``:
+``TokenizerMetricsCollector`` with ``tokenizer_metric_labels``) carry no rank label and
+are summed untouched.
+
+Real SGLang does **not** answer ``/metrics?name[]=...`` with the named samples: its
+endpoint is prometheus_client's ``make_asgi_app`` over a CollectorRegistry holding only a
+``MultiProcessCollector`` (``sglang/srt/utils/common.py``, ``add_prometheus_middleware``),
+and ``restricted_registry`` cannot see a collector without ``describe()``, so the reply is
+HTTP 200 with an empty body. The scraper therefore reads whole pages from such targets
+(``scraper``), and :func:`parse_exposition` first keeps only the lines of the wanted
+families (:func:`select_families`, one pass with a set lookup per line) before handing them to
+``prometheus_client.parser.text_string_to_metric_families``, the only parser used. A
+target that does honour ``name[]`` gets asked with :func:`sample_names`.
+
+Gauges SGLang logs per queue (``_log_gauge_queue_count``) carry, with priority scheduling
+on, a total series (``priority=""``) beside one series per priority; the total is read
+and the per-priority series are not added to it (:func:`parse_exposition`).
 
 Metric names, types, labels and bucket layouts are those of SGLang 0.5.23
 (``sglang/srt/observability/metrics_collector.py``: ``TokenizerMetricsCollector`` for the
@@ -121,7 +175,10 @@ class GaugeValue:
     """A gauge summed over its label sets: ``sum`` of the values and ``series`` count.
 
     Queue depths add up across DP ranks (use ``sum``); ratios such as
-    ``spec_accept_length`` do not (use ``mean``).
+    ``spec_accept_length`` do not (use ``mean``). Label sets that differ only in the
+    ``priority`` label are one series: its total (``priority=""``) when exposed, else
+    the sum of its per-priority values; label sets that differ only in
+    :data:`RANK_LABELS` are one series too, the lowest rank's (see :func:`parse_exposition`).
     """
 
     sum: float
@@ -181,6 +238,65 @@ def _sample_table(families: Mapping[str, Kind]) -> dict[str, tuple[str, str]]:
 
 
 _TABLES: dict[frozenset, dict[str, tuple[str, str]]] = {}
+_NAMES: dict[frozenset, frozenset[str]] = {}
+#: First characters of a sample line (a metric name); anything else but ``#`` and blank
+#: lines means the text is not an exposition (an HTML or JSON error page, ...).
+_NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:")
+#: The label that splits SGLang's queue gauges by request priority (metrics_collector.py
+#: ``_log_gauge_queue_count``: the total is the series with ``priority=""``).
+PRIORITY_LABEL = "priority"
+#: The labels that tell apart the scheduler processes of one DP shard, in the order a
+#: shard's lowest rank is picked (``SchedulerMetricsCollector.init_new``: ``tp_rank``,
+#: ``pp_rank``, ``moe_ep_rank``; ``moe_ep_rank`` is derived from ``tp_rank``,
+#: data_parallel_controller.py ``launch_tensor_parallel_group``). ``dp_rank`` is not one:
+#: each DP rank is a shard of its own. See the module docstring.
+RANK_LABELS: tuple[str, ...] = ("pp_rank", "tp_rank", "moe_ep_rank")
+_RANK_SET = frozenset(RANK_LABELS)
+
+LabelKey = tuple[tuple[str, str], ...]
+
+
+def _rank_order(value: str | None) -> tuple[int, int, str]:
+    """Sort key of one rank label value: absent first, then integers by value, then other text."""
+    if value is None:
+        return (0, 0, "")
+    try:
+        return (1, int(value), "")
+    except ValueError:
+        return (2, 0, value)
+
+
+def shard_of(key: LabelKey) -> tuple[LabelKey, tuple]:
+    """(shard, rank) of a series given as its sorted ``(label, value)`` pairs.
+
+    ``shard``: the pairs without :data:`RANK_LABELS` (series of one DP shard share it);
+    ``rank``: a sort key over :data:`RANK_LABELS` (``pp_rank``, then ``tp_rank``, then
+    ``moe_ep_rank``; numeric values by value; a missing label sorts first).
+    """
+    shard = tuple(kv for kv in key if kv[0] not in _RANK_SET)
+    if len(shard) == len(key):
+        return shard, ()
+    ranks = {k: v for k, v in key if k in _RANK_SET}
+    return shard, tuple(_rank_order(ranks.get(name)) for name in RANK_LABELS)
+
+
+def group_by_shard(series: Mapping[LabelKey, Any]) -> dict[LabelKey, list[Any]]:
+    """The values of ``series`` (label key -> value) grouped by DP shard, lowest rank first.
+
+    Keys are :func:`shard_of`'s shard; each list holds the values of the shard's scheduler
+    ranks ordered by rank. A series without rank labels is a shard of its own (the
+    tokenizer's families, smg's). See the module docstring for why SGLang's scheduler
+    series must be counted once per shard.
+    """
+    groups: dict[LabelKey, list[tuple[tuple, Any]]] = {}
+    for key, value in series.items():
+        shard, rank = shard_of(key)
+        groups.setdefault(shard, []).append((rank, value))
+    out: dict[LabelKey, list[Any]] = {}
+    for shard, members in groups.items():
+        members.sort(key=lambda m: m[0])
+        out[shard] = [v for _, v in members]
+    return out
 
 
 def _table(families: Mapping[str, Kind]) -> dict[str, tuple[str, str]]:
@@ -191,6 +307,76 @@ def _table(families: Mapping[str, Kind]) -> dict[str, tuple[str, str]]:
     return table
 
 
+def _comment_names(families: Mapping[str, Kind]) -> frozenset[str]:
+    """Names a ``# HELP`` / ``# TYPE`` line of ``families`` may carry (family or sample names)."""
+    key = frozenset(families.items())
+    names = _NAMES.get(key)
+    if names is None:
+        names = _NAMES[key] = frozenset(_table(families)) | frozenset(families)
+    return names
+
+
+def _select(text: str, families: Mapping[str, Kind], *, first_sample_only: bool = False) -> list[str]:
+    """The sample lines of ``families`` in ``text`` (and their HELP/TYPE lines unless
+    ``first_sample_only``, which stops at the first sample). A sample's name ends at ``{``,
+    else at the first space or tab. Raises :class:`ExpositionError` for a line that cannot
+    be part of an exposition."""
+    table, comments = _table(families), _comment_names(families)
+    out: list[str] = []
+    for line in text.split("\n"):
+        if not line:
+            continue
+        head = line[0]
+        if head == "#":
+            if not first_sample_only and line.startswith(("# HELP ", "# TYPE ")):
+                parts = line.split(None, 3)
+                if len(parts) > 2 and parts[2] in comments:
+                    out.append(line)
+            continue
+        if head not in _NAME_START:
+            line = line.strip()
+            if not line or line[0] == "#":
+                continue
+            if line[0] not in _NAME_START:
+                raise ExpositionError(f"not a Prometheus text exposition: line {line[:80]!r}")
+        i = line.find("{")
+        if i < 0:
+            i = line.find(" ")
+            if i < 0:
+                i = line.find("\t")
+        if (line[:i] if i >= 0 else line) in table:
+            out.append(line)
+            if first_sample_only:
+                return out
+    return out
+
+
+def select_families(text: str, families: Mapping[str, Kind] = FAMILIES) -> str:
+    """The lines of ``text`` that belong to ``families``: their samples (the names of
+    :func:`sample_names`) and their ``# HELP`` / ``# TYPE`` lines, in order, one per line.
+
+    One pass with a set lookup per line (about 0.25 µs a line, a hundredth of what
+    prometheus_client's parser takes), so a whole SGLang page (~1,000-3,000 lines of which
+    the operator reads a tenth) costs little before the real parser sees what is kept. A
+    line that is no part of a text exposition at all (HTML, JSON) raises
+    :class:`ExpositionError`; lines of other families are not parsed.
+    """
+    lines = _select(text, families)
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def has_samples(text: str, families: Mapping[str, Kind]) -> bool:
+    """True when ``text`` holds at least one sample line of ``families`` (comments do not count).
+
+    The scraper's test of a ``name[]``-filtered reply: SGLang's empty page has none. Text
+    that is not an exposition has none either (no error is raised here).
+    """
+    try:
+        return bool(_select(text, families, first_sample_only=True))
+    except ExpositionError:
+        return False
+
+
 def parse_exposition(
     text: str,
     *,
@@ -199,23 +385,38 @@ def parse_exposition(
 ) -> Scrape:
     """Parse a Prometheus text exposition (format 0.0.4, as SGLang and smg serve it).
 
-    Parsing is prometheus_client's ``text_string_to_metric_families``, nothing else.
-    ``families``: which families to read (default :data:`FAMILIES`); samples of others are
-    ignored, so the text may be a whole ``/metrics`` page or one already restricted with
-    :func:`sample_names` (what the scraper asks for). ``label_filter``: keep only samples
+    ``families``: which families to read (default :data:`FAMILIES`); the lines of other
+    families are dropped first (:func:`select_families`), so the text may be a whole
+    ``/metrics`` page (what real SGLang sends) or one already restricted with
+    :func:`sample_names`. What is kept is parsed by prometheus_client's
+    ``text_string_to_metric_families``, nothing else. ``label_filter``: keep only samples
     whose labels (``le`` included) it accepts, e.g. ``lambda l: l.get("model_name") ==
-    "m"`` on a pod that serves several models. Histograms are summed over every label but
-    ``le``; a label set that lacks some ``le`` bucket gets the count of its next lower
-    bucket there (see ``histogram.add``); a missing ``+Inf`` bucket is taken from
-    ``_count``. Histograms without any ``_bucket`` sample are left out. Raises
-    :class:`ExpositionError` when the parser rejects the text.
+    "m"`` on a pod that serves several models. Histograms and counters are summed over
+    every label but ``le`` (SGLang's tokenizer records each request under exactly one
+    ``priority`` value, so they have no total series) and the rank labels: label sets
+    that differ only in :data:`RANK_LABELS` are the schedulers of one DP shard, which all
+    record the same requests (module docstring), and count once: a counter with the
+    shard's largest value, a histogram with the series of the shard's lowest rank
+    (:func:`group_by_shard`). A label set that lacks some ``le`` bucket gets the count of
+    its next lower bucket there (see ``histogram.add``); a missing ``+Inf`` bucket is
+    taken from ``_count``. Histograms without any ``_bucket`` sample are left out.
+    Gauges: label sets equal but for ``priority`` form one series, whose value is its
+    total series (``priority=""``, what SGLang 0.5.23's
+    ``SchedulerMetricsCollector._log_gauge_queue_count`` writes beside the per-priority
+    breakdown) when present, else the sum of its per-priority series; of a DP shard's
+    series the lowest rank's is kept; the series are then summed (:class:`GaugeValue`).
+    Raises :class:`ExpositionError` when the parser rejects the kept lines or the text is
+    not an exposition at all.
     """
     table = _table(families)
     # family -> labelset key -> {"b": {le: v}, "count": v}
     hist: dict[str, dict[Any, dict]] = {}
-    counters: dict[str, float] = {}
-    gauges: dict[str, list[float]] = {}
+    # counter -> labelset key -> value
+    counters: dict[str, dict[Any, float]] = {}
+    # gauge -> labelset without priority -> [total series value or None, sum of per-priority values]
+    gauges: dict[str, dict[Any, list]] = {}
     created: dict[str, float] = {}
+    text = select_families(text, families)
     try:
         for fam in text_string_to_metric_families(text):
             for sample in fam.samples:
@@ -242,17 +443,33 @@ def parse_exposition(
                     else:
                         series[part] = value
                 elif kind is Kind.COUNTER:
-                    counters[name] = counters.get(name, 0.0) + value
+                    key = tuple(sorted(labels.items()))
+                    series = counters.setdefault(name, {})
+                    series[key] = series.get(key, 0.0) + value
                 else:
-                    gauges.setdefault(name, []).append(value)
+                    priority = labels.get(PRIORITY_LABEL, "")
+                    key = tuple(sorted((k, v) for k, v in labels.items() if k != PRIORITY_LABEL))
+                    series = gauges.setdefault(name, {}).setdefault(key, [None, 0.0])
+                    if priority == "":
+                        series[0] = value if series[0] is None else series[0] + value
+                    else:
+                        series[1] += value
     except (ValueError, TypeError, IndexError, KeyError) as err:
         raise ExpositionError(f"cannot parse exposition: {err}") from err
     return Scrape(
-        histograms={name: h for name, series in hist.items() if (h := _sum_series(series.values()))},
-        counters=counters,
-        gauges={n: GaugeValue(sum=math.fsum(v), series=len(v)) for n, v in gauges.items()},
+        histograms={name: h for name, series in hist.items() if (h := _sum_series(_lowest_rank_histograms(series)))},
+        counters={name: math.fsum(max(ranks) for ranks in group_by_shard(series).values())
+                  for name, series in counters.items()},
+        gauges={n: GaugeValue(sum=math.fsum(t if t is not None else p for t, p in kept), series=len(kept))
+                for n, v in gauges.items() if (kept := [ranks[0] for ranks in group_by_shard(v).values()])},
         created=created,
     )
+
+
+def _lowest_rank_histograms(series: Mapping[Any, dict]) -> list[dict]:
+    """One label set of a histogram family per DP shard: its lowest rank's among those with buckets."""
+    with_buckets = {key: s for key, s in series.items() if s["b"]}
+    return [ranks[0] for ranks in group_by_shard(with_buckets).values()]
 
 
 def _sum_series(series: Iterable[dict]) -> Histogram | None:

@@ -234,7 +234,9 @@ def _reason(e: BaseException) -> str:
 
 # --------------------------------------------------------------------------- KV transfer figures
 #: Families of SGLang 0.5.23's PD transfer metrics, per role they are read from (the prefill
-#: side records latency and speed per request, both sides count failures).
+#: side records latency and speed per request, both sides count failures; every scheduler
+#: rank of a DP shard records the same request, and ``exposition.parse_exposition`` reads
+#: each shard once: ``exposition.group_by_shard``).
 TRANSFER_FAMILIES: Mapping[str, Mapping[str, ex.Kind]] = {
     "prefill": {
         ex.KV_TRANSFER_LATENCY_MS: ex.Kind.HISTOGRAM,
@@ -252,7 +254,7 @@ def transfer_families(role: str) -> dict[str, ex.Kind]:
 
     The latency histogram and the failure counters are among the SLO evaluator's defaults;
     the speed histogram is not, so the scraper adds these to its evaluator's families and
-    to the ``name[]`` it asks prefill pods for (``Scraper.sample_names``).
+    to what it reads (and asks with ``name[]``) from prefill pods (``Scraper.families``).
     """
     return dict(TRANSFER_FAMILIES.get(role, {}))
 
@@ -262,7 +264,10 @@ class TransferSummary:
     """PD KV transfer over a window: latency (seconds) and speed (GB/s) percentiles, failures.
 
     Percentiles are None without transfers in the window. ``transfers``: requests whose KV
-    moved (count of the latency histogram).
+    moved (count of the latency histogram). Latency and speed are those one scheduler
+    measured for its part of the KV (the lowest rank of each DP shard: every rank
+    observes its own part, req_time_stats.py ``compute_and_observe_kv_transfer_metrics``
+    with its sender's ``get_transfer_metric``), so speed is per rank, not per request.
     """
 
     latency_seconds: Mapping[str, float | None]

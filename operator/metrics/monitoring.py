@@ -167,8 +167,16 @@ def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec) -> dic
                 "record": f"{RECORD_PREFIX}:slo_error_budget_burn_rate:{format_duration(bw.seconds)}",
                 "expr": f"avg_over_time({bad}{{{dsel}}}[{format_duration(bw.seconds)}]) / {budget:g}",
             })
-    kv_failures = (f"sum by (namespace, deployment) (increase({ex.TRANSFER_FAILED}{{{dsel}}}[{w}]) "
-                   f"+ increase({ex.BOOTSTRAP_FAILED}{{{dsel}}}[{w}]))")
+    # Every scheduler of a DP shard counts the same failed request (exposition.py, "per-rank
+    # counters"): the max over the rank labels counts it once. The two counters are tagged
+    # and joined with `or`, because SGLang creates each series only at its first increment
+    # and `+` would drop a pod that has only one of them.
+    ranks = ", ".join(ex.RANK_LABELS)
+    tagged = " or ".join(
+        f'label_replace(increase({metric}{{{dsel}}}[{w}]), "failure", "{tag}", "", "")'
+        for metric, tag in ((ex.TRANSFER_FAILED, "transfer"), (ex.BOOTSTRAP_FAILED, "bootstrap"))
+    )
+    kv_failures = f"sum by (namespace, deployment) (max without ({ranks}) ({tagged}))"
     records.append({"record": f"{RECORD_PREFIX}:kv_transfer_failures:increase{w}", "expr": kv_failures})
     for pname, q in PERCENTILES.items():
         records.append({

@@ -9,17 +9,26 @@ startup handler in ``handlers.py``, stopped on cleanup). Every ``interval`` seco
 2. picks, per PDDeployment, the *serving* group's ready pods (``status.rollout.
    servingKey``) with a pod IP: prefill and decode on the SGLang port (30000), the gateway
    on smg's ``--prometheus-port`` (29000) — :func:`deployment_targets`, pure;
-3. GETs ``http://<podIP>:<port>/metrics?name[]=...`` asking only for the samples the
-   evaluator reads for that role and spec (``exposition.sample_names`` of
-   ``SLOEvaluator.families_for``), at most ``concurrency`` requests in flight, each with
-   ``timeout`` seconds; a pod that does not answer 200 in time, or whose text does not
-   parse, is a scrape error (``sglang_pd_operator_scrape_errors_total{role}``) and is
-   not *reachable*;
-4. feeds the texts to the :class:`~sglang_pd_operator.metrics.slo.SLOEvaluator` and
-   evaluates the deployment (its ``spec.slo``, or only KV transfer health without one),
-   in a worker thread so that parsing does not stall kopf's event loop; publishes the
-   result to :class:`~sglang_pd_operator.metrics.operator_metrics.OperatorMetrics`
-   (deployments with ``spec.slo`` only);
+3. GETs ``http://<podIP>:<port>/metrics`` (:meth:`Scraper.fetch`), at most
+   ``concurrency`` requests in flight, each with ``timeout`` seconds; a pod that does not
+   answer 200 in time, or whose text does not parse, is a scrape error
+   (``sglang_pd_operator_scrape_errors_total{role}``) and is not *reachable*. Real SGLang
+   answers ``?name[]=`` with an empty page (its registry holds only a
+   MultiProcessCollector, which prometheus_client's ``restricted_registry`` cannot see:
+   ``sglang/srt/utils/common.py`` ``add_prometheus_middleware``), so the filter is used
+   only where it provably returns the series: a pod is first asked with ``name[]``; a
+   reply carrying none of the asked families is followed at once by an unfiltered GET,
+   and when that page does carry them the pod is remembered (per pod UID and URL) as one
+   that ignores the filter and is asked unfiltered from then on. A reply that carries
+   them proves the filter works there;
+4. parses from each page only the families the evaluator reads for that role and spec
+   (``SLOEvaluator.families_for``; ``exposition.parse_exposition`` drops the other lines
+   before the parser sees them), feeds them to the
+   :class:`~sglang_pd_operator.metrics.slo.SLOEvaluator` and evaluates the deployment
+   (its ``spec.slo``, or only KV transfer health without one), in a worker thread so that
+   parsing does not stall kopf's event loop; publishes the result to
+   :class:`~sglang_pd_operator.metrics.operator_metrics.OperatorMetrics` (deployments with
+   ``spec.slo`` only);
 5. hands a :class:`Health` per deployment (the SLO result, per-role ready and reachable
    pod counts, KV transfer figures, the Mooncake master's health) to ``on_health``; the
    operator keeps it in its Runtime, and the reconcile writes it into status (``SLOMet``,
@@ -67,6 +76,9 @@ SCRAPED_ROLES = (ROLE_PREFILL, ROLE_DECODE, ROLE_GATEWAY)
 METRICS_PORTS: Mapping[str, int] = {ROLE_PREFILL: ENGINE_PORT, ROLE_DECODE: ENGINE_PORT,
                                     ROLE_GATEWAY: GATEWAY_METRICS_PORT}
 DEFAULT_CONCURRENCY = 32
+#: How a pod answers ``?name[]=``: not known yet, it returns the named series, it ignores
+#: the filter (real SGLang's empty page; the whole page is read instead).
+FILTER_UNKNOWN, FILTER_WORKS, FILTER_IGNORED = "unknown", "works", "ignored"
 #: Evaluation of a deployment without ``spec.slo``: no target, KV transfer health over 5m.
 NO_SLO = SLOSpec()
 
@@ -322,6 +334,8 @@ class Scraper:
         self.ports = dict(ports)
         self.clock = clock
         self._names: dict[str, dict[str, tuple[str, ...]]] = {}   # key -> role -> asked sample names
+        # (key, role, pod name) -> (pod UID, URL, FILTER_*): how that pod answers ?name[]=
+        self._filter: dict[tuple[str, str, str], tuple[str | None, str, str]] = {}
         self._pods: dict[str, set[tuple[str, str]]] = {}          # key -> (role, pod) last scraped
         self._passes: dict[str, int] = {}                          # key -> evaluations so far
         self._eval_lock = asyncio.Lock()
@@ -383,6 +397,8 @@ class Scraper:
                 self.evaluator.forget(key)
                 for store in (self._names, self._pods, self._passes):
                     store.pop(key, None)
+                for k in [k for k in self._filter if k[0] == key]:
+                    del self._filter[k]
                 if self.metrics is not None:
                     self.metrics.remove(key)
                     self.metrics.kvstore.remove(key)
@@ -390,20 +406,33 @@ class Scraper:
                     self.on_forget(key)
 
     # ------------------------------------------------------------------ one deployment
+    def families(self, role: str, slo_spec: SLOSpec | None) -> dict[str, ex.Kind]:
+        """The families read from a ``role`` pod for ``slo_spec`` (SLO and KV transfer families)."""
+        return {**self.evaluator.families_for(role, slo_spec), **transfer_families(role)}
+
     def sample_names(self, role: str, slo_spec: SLOSpec | None) -> tuple[str, ...]:
-        """The ``name[]`` values asked from a ``role`` pod for ``slo_spec`` (SLO and KV transfer families)."""
-        return ex.sample_names({**self.evaluator.families_for(role, slo_spec), **transfer_families(role)})
+        """The ``name[]`` values asked from a ``role`` pod for ``slo_spec`` (see :meth:`families`)."""
+        return ex.sample_names(self.families(role, slo_spec))
+
+    def filter_mode(self, key: str, pod: PodTarget) -> str:
+        """How ``pod`` of deployment ``key`` answers ``?name[]=``: ``FILTER_UNKNOWN``,
+        ``FILTER_WORKS`` or ``FILTER_IGNORED`` (see the module docstring, step 3)."""
+        known = self._filter.get((key, pod.role, pod.name))
+        if known is None or known[:2] != (pod.uid, pod.url):
+            return FILTER_UNKNOWN
+        return known[2]
 
     async def _deployment(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> Health | None:
-        names = {r: self.sample_names(r, t.slo_spec) for r in SCRAPED_ROLES}
+        families = {r: self.families(r, t.slo_spec) for r in SCRAPED_ROLES}
+        names = {r: ex.sample_names(f) for r, f in families.items()}
         rebaseline = t.key in self._names and self._names[t.key] != names
         self._names[t.key] = names
         texts, master = await asyncio.gather(
-            asyncio.gather(*(self._fetch(session, p, names[p.role]) for p in t.pods)),
+            asyncio.gather(*(self.fetch(session, t.key, p, families[p.role]) for p in t.pods)),
             self._probe_master(session, t),
         )
         async with self._eval_lock:  # the evaluator is used by one thread at a time
-            return await asyncio.to_thread(self._evaluate, t, texts, rebaseline, master)
+            return await asyncio.to_thread(self._evaluate, t, texts, rebaseline, master, families)
 
     async def _probe_master(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> MasterHealth | None:
         """This pass's look at the deployment's Mooncake master (None without Mooncake storage).
@@ -423,21 +452,57 @@ class Scraper:
         return replace(probed, ready=False, deployment_ready=False, exists=True,
                        error=probed.error if not probed.reachable else m.problem)
 
-    async def _fetch(self, session: aiohttp.ClientSession, pod: PodTarget, names: tuple[str, ...]) -> str | None:
+    async def fetch(self, session: aiohttp.ClientSession, key: str, pod: PodTarget,
+                    families: Mapping[str, ex.Kind]) -> str | None:
+        """``pod``'s ``/metrics`` text holding ``families`` (None: no 200 answer in time).
+
+        ``key``: the deployment (``namespace/name``). Asks with ``name[]`` (the sample names
+        of ``families``) unless the pod is known to ignore it; a filtered reply without any
+        sample of ``families`` is followed by an unfiltered GET, and the pod's
+        :meth:`filter_mode` is updated from what the two replies prove. Without families
+        (a gateway pod scraped for reachability) the page is fetched unfiltered. A filtered
+        GET answered with another status than 200 is retried unfiltered too; one not answered
+        at all (refused, timed out) is not. Both GETs share one slot of ``concurrency`` and
+        each has ``timeout``.
+        """
         assert self._semaphore is not None
+        names = ex.sample_names(families) if families else ()
+        mode = self.filter_mode(key, pod)
         async with self._semaphore:
-            try:
-                async with session.get(pod.url, params=[("name[]", n) for n in names]) as resp:
-                    if resp.status != 200:
-                        log.debug("scrape %s: HTTP %s", pod.url, resp.status)
-                        return None
-                    return await resp.text()
-            except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError, ValueError) as err:
-                log.debug("scrape %s failed: %s", pod.url, err)
-                return None
+            if names and mode != FILTER_IGNORED:
+                answered, text = await self._get(session, pod.url, names)
+                if not answered:   # no answer at all (refused, timed out): no second try
+                    return None
+                if text is not None and ex.has_samples(text, families):
+                    if mode != FILTER_WORKS:
+                        self._filter[(key, pod.role, pod.name)] = (pod.uid, pod.url, FILTER_WORKS)
+                    return text
+            _, text = await self._get(session, pod.url, ())
+            if text is not None and names and mode != FILTER_IGNORED and ex.has_samples(text, families):
+                log.info("scrape %s: ?name[]= answers without the asked series (as SGLang's multiprocess "
+                         "/metrics does); reading the whole page of %s from now on", pod.url, pod.name)
+                self._filter[(key, pod.role, pod.name)] = (pod.uid, pod.url, FILTER_IGNORED)
+            return text
+
+    @staticmethod
+    async def _get(session: aiohttp.ClientSession, url: str, names: Sequence[str]) -> tuple[bool, str | None]:
+        """(the server answered at all, the text of a 200 answer or None)."""
+        try:
+            async with session.get(url, params=[("name[]", n) for n in names]) as resp:
+                if resp.status != 200:
+                    log.debug("scrape %s: HTTP %s", url, resp.status)
+                    return True, None
+                return True, await resp.text()
+        except (UnicodeDecodeError, ValueError) as err:
+            log.debug("scrape %s: unreadable answer: %s", url, err)
+            return True, None
+        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+            log.debug("scrape %s failed: %s", url, err)
+            return False, None
 
     def _evaluate(self, t: DeploymentTargets, texts: Sequence[str | None], rebaseline: bool,
-                  master: MasterHealth | None = None) -> Health | None:
+                  master: MasterHealth | None = None,
+                  families: Mapping[str, Mapping[str, ex.Kind]] | None = None) -> Health | None:
         key = t.key
         if rebaseline:
             self.evaluator.rebaseline(key)
@@ -448,7 +513,9 @@ class Scraper:
             seen.add((pod.role, pod.name))
             if text is not None:
                 try:
-                    self.evaluator.observe(key, pod.role, pod.name, text, now, pod_uid=pod.uid)
+                    wanted = (families or {}).get(pod.role) or self.families(pod.role, t.slo_spec)
+                    scrape = ex.parse_exposition(text, families=wanted)
+                    self.evaluator.observe_scrape(key, pod.role, pod.name, scrape, now, pod_uid=pod.uid)
                     reachable[pod.role] += 1
                     continue
                 except ex.ExpositionError as err:
@@ -457,6 +524,7 @@ class Scraper:
                 self.metrics.scrape_errors.labels(role=pod.role).inc()
         for role, pod_name in self._pods.get(key, set()) - seen:  # pods gone or no longer ready
             self.evaluator.forget(key, role=role, pod_name=pod_name)
+            self._filter.pop((key, role, pod_name), None)
         self._pods[key] = seen
         result = self.evaluator.evaluate(key, t.slo_spec or NO_SLO, now)
         if self.metrics is not None:

@@ -89,12 +89,13 @@ GATEWAY_TTFT_SOURCE = Source(ex.SMG_TTFT, (ROLE_GATEWAY,))
 _FAILURES = {ex.TRANSFER_FAILED: ex.Kind.COUNTER, ex.BOOTSTRAP_FAILED: ex.Kind.COUNTER}
 #: Families read from each role's pods besides the SLO sources (added per spec, see
 #: :meth:`SLOEvaluator.families_for`), exactly what the evaluator uses: the PD failure
-#: counters on both roles (each side counts what it detects), the KV transfer latency
+#: counters on both roles (each side counts what it detects, every scheduler rank of a DP
+#: shard the same requests: read once per shard, see ``exposition``), the KV transfer latency
 #: histogram on prefill (only prefill records it), and on decode the finished-request
 #: counter (denominator of the failure ratio) and the speculative accept length.
-#: Queue gauges are not scraped by the operator: they are per DP rank (a quarter of a
-#: decode pod's filtered samples) and feed only dashboards, which read them through the
-#: PodMonitor. ``SLOEvaluator.families`` can add them back.
+#: Queue gauges are not read by default: they are per DP rank (and per priority with
+#: priority scheduling) and feed only dashboards, which read them through the PodMonitor.
+#: ``SLOEvaluator.families`` can add them back (``families_for`` then includes them).
 ROLE_FAMILIES: Mapping[str, Mapping[str, ex.Kind]] = {
     ROLE_PREFILL: {**_FAILURES, ex.KV_TRANSFER_LATENCY_MS: ex.Kind.HISTOGRAM},
     ROLE_DECODE: {**_FAILURES, ex.REQUESTS: ex.Kind.COUNTER, ex.SPEC_ACCEPT_LENGTH: ex.Kind.GAUGE},
@@ -217,10 +218,15 @@ class KVTransferResult:
     """PD KV transfer health over the window.
 
     Latency percentiles in SECONDS (converted from ``sglang:kv_transfer_latency_ms`` of the
-    prefill pods), None without transfers. ``failures``: transfer + bootstrap failures
-    counted on prefill and decode pods in the window; ``failures_per_second`` over the
-    window; ``failure_ratio``: failures per request finished by decode (None when decode
-    finished none).
+    prefill pods), None without transfers. ``transfers``: requests whose KV moved.
+    ``failures``: transfer + bootstrap failures counted on prefill and decode pods in the
+    window; ``failures_per_second`` over the window; ``failure_ratio``: failures per request
+    finished by decode (None when decode finished none). Each request counts once although
+    every scheduler of its DP shard records it (its attention-TP ranks, and its PP stages:
+    disaggregation/prefill.py ``handle_inflight_transfer_failure``, decode.py
+    ``_record_transfer_failure``, each after an all-reduced poll, on every rank since
+    ``metrics_reporter.enable_metrics`` is engine-wide): ``exposition.parse_exposition``
+    reads one series per DP shard (``exposition.group_by_shard``).
     """
 
     latency_seconds: Mapping[str, float | None]
@@ -241,7 +247,9 @@ class RoleSummary:
     """Latest gauges of one role, summed over its pods seen within the window.
 
     ``queues``: gauge name without ``sglang:`` -> requests (``num_queue_reqs``,
-    ``num_running_reqs``, the PD bootstrap/inflight/prealloc/transfer queues).
+    ``num_running_reqs``, the PD bootstrap/inflight/prealloc/transfer queues), each DP
+    rank's total once (with priority scheduling its ``priority=""`` series, see
+    ``exposition.parse_exposition``).
     ``spec_accept_length``: mean over pods and DP ranks, None when not exposed.
     """
 
@@ -431,15 +439,22 @@ class SLOEvaluator:
                 self.families[role][source.family] = ex.Kind.HISTOGRAM
 
     def families_for(self, role: str, slo_spec: SLOSpec | None) -> dict[str, ex.Kind]:
-        """The families to read from ``role``'s pods: :data:`ROLE_FAMILIES` plus the source
-        histogram of every metric ``slo_spec`` targets that is read from ``role`` (none
-        without a spec). ``exposition.sample_names`` of it is what the scraper asks for."""
-        out = dict(ROLE_FAMILIES[role])
-        if slo_spec is not None:
-            for metric in SLO_METRICS:
-                source = self.sources[metric]
-                if getattr(slo_spec, metric) is not None and role in source.roles:
-                    out[source.family] = ex.Kind.HISTOGRAM
+        """The families to read from ``role``'s pods for ``slo_spec``: :attr:`families` of
+        the role (:data:`ROLE_FAMILIES` plus whatever was added, e.g. the queue gauges)
+        without the SLO source histograms ``slo_spec`` does not target (all of them without
+        a spec). The scraper parses exactly these from each pod's page and asks a target
+        that honours ``name[]`` for ``exposition.sample_names`` of them. Raises
+        ``KeyError`` for an unknown role."""
+        out = dict(self.families[role])
+        for metric in SLO_METRICS:
+            source = self.sources[metric]
+            if role not in source.roles:
+                continue
+            if slo_spec is not None and getattr(slo_spec, metric) is not None:
+                out[source.family] = ex.Kind.HISTOGRAM
+            elif not any(m != metric and self.sources[m].family == source.family and slo_spec is not None
+                         and getattr(slo_spec, m) is not None for m in SLO_METRICS):
+                out.pop(source.family, None)
         return out
 
     # ------------------------------------------------------------------ observe

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..api.v1alpha1 import PDDeploymentSpec
+from .buckets import BUCKET_FLAGS, bucket_args
 from .hicache import LOCAL_HOSTNAME_ENV, hicache_args
 from .kvlayout import LayoutPrediction
 from .roles import RoleInputs
@@ -84,6 +85,8 @@ MANAGED_FLAGS: dict[str, str] = {
     "--hicache-storage-backend": "spec.kvCache.hicache.storage.backend",
     "--hicache-storage-backend-extra-config": "spec.kvCache.hicache.storage",
     "--disaggregation-decode-enable-offload-kvcache": "spec.kvCache.hicache.decodeOffload",
+    # SGLang's latency histogram buckets: rendered from the SLO targets (planning/buckets.py)
+    **{flag: "spec.slo" for flag in BUCKET_FLAGS},
 }
 
 # Environment variables the operator sets from typed fields.
@@ -100,6 +103,7 @@ MANAGED_ENV: dict[str, str] = {
 
 
 EAGLE_TOPK_FLAG = "--speculative-eagle-topk"
+DP_LM_HEAD_FLAG = "--enable-dp-lm-head"
 
 
 def _has_flag(args: list[str], flag: str) -> bool:
@@ -171,6 +175,10 @@ def build_engine_command(
     args += ["--page-size", str(role.page_size), "--kv-cache-dtype", kv_cache_dtype]
     if layout is not None:
         args += ["--dsv4-attn-backend", layout.attention_backend]
+    elif role.is_deepseek_v4 and role.kv_layout.attentionBackend != "auto":
+        # The prediction was refused: the plan is invalid and never deployed, but the
+        # SGLang oracle must judge the backend the user asked for, not SGLang's default.
+        args += ["--dsv4-attn-backend", role.kv_layout.attentionBackend]
 
     d = spec.disaggregation
     args += [
@@ -198,6 +206,12 @@ def build_engine_command(
             args += ["--speculative-num-steps", str(sp.numSteps)]
         if sp.draftModelPath:
             args += ["--speculative-draft-model-path", sp.draftModelPath]
+        if sp.algorithm == "DSPARK" and role.attention_dp > 1 and not _has_flag(role.spec.extraArgs, DP_LM_HEAD_FLAG):
+            # DSpark with attention DP runs only with the LM head data-parallel too:
+            # speculative_hook._handle_dspark raises "DSpark with dp attention requires
+            # --enable-dp-lm-head" otherwise. It is the one value SGLang accepts there, so
+            # the operator renders it, as it does --speculative-eagle-topk 1.
+            args.append(DP_LM_HEAD_FLAG)
         if sp.algorithm == "EAGLE" and role.is_deepseek_v4 and not _has_flag(role.spec.extraArgs, EAGLE_TOPK_FLAG):
             # apply_deepseek_v4_defaults asserts speculative_eagle_topk == 1 for EAGLE, and it
             # runs before the speculative hook would default it (deepseek_v4_hook.py).
@@ -216,6 +230,7 @@ def build_engine_command(
         rdma=transfer.rdma if transfer is not None else False,
         devices=transfer.devices if transfer is not None else (),
     )  # fmt: skip
+    args += bucket_args(spec.slo, role.role)  # every SLO target a bucket boundary (decode only)
     args += list(role.spec.extraArgs)
 
     env: list[tuple[str, str]] = []

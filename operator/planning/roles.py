@@ -29,9 +29,10 @@ def _int_flag(args: list[str], dest: str, default: int) -> int:
     """The integer value SGLang's ``dest`` gets from an argument list (any alias, ``--f N`` or ``--f=N``)."""
     value = parse_flags(args).get(dest)
     try:
-        return int(value) if value is not None else default
+        number = int(value) if value is not None else default
     except (TypeError, ValueError):
         return default
+    return number if number >= 1 else default  # a width below 1 is refused by SGLang's parser checks
 
 
 ROLES: tuple[Role, Role] = ("prefill", "decode")
@@ -60,12 +61,23 @@ class RoleInputs:
     plugin_name: str
     plugin: KernelPlugin | None
     model: ModelFacts | None
+    speculative_algorithm: str | None = None
 
     @property
     def gpus_per_replica(self) -> int:
-        """GPUs one replica uses: tp x (dp when DP attention is off), per SGLang's process layout."""
+        """GPUs one replica uses: tp x pp x (dp when DP attention is off), per SGLang's process layout.
+
+        Source: sglang 0.5.23 entrypoints/engine.py places tp x pp schedulers per engine
+        (``_calculate_rank_ranges``); the DP controller (managers/data_parallel_controller.py)
+        starts each system-DP replica tp x pp GPUs further. ``--pp-size`` comes from extraArgs.
+        """
         p = self.parallelism
-        return p.tp * (1 if p.dpAttention else p.dp)
+        return p.tp * self.pipeline_parallel * (1 if p.dpAttention else p.dp)
+
+    @property
+    def pipeline_parallel(self) -> int:
+        """``--pp-size`` (or its alias) in extraArgs, 1 when absent."""
+        return _int_flag(self.spec.extraArgs, "pp_size", 1)
 
     @property
     def attention_dp(self) -> int:
@@ -100,15 +112,52 @@ class RoleInputs:
 
     @property
     def page_size(self) -> int:
-        """The page size SGLang will use: 256 for DeepSeek-V4 models on CUDA and HIP.
+        """The page size SGLang will use, after its own overrides.
 
-        Source: sglang 0.5.23 arg_groups/model_overrides/deepseek_v4.py declares
-        page_size 256 (declarations win over --page-size) and the DeepSeek-V4 pool asserts
-        "In paged swa mode, page_size must be 256" (kv_cache_configurator.py).
+        - DeepSeek-V4 models: 256 on CUDA and HIP. Source: sglang 0.5.23
+          arg_groups/model_overrides/deepseek_v4.py declares page_size 256 (declarations
+          win over --page-size) and the DeepSeek-V4 pool asserts "In paged swa mode,
+          page_size must be 256" (kv_cache_configurator.py).
+        - Models without MLA whose attention backend is (or SGLang picks) ``trtllm_mha``:
+          16, 32, 64 or 128, anything else becomes 64; ``fa4`` on SM100: 128
+          (arg_groups/overrides.py ``_mla_backend_page_constraints``, ``_fa4_page_constraint``).
+          SGLang picks ``trtllm_mha`` for an MHA model on SM100/SM103 when no backend is set
+          and speculative decoding is off or runs with top-k 1
+          (model_override_base.py ``get_default_attn_backend``).
+        - Otherwise the spec's pageSize.
+        The SGLang oracle reports the page size SGLang resolves; the differential test
+        compares.
         """
         if self.is_deepseek_v4:
             return DSV4_PAGE_SIZE
-        return self.kv_layout.pageSize
+        declared = self.kv_layout.pageSize
+        if self.model is None or self.model.mla or self.accelerator is None:
+            return declared
+        backend = self.mha_attention_backend
+        if backend == "trtllm_mha":
+            return declared if declared in (16, 32, 64, 128) else 64
+        if backend == "fa4" and self.accelerator.is_blackwell:
+            return 128
+        return declared
+
+    @property
+    def mha_attention_backend(self) -> str | None:
+        """The attention backend of an MHA model: extraArgs' ``--attention-backend`` (or the decode /
+        prefill ones), else the one SGLang 0.5.23 picks on SM100/SM103 (``trtllm_mha``), else None.
+
+        Source: arg_groups/model_override_base.py get_default_attn_backend (1.2: trtllm_mha on
+        SM100/SM103 without speculative decoding or with top-k 1).
+        """
+        flags = parse_flags(self.spec.extraArgs)
+        for key in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
+            if flags.get(key) not in (None, True, False):
+                return str(flags[key])
+        if self.accelerator is None or not self.accelerator.is_blackwell:
+            return None
+        topk = flags.get("speculative_eagle_topk")
+        if self.speculative_algorithm is None or str(topk) == "1":
+            return "trtllm_mha"
+        return None
 
     @property
     def is_deepseek_v4(self) -> bool:
@@ -141,4 +190,5 @@ def resolve_role(*, spec: PDDeploymentSpec, role: Role, catalog: Catalog) -> Rol
         plugin_name=plugin_name if renders_plugin else "none",
         plugin=plugin if renders_plugin else None,
         model=catalog.model(spec.model.name),
+        speculative_algorithm=spec.speculative.algorithm if spec.speculative else None,
     )

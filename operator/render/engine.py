@@ -179,6 +179,18 @@ def _tolerations(role: RolePlan) -> list[dict[str, Any]]:
     return out
 
 
+def role_launch(plan: Plan, role: RolePlan) -> dict[str, Any]:
+    """What the role's engine container starts with: {"configYaml", "args", "env"}.
+
+    ``configYaml`` is the ConfigMap's config file, ``args`` the container args after
+    ``python3 -m sglang.launch_server`` (``--config <mounted file>`` first), ``env`` the
+    container's variables with each ``valueFrom`` as its source (``{"fieldRef": ...}``).
+    Works for plans with errors too: the SGLang oracle judges what would be rendered.
+    """
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in _env(plan, role)}
+    return {"configYaml": config_yaml(role), "args": engine_command(role), "env": env}
+
+
 def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> list[dict[str, Any]]:
     """ConfigMap, Deployment and headless Service of ``role`` in the plan's compat group.
 

@@ -32,6 +32,8 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from helpers import rules_table
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sglang_real as real  # noqa: E402
 
@@ -72,6 +74,16 @@ BENIGN_EXTRA = (
     ("--max-prefill-tokens", "16384"),
     ("--cuda-graph-max-bs-decode", "2"),
     ("--schedule-policy", "lpm"),
+)
+
+
+# spec.slo variants: the operator renders SGLang's --bucket-* flags from their targets on decode.
+SLO_SPECS = (
+    {"ttft": {"p90": "800ms"}, "itl": {"p90": "15ms"}},
+    {"ttft": {"p50": "250ms", "p99": "3s"}},
+    {"itl": {"p99": "45ms"}, "perUserSpeed": {"p90": 33}},
+    {"e2e": {"p90": "20s"}, "window": "10m"},
+    {"ttft": {"p90": "1500ms"}, "itl": {"p50": "7ms"}, "e2e": {"p99": "2m"}, "perUserSpeed": {"p50": 120}},
 )
 
 
@@ -238,6 +250,8 @@ def valid_pdd_docs(draw) -> dict:
             r["env"] = [{"name": "SGLANG_DSV4_DECODER_TAIL_GRAPH_MAX_ROWS", "value": "0"}]
     spec["prefill"], spec["decode"] = roles["prefill"], roles["decode"]
     spec["gateway"] = {"policy": draw(st.sampled_from(["cache_aware", "round_robin", "power_of_two", "random"]))}
+    if draw(st.integers(0, 2)) > 0:
+        spec["slo"] = draw(st.sampled_from(SLO_SPECS))
     if draw(st.booleans()):
         spec["gateway"]["port"] = draw(st.integers(min_value=1024, max_value=65535))
     namespace = draw(st.sampled_from(["inference", "default", "team-a"]))
@@ -413,6 +427,8 @@ def assert_role_contract(plan: Plan, role: RolePlan) -> None:
             bool(replay) and env.get("SGLANG_DSV4_DECODER_TAIL_GRAPH_MAX_ROWS") != "0"
         ), "tail-graph memory is counted exactly when SGLang captures tail graphs"
 
+    assert_buckets(plan, role, flat)
+
     if flat.disaggregation_decode_allocation_policy == "prefill_complete":
         from sglang.srt.arg_groups.parallel_hook import handle_deprecated_dp_attention
         from sglang.srt.arg_groups.pd_disaggregation_hook import _validate_prefill_complete
@@ -423,6 +439,38 @@ def assert_role_contract(plan: Plan, role: RolePlan) -> None:
     if flat.enable_paged_experts and role.inputs.model is not None:
         # SGLang's own Paged Experts check passes on what the pod parses to (top-k from the catalog).
         paged_experts_check(flat, role.inputs.model)
+
+
+def assert_buckets(plan: Plan, role: RolePlan, sa) -> None:
+    """SGLang parses the rendered --bucket-* flags: on decode, each histogram a target of
+    spec.slo reads gets ascending boundaries holding every such target (a per-user speed S
+    as the TPOT 1/S in the inter-token list) and SGLang's defaults; prefill keeps SGLang's
+    defaults (None). Targets come from the spec, not from the rendered args."""
+    from sglang_pd_operator.api.v1alpha1 import parse_duration
+    from sglang_pd_operator.planning.buckets import SGLANG_DEFAULTS
+
+    slo = plan.spec.slo
+    fields = {"ttft": "bucket_time_to_first_token", "itl": "bucket_inter_token_latency",
+              "perUserSpeed": "bucket_inter_token_latency", "e2e": "bucket_e2e_request_latency"}
+    flags = {"bucket_time_to_first_token": "--bucket-time-to-first-token",
+             "bucket_inter_token_latency": "--bucket-inter-token-latency",
+             "bucket_e2e_request_latency": "--bucket-e2e-request-latency"}
+    wanted: dict[str, set[float]] = {}
+    if slo is not None and role.role == "decode":
+        for metric, field in fields.items():
+            targets = getattr(slo, metric)
+            for raw in (() if targets is None else (targets.p50, targets.p90, targets.p99)):
+                if raw is not None:
+                    value = 1.0 / float(raw) if metric == "perUserSpeed" else parse_duration(raw)
+                    wanted.setdefault(field, set()).add(value)
+    for field, flag in flags.items():
+        parsed = getattr(sa, field)
+        if field not in wanted:
+            assert parsed is None, f"{role.role}: {flag} rendered without a target"
+            continue
+        assert parsed == sorted(parsed) and len(set(parsed)) == len(parsed), field
+        assert wanted[field] <= set(parsed), f"{role.role}: {flag} lacks a target"
+        assert set(SGLANG_DEFAULTS[flag]) <= set(parsed), f"{role.role}: {flag} dropped SGLang defaults"
 
 
 def plan_replay_on(plan: Plan, role: RolePlan) -> bool:
@@ -573,18 +621,7 @@ def test_paged_experts_refused_exactly_where_sglang_refuses(k, tp, extra, specul
     assert bool(ours) == (refused is not None), (ours, refused)
 
 
-def _rules_table():
-    """tests/unit/test_rules_table.py (its cases and overlay), loaded by path."""
-    import importlib.util
-
-    path = ROOT / "tests" / "unit" / "test_rules_table.py"
-    spec = importlib.util.spec_from_file_location("rules_table_cases", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_TABLE = _rules_table()
+_TABLE = rules_table()
 _VALID_CASES = [c for c in _TABLE.CASES if not c["expect"]["errors"] and not c.get("catalog")]
 
 

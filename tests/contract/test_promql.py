@@ -128,6 +128,45 @@ def test_promtool_evaluates_percentiles_and_fires_the_fast_burn_alert(promtool, 
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_promtool_counts_a_kv_failure_once_per_dp_shard(promtool, tmp_path):
+    """SGLang counts a failed request on every scheduler of its DP shard (operator/metrics/
+    exposition.py): a TP4 decode shows 4 rank series. The recording rule must count each
+    failure once, and a pod with only transfer failures (no bootstrap series at all, as
+    SGLang creates a series at its first increment) must still fire the alert."""
+    spec = SLOSpec(ttft={"p90": "800ms"}, window="5m", objective=0.99)
+    rules = write_rules(tmp_path, spec, name="d", namespace="ns")
+    base = 'namespace="ns",deployment="d",role="decode",pod="decode-0",engine_type="decode",pp_rank="0"'
+    series = [{"series": f'sglang:num_transfer_failed_reqs_total{{{base},tp_rank="{r}",moe_ep_rank="{r}"}}',
+               "values": "0+1x30"} for r in range(4)]  # one failed request a minute, seen by 4 ranks
+    test = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "30s",
+        "tests": [{
+            "interval": "1m",
+            "input_series": series,
+            "promql_expr_test": [
+                {"expr": "sglang_pd:kv_transfer_failures:increase5m", "eval_time": "20m",
+                 "exp_samples": [{"labels": 'sglang_pd:kv_transfer_failures:increase5m{namespace="ns",deployment="d"}',
+                                  "value": 5}]},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "20m", "alertname": "SGLangPDKVTransferFailing", "exp_alerts": [{
+                    "exp_labels": {"severity": "warning", "namespace": "ns", "deployment": "d"},
+                    "exp_annotations": {
+                        "summary": "PDDeployment ns/d: KV cache transfers are failing",
+                        "description": "sglang:num_transfer_failed_reqs_total or sglang:num_bootstrap_failed_reqs_total "
+                                       "increased on prefill or decode pods; check the transfer backend and IB devices."},
+                }]},
+            ],
+        }],
+    }
+    test_file = tmp_path / "test.yaml"
+    test_file.write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = subprocess.run([str(promtool), "test", "rules", str(test_file)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def dashboard_exprs() -> list[str]:
     import json
 

@@ -70,3 +70,54 @@ def test_bad_override_names_the_file_and_entry(override, words):
         load_catalog(overrides=override)
     for w in words:
         assert w in str(err.value)
+
+
+# ------------------------------------------------ model facts agree with the shipped HF configs
+
+
+def _flat(config: dict) -> dict:
+    text = config.get("text_config")
+    return {**text, **{k: v for k, v in config.items() if k != "text_config"}} if isinstance(text, dict) else config
+
+
+@pytest.mark.parametrize("name", sorted(load_catalog().models))
+def test_model_facts_agree_with_the_hf_config(name):
+    """kernels/models.yaml summarizes kernels/hf-configs/: every fact derivable from the
+    config.json SGLang reads must be the config's (the oracle gives SGLang the config)."""
+    catalog = load_catalog()
+    facts, config = catalog.model(name), catalog.hf_config(name)
+    assert config is not None, f"{name}: no kernels/hf-configs/ entry; the SGLang oracle cannot judge it"
+    flat = _flat(config)
+    experts = flat.get("n_routed_experts", flat.get("num_experts", 0))
+    assert facts.numLayers == flat["num_hidden_layers"]
+    assert facts.routedExperts == experts
+    assert facts.topK == flat["num_experts_per_tok"]
+    assert facts.expertParams == 3 * flat["hidden_size"] * flat["moe_intermediate_size"]
+    assert facts.sharedExperts == flat.get("n_shared_experts", 0)
+    assert facts.compressionRatios == tuple(sorted(set(flat.get("compress_ratios") or []) - {0}))
+    assert facts.modelType == config["model_type"]
+    bundled = any(flat.get(k) is not None for k in ("dspark_block_size", "dspark_markov_rank",
+                                                     "dspark_noise_token_id", "dspark_target_layer_ids"))
+    assert facts.dsparkDraftBundled == bundled
+    assert facts.engram == bool(flat.get("engram_layer_ids"))
+    if facts.engram:
+        per_row = flat["engram_head_dim"] + flat["engram_head_dim"] // 32  # fp8 row + e8m0 scale per 32
+        assert facts.engramTableBytes == sum(flat["engram_num_embeddings"]) * per_row
+    path = ROOT / "kernels" / "hf-configs" / (name.replace("/", "--") + ".yaml")
+    weights = (yaml.safe_load(path.read_text()).get("weights") or {})
+    expert_dtype = (config.get("quantization_config") or {}).get("expert_dtype") or weights.get("routedExpertDtype")
+    quant = (config.get("quantization_config") or {}).get("quant_method")
+    want = 0.5 if expert_dtype == "fp4" else 1 if quant == "fp8" else 2
+    assert facts.bytesPerExpertParam == want
+
+
+def test_hf_configs_name_their_model_and_source():
+    """Each shipped config names its model and says where its values come from (a comment header)."""
+    directory = ROOT / "kernels" / "hf-configs"
+    files = sorted(directory.glob("*.yaml"))
+    assert len(files) >= len(load_catalog().models)
+    for path in files:
+        text = path.read_text()
+        assert "Provenance:" in text, f"{path.name}: say where the values come from"
+        data = yaml.safe_load(text)
+        assert path.name == data["model"].replace("/", "--") + ".yaml"

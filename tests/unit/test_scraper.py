@@ -1,8 +1,10 @@
 """The SLO scraper against engine simulators over real HTTP on loopback (no cluster).
 
 PDDeployment bodies and pods are plain dicts (what the API returns); the simulators
-(tools/engine_simulator) answer ``/metrics?name[]=...`` as SGLang's prometheus_client
-endpoint does. Each simulator binds its own loopback address, like a kwok pod IP.
+(tools/engine_simulator, each its own process) serve ``/metrics`` as SGLang does: from a
+MultiProcessCollector, so ``?name[]=...`` answers with an empty page. Each simulator binds
+its own loopback address, like a kwok pod IP. A plain prometheus_client target that does
+honour ``name[]`` stands for other exporters.
 """
 
 from __future__ import annotations
@@ -13,18 +15,25 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from prometheus_client import generate_latest
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sglang_pd_operator.metrics import exposition as ex
 from sglang_pd_operator.metrics.operator_metrics import OperatorMetrics
-from sglang_pd_operator.metrics.scraper import Scraper, deployment_targets
+from sglang_pd_operator.metrics.scraper import (
+    FILTER_IGNORED,
+    FILTER_UNKNOWN,
+    FILTER_WORKS,
+    Scraper,
+    deployment_targets,
+)
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 if str(TOOLS) not in sys.path:
     sys.path.insert(0, str(TOOLS))
 
-from engine_simulator import LogNormal, SimConfig, serve  # noqa: E402
+from engine_simulator import LogNormal, SimConfig, start_process  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 LBL = "pd.sglang-operator.io"
@@ -68,31 +77,98 @@ def test_targets_are_the_serving_groups_ready_pods():
     assert deployment_targets(pdd(slo={"window": "5 minutes"}), pods).slo_spec is None  # invalid: no SLO
 
 
-def test_simulator_honours_name_filter_like_sglang():
+def test_simulator_answers_name_filter_like_sglang():
     async def main():
-        sim = await serve(SimConfig(role="decode", host="127.0.0.1", port=0, model="m",
-                                    ttft=LogNormal(0.01), itl=LogNormal(0.001)))
+        sim = await start_process(SimConfig(role="decode", host="127.0.0.1", port=0, model="m",
+                                            ttft=LogNormal(0.01), itl=LogNormal(0.001)))
         try:
             async with aiohttp.ClientSession() as s:
                 await (await s.post(sim.url + "/generate", json={"text": "x"})).read()
                 full = await (await s.get(sim.url + "/metrics")).text()
                 names = [("name[]", f"{ex.TTFT}_bucket"), ("name[]", ex.QUEUE_REQS)]
                 resp = await s.get(sim.url + "/metrics", params=names)
-                assert resp.headers.get("Content-Encoding") == "gzip"     # aiohttp asked for it
+                assert resp.status == 200 and resp.headers.get("Content-Encoding") == "gzip"  # aiohttp asked
                 part = await resp.text()
         finally:
             await sim.close()
-        samples = {s.name for f in text_string_to_metric_families(part) for s in f.samples}
-        assert samples == {f"{ex.TTFT}_bucket", ex.QUEUE_REQS}
-        assert len(part) < len(full) / 3
+        assert part == "", "SGLang's MultiProcessCollector registry answers name[] with an empty page"
+        samples = {s.name for f in text_string_to_metric_families(full) for s in f.samples}
+        assert {f"{ex.TTFT}_bucket", ex.QUEUE_REQS} <= samples
+    asyncio.run(main())
+
+
+async def plain_target(host: str) -> tuple[web.AppRunner, int, list[bool]]:
+    """An exporter on a plain CollectorRegistry, which honours ``name[]`` (restricted_registry).
+
+    Returns its runner, port and, per GET, whether it carried ``name[]``."""
+    registry = CollectorRegistry()
+    failed = Counter(ex.TRANSFER_FAILED.removesuffix("_total"), "failed", ["tp_rank"], registry=registry)
+    failed.labels(tp_rank="0").inc(2)
+    Gauge("sglang:token_usage", "other", registry=registry).set(0.5)
+    asked: list[bool] = []
+
+    async def metrics(request: web.Request) -> web.Response:
+        names = request.query.getall("name[]", [])
+        asked.append(bool(names))
+        body = generate_latest(registry.restricted_registry(names) if names else registry)
+        return web.Response(body=body, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1], asked
+
+
+def test_name_filter_only_where_it_provably_returns_the_series():
+    """A pod is asked with name[]; an answer without any asked series (SGLang's empty page)
+    is followed by a whole-page GET, and a pod proven to ignore the filter is asked unfiltered
+    from then on; a pod whose filtered answer carries the series keeps being asked filtered.
+    A new pod UID starts over."""
+    async def main():
+        decode = await start_process(SimConfig(role="decode", host="127.0.0.1", port=0, model="m"))
+        runner, plain_port, asked = await plain_target("127.0.0.2")
+        body = pdd(slo={"ttft": {"p90": "800ms"}, "window": "1m"})
+        pods = [pod("p0", "prefill", "127.0.0.2"), pod("d0", "decode", "127.0.0.1")]
+        scraper = Scraper(list_deployments=lambda: [body], list_pods=lambda ns: pods, interval=2.0, timeout=2.0,
+                          ports={"prefill": plain_port, "decode": decode.config.port, "gateway": 1})
+        try:
+            async with aiohttp.ClientSession() as s:
+                async def metrics_gets() -> int:
+                    state = await (await s.get(decode.url + "/simulator/state")).json()
+                    return state["requests"].get("GET /metrics", 0)
+
+                targets = deployment_targets(body, pods, ports=scraper.ports)
+                d0 = next(p for p in targets.pods if p.name == "d0")
+                p0 = next(p for p in targets.pods if p.name == "p0")
+                assert scraper.filter_mode("ns/d", d0) == FILTER_UNKNOWN
+                await scraper.scrape_once()
+                first = await metrics_gets()
+                await scraper.scrape_once()
+                second = await metrics_gets() - first
+                modes = scraper.filter_mode("ns/d", d0), scraper.filter_mode("ns/d", p0)
+                pods[1]["metadata"]["uid"] = "uid-d0-restarted"          # same pod name, new pod
+                d0_new = next(p for p in deployment_targets(body, pods, ports=scraper.ports).pods if p.name == "d0")
+                restarted = scraper.filter_mode("ns/d", d0_new)
+                (h,) = await scraper.scrape_once()
+        finally:
+            await decode.close()
+            await runner.cleanup()
+        assert (first, second) == (2, 1), "filtered + whole page once, then the whole page only"
+        assert modes == (FILTER_IGNORED, FILTER_WORKS)
+        assert restarted == FILTER_UNKNOWN
+        assert asked == [True, True, True], "the exporter that honours name[] is always asked filtered"
+        assert h.reachable == {"prefill": 1, "decode": 1, "gateway": 0}
     asyncio.run(main())
 
 
 def test_scrape_evaluate_publish_and_count_unreachable_pods():
     async def main():
-        prefill = await serve(SimConfig(role="prefill", host="127.0.0.1", port=0, bootstrap_port=-1, model="m"))
-        port = prefill.simulator.config.port
-        decode = await serve(SimConfig(role="decode", host="127.0.0.2", port=port, model="m",
+        prefill = await start_process(SimConfig(role="prefill", host="127.0.0.1", port=0, bootstrap_port=-1, model="m"))
+        port = prefill.config.port
+        decode = await start_process(SimConfig(role="decode", host="127.0.0.2", port=port, model="m",
                                        ttft=LogNormal(0.15), itl=LogNormal(0.012)))
         body = pdd(slo={"ttft": {"p90": "800ms"}, "itl": {"p90": "10ms"}, "window": "1m"})
         pods = [pod("p0", "prefill", "127.0.0.1"), pod("d0", "decode", "127.0.0.2"),
@@ -137,9 +213,9 @@ def test_scrape_evaluate_publish_and_count_unreachable_pods():
 
 def test_changing_the_spec_rebaselines_instead_of_counting_history():
     async def main():
-        decode = await serve(SimConfig(role="decode", host="127.0.0.1", port=0, model="m",
+        decode = await start_process(SimConfig(role="decode", host="127.0.0.1", port=0, model="m",
                                        ttft=LogNormal(0.01), itl=LogNormal(0.001)))
-        port = decode.simulator.config.port
+        port = decode.config.port
         body = pdd(slo={"ttft": {"p90": "800ms"}, "window": "1m"})
         pods = [pod("p0", "prefill", "127.0.0.9"), pod("d0", "decode", "127.0.0.1")]
         scraper = Scraper(list_deployments=lambda: [body], list_pods=lambda ns: pods, interval=2.0, timeout=1.0,

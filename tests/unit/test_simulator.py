@@ -1,4 +1,9 @@
-"""The SGLang engine simulator over real HTTP on loopback (tools/engine_simulator)."""
+"""The SGLang engine simulator over real HTTP on loopback (tools/engine_simulator).
+
+Each simulator runs as its own process (``engine_simulator.start_process``): its metrics
+live in prometheus_client's multiprocess mode, as SGLang's do, which a process chooses
+when it first imports prometheus_client.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ TOOLS = Path(__file__).resolve().parents[2] / "tools"
 if str(TOOLS) not in sys.path:  # not an installed package (and the repo root must not be on sys.path)
     sys.path.insert(0, str(TOOLS))
 
-from engine_simulator import LogNormal, SimConfig, serve  # noqa: E402
+from engine_simulator import LogNormal, SimConfig, config_to_argv, parse_args, start_process  # noqa: E402
+from engine_simulator.config import MODES  # noqa: E402
 from loadgen import percentile, run_load, summarize  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
@@ -43,14 +49,14 @@ async def sse_events(resp: aiohttp.ClientResponse) -> list:
 
 def test_info_endpoints_answer_like_sglang():
     async def main():
-        sim = await serve(config("prefill", dp_size=2))
+        sim = await start_process(config("prefill", dp_size=2))
         try:
             async with aiohttp.ClientSession() as s:
                 for path in ("/health", "/health_generate", "/ready"):
                     assert (await s.get(sim.url + path)).status == 200
                 info = await (await s.get(sim.url + "/get_server_info")).json()
                 assert info["disaggregation_mode"] == "prefill" and info["version"] == "0.5.23"
-                assert info["disaggregation_bootstrap_port"] == sim.simulator.config.bootstrap_port
+                assert info["disaggregation_bootstrap_port"] == sim.config.bootstrap_port
                 assert await (await s.get(sim.url + "/server_info")).json() == info | {
                     "internal_states": info["internal_states"]}
                 model = await (await s.get(sim.url + "/get_model_info")).json()
@@ -59,7 +65,7 @@ def test_info_endpoints_answer_like_sglang():
                 assert models["data"][0]["id"] == "sim/m"
                 loads = await (await s.get(sim.url + "/v1/loads")).json()
                 assert [entry["dp_rank"] for entry in loads["loads"]] == [0, 1]
-                boot = f"http://127.0.0.1:{sim.simulator.config.bootstrap_port}/health"
+                boot = f"http://127.0.0.1:{sim.config.bootstrap_port}/health"
                 assert (await s.get(boot)).status == 200      # the prefill bootstrap listener
         finally:
             await sim.close()
@@ -68,7 +74,7 @@ def test_info_endpoints_answer_like_sglang():
 
 def test_decode_streams_tokens_and_records_sglang_metrics():
     async def main():
-        sim = await serve(config("decode", dp_size=4))
+        sim = await start_process(config("decode", dp_size=4))
         try:
             async with aiohttp.ClientSession() as s:
                 body = {"model": "sim/m", "messages": [{"role": "user", "content": "a b c"}], "stream": True,
@@ -106,9 +112,47 @@ def test_decode_streams_tokens_and_records_sglang_metrics():
     run(main())
 
 
+def test_name_filter_gives_an_empty_page_as_on_sglang():
+    """SGLang serves /metrics from a registry holding only a MultiProcessCollector, so
+    ``?name[]=`` (restricted_registry) answers 200 with nothing; the simulator too."""
+    async def main():
+        sim = await start_process(config("decode", dp_size=2))
+        try:
+            async with aiohttp.ClientSession() as s:
+                await (await s.post(sim.url + "/generate", json={"text": "x"})).read()
+                full = await (await s.get(sim.url + "/metrics")).text()
+                resp = await s.get(sim.url + "/metrics", params=[("name[]", f"{ex.TTFT}_bucket"),
+                                                                  ("name[]", ex.QUEUE_REQS)])
+                part = await resp.read()
+                status = resp.status
+        finally:
+            await sim.close()
+        return full, part, status
+    full, part, status = run(main())
+    assert status == 200 and part == b""
+    assert f"{ex.TTFT}_bucket{{" in full and f"{ex.QUEUE_REQS}{{" in full
+
+
+def test_engine_metrics_refuse_a_process_outside_multiprocess_mode():
+    from engine_simulator.metrics import EngineMetrics
+
+    with pytest.raises(RuntimeError, match="multiprocess"):
+        EngineMetrics(model_name="m", role="decode")
+
+
+def test_command_line_round_trips_the_config():
+    cfg = SimConfig(role="prefill", host="127.0.0.9", port=0, model="a/b", served_model_name="b",
+                    bootstrap_port=0, ttft=LogNormal(0.25, 0.4), prefill=LogNormal(0.07, 0.0),
+                    itl=LogNormal(0.013, 0.21), kv_transfer_ms=LogNormal(9.5, 0.1), default_max_tokens=7,
+                    max_output_tokens=99, slow_factor=3.5, seed=11, dp_size=4, tp_size=2,
+                    spec_accept_length=2.5, mode=MODES[-1])
+    assert parse_args(config_to_argv(cfg)) == cfg
+    assert parse_args(config_to_argv(SimConfig())) == SimConfig()
+
+
 def test_prefill_answers_one_token_and_records_no_ttft():
     async def main():
-        sim = await serve(config("prefill"))
+        sim = await start_process(config("prefill"))
         try:
             async with aiohttp.ClientSession() as s:
                 req = {"text": "hi", "sampling_params": {"max_new_tokens": 50}, "bootstrap_room": 1}
@@ -129,7 +173,7 @@ def test_prefill_answers_one_token_and_records_no_ttft():
 
 def test_modes_switch_at_run_time():
     async def main():
-        sim = await serve(config("aggregated", ttft=LogNormal(0.02, 0.0), slow_factor=10.0))
+        sim = await start_process(config("aggregated", ttft=LogNormal(0.02, 0.0), slow_factor=10.0))
         try:
             async with aiohttp.ClientSession() as s:
                 req = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
@@ -163,7 +207,7 @@ def test_loadgen_percentiles_agree_with_the_simulator_histograms():
     Bound: one histogram bucket (where the server-side estimate interpolates) plus the
     client's extra time (HTTP + event loop, a few ms on loopback)."""
     async def main():
-        sim = await serve(config("aggregated", ttft=LogNormal(0.25, 0.4), itl=LogNormal(0.01, 0.2)))
+        sim = await start_process(config("aggregated", ttft=LogNormal(0.25, 0.4), itl=LogNormal(0.01, 0.2)))
         try:
             results = await run_load(url=sim.url, model="sim/m", requests=60, concurrency=12, max_tokens=6)
             async with aiohttp.ClientSession() as s:

@@ -247,3 +247,42 @@ def test_render_monitoring_objects():
     assert render_monitoring(name="x", namespace="y", slo_spec=None, pod_selector={}, role_label="r")[0]["kind"] \
         == "PodMonitor"
     assert len(render_monitoring(name="x", namespace="y", slo_spec=None, pod_selector={}, role_label="r")) == 1
+
+
+def test_kv_transfer_counts_a_request_once_per_attention_tp_group():
+    """A TP4 prefill and a TP4 decode without DP attention: each failed or transferred request
+    is recorded by all four schedulers (one series per tp_rank); the window counts it once."""
+    from sglang_pd_operator.metrics.kvstore import transfer_summary
+
+    def engine(role: str):
+        r = CollectorRegistry()
+        names = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
+        ranks = [{"model_name": "m", "engine_type": role, "tp_rank": str(t), "pp_rank": "0", "moe_ep_rank": "0"}
+                 for t in range(4)]
+        failed = Counter(ex.TRANSFER_FAILED, "", names, registry=r)
+        bootstrap = Counter(ex.BOOTSTRAP_FAILED, "", names, registry=r)
+        kv = Histogram(ex.KV_TRANSFER_LATENCY_MS, "", names, buckets=ex.SGLANG_BUCKETS[ex.KV_TRANSFER_LATENCY_MS],
+                       registry=r)
+        return r, ranks, failed, bootstrap, kv
+
+    ev = SLOEvaluator()
+    spec = SLOSpec(window="1m")
+    pre_r, pre_ranks, pre_failed, _, pre_kv = engine("prefill")
+    dec_r, dec_ranks, dec_failed, dec_bootstrap, _ = engine("decode")
+    for r in pre_ranks:
+        pre_kv.labels(**r).observe(30.0)   # before the baseline: not counted
+    ev.observe(KEY, "prefill", "prefill-0", generate_latest(pre_r).decode(), now=0.0)
+    ev.observe(KEY, "decode", "decode-0", generate_latest(dec_r).decode(), now=0.0)
+    for r in pre_ranks:
+        for _ in range(10):
+            pre_kv.labels(**r).observe(30.0)
+        pre_failed.labels(**r).inc(2)
+    for r in dec_ranks:
+        dec_failed.labels(**r).inc(1)
+        dec_bootstrap.labels(**r).inc(3)
+    ev.observe(KEY, "prefill", "prefill-0", generate_latest(pre_r).decode(), now=30.0)
+    ev.observe(KEY, "decode", "decode-0", generate_latest(dec_r).decode(), now=30.0)
+    kv = ev.evaluate(KEY, spec, now=30.0).kv_transfer
+    assert (kv.transfers, kv.transfer_failures, kv.bootstrap_failures) == (10, 2 + 1, 3)
+    summary = transfer_summary(ev, KEY, now=30.0, window_s=60.0)
+    assert (summary.transfers, summary.transfer_failures, summary.bootstrap_failures) == (10, 3, 3)

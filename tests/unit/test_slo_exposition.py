@@ -14,6 +14,7 @@ import random
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sglang_pd_operator.api.v1alpha1 import SLOSpec
 from sglang_pd_operator.metrics import exposition as ex
@@ -234,3 +235,187 @@ def test_escaped_label_values_and_odd_lines_parse():
     scrape = ex.parse_exposition(text)
     assert scrape.gauges[ex.QUEUE_REQS].sum == 8 and scrape.gauges[ex.QUEUE_REQS].series == 3
     assert scrape.histograms[ex.TTFT].counts == (1.0, 3.0)
+
+
+def test_priority_queue_gauges_count_the_total_series_once():
+    """With --enable-priority-scheduling SGLang 0.5.23 writes each queue gauge as a total
+    (priority="") plus one series per priority (metrics_collector.py _log_gauge_queue_count);
+    the total is read, not total + breakdown. A label set with no total sums its priorities."""
+    registry = CollectorRegistry()
+    labels = ["model_name", "tp_rank", "dp_rank", "priority"]
+    queue = Gauge(ex.QUEUE_REQS, "queue", labels, registry=registry)
+    accept = Gauge(ex.SPEC_ACCEPT_LENGTH, "accept", labels, registry=registry)
+    for dp in range(4):
+        base = {"model_name": "m", "tp_rank": str(dp), "dp_rank": str(dp)}
+        queue.labels(**base, priority="").set(3 + dp)
+        queue.labels(**base, priority="0").set(1)
+        queue.labels(**base, priority="1").set(2 + dp)
+        accept.labels(**base, priority="").set(2.0 + dp)
+    # an exporter that writes only the breakdown for one rank
+    queue.labels(model_name="m", tp_rank="9", dp_rank="9", priority="5").set(7)
+    queue.labels(model_name="m", tp_rank="9", dp_rank="9", priority="6").set(1)
+    scrape = ex.parse_exposition(generate_latest(registry).decode())
+    assert scrape.gauges[ex.QUEUE_REQS] == ex.GaugeValue(sum=(3 + 4 + 5 + 6) + (7 + 1), series=5)
+    assert scrape.gauges[ex.SPEC_ACCEPT_LENGTH].mean == pytest.approx(3.5)
+
+
+def test_whole_page_is_narrowed_to_the_wanted_families_before_parsing():
+    pod = FakeSGLangPod(dp_size=4)
+    pod.observe_ttft([0.3, 0.5, 0.9], stream=True)
+    page = pod.text()
+    families = {ex.TTFT: ex.Kind.HISTOGRAM, ex.QUEUE_REQS: ex.Kind.GAUGE}
+    kept = ex.select_families(page, families)
+    names = {s.name for f in text_string_to_metric_families(kept) for s in f.samples}
+    assert names == {f"{ex.TTFT}_bucket", f"{ex.TTFT}_count", f"{ex.TTFT}_created", ex.QUEUE_REQS}  # no _sum
+    assert "# TYPE sglang:time_to_first_token_seconds histogram" in kept
+    assert ex.parse_exposition(page, families=families) == ex.parse_exposition(kept, families=families)
+    assert ex.has_samples(page, families) and not ex.has_samples("", families)
+    assert not ex.has_samples("# HELP sglang:num_queue_reqs x\n# TYPE sglang:num_queue_reqs gauge\n", families)
+    assert ex.select_families(page, {}) == ""
+
+
+def test_text_that_is_no_exposition_raises():
+    for text in ("<html><body>502 Bad Gateway</body></html>\n", '{"error": "not found"}\n'):
+        with pytest.raises(ex.ExpositionError):
+            ex.parse_exposition(text)
+        assert not ex.has_samples(text, ex.FAMILIES)
+    assert ex.parse_exposition("\n   \n# comment\n").histograms == {}
+
+
+# ------------------------------------------------------------ one count per DP shard
+SCHED_LABELS = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank", "dp_rank"]
+
+
+def scheduler_ranks(*, tp: int, attn_dp: int = 1, pp: int = 1, ep: int = 1) -> list[dict[str, str]]:
+    """The label sets of an engine's schedulers as SGLang 0.5.23 writes them
+    (SchedulerMetricsCollector.init_new): tp_rank, pp_rank, moe_ep_rank (tp_rank // (tp // ep),
+    data_parallel_controller.py), dp_rank = tp_rank // attn_tp with DP attention
+    (runtime_context.py derive_attention_ranks) and absent without it."""
+    attn_tp = tp // attn_dp
+    out = []
+    for p in range(pp):
+        for t in range(tp):
+            labels = {"model_name": "m", "engine_type": "prefill", "tp_rank": str(t), "pp_rank": str(p),
+                      "moe_ep_rank": str(t // (tp // ep))}
+            if attn_dp > 1:
+                labels["dp_rank"] = str(t // attn_tp)
+            out.append(labels)
+    return out
+
+
+class SchedulerPage:
+    """One counter, KV transfer histogram and queue gauge per scheduler rank, in one registry."""
+
+    def __init__(self, ranks: list[dict[str, str]]) -> None:
+        self.registry = CollectorRegistry()
+        names = [n for n in SCHED_LABELS if n in ranks[0]]
+        self.ranks = ranks
+        self.failed = Counter(ex.TRANSFER_FAILED, "failed", names, registry=self.registry)
+        self.bootstrap = Counter(ex.BOOTSTRAP_FAILED, "bootstrap", names, registry=self.registry)
+        self.latency = Histogram(ex.KV_TRANSFER_LATENCY_MS, "latency", names,
+                                 buckets=ex.SGLANG_BUCKETS[ex.KV_TRANSFER_LATENCY_MS], registry=self.registry)
+        self.queue = Gauge(ex.QUEUE_REQS, "queue", names, registry=self.registry)
+
+    def shard(self, dp_rank: int | None) -> list[dict[str, str]]:
+        """Every rank that runs the requests of DP shard ``dp_rank`` (None: the whole engine)."""
+        return [r for r in self.ranks if r.get("dp_rank") == (None if dp_rank is None else str(dp_rank))]
+
+    def fail(self, n: int, dp_rank: int | None = None) -> None:
+        """``n`` failed requests, counted by every rank of the shard as prefill.py/decode.py do."""
+        for labels in self.shard(dp_rank):
+            self.failed.labels(**labels).inc(n)
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+def test_tp4_without_dp_attention_counts_a_failed_request_once():
+    page = SchedulerPage(scheduler_ranks(tp=4, ep=2))   # moe_ep_rank 0, 0, 1, 1: still one shard
+    page.fail(3)
+    text = page.text()
+    assert text.count(f'{ex.TRANSFER_FAILED}{{') == 4, "SGLang writes one series per rank"
+    assert ex.parse_exposition(text).counters[ex.TRANSFER_FAILED] == 3
+
+
+def test_dp_attention_with_attention_tp_1_sums_the_dp_ranks():
+    page = SchedulerPage(scheduler_ranks(tp=4, attn_dp=4))
+    for dp in range(4):
+        page.fail(dp + 1, dp_rank=dp)
+    assert ex.parse_exposition(page.text()).counters[ex.TRANSFER_FAILED] == 1 + 2 + 3 + 4
+
+
+def test_dp_attention_with_attention_tp_2_counts_each_dp_rank_once():
+    page = SchedulerPage(scheduler_ranks(tp=8, attn_dp=2, ep=8))   # dp 0: tp 0-3, dp 1: tp 4-7
+    page.fail(2, dp_rank=0)
+    page.fail(5, dp_rank=1)
+    assert ex.parse_exposition(page.text()).counters[ex.TRANSFER_FAILED] == 2 + 5
+
+
+def test_pipeline_stages_of_one_shard_count_once():
+    """Decode's PP consensus (poll_and_all_reduce_pp) makes every stage conclude Failed too."""
+    page = SchedulerPage(scheduler_ranks(tp=2, pp=2))
+    page.fail(4)
+    assert ex.parse_exposition(page.text()).counters[ex.TRANSFER_FAILED] == 4
+
+
+def test_a_rank_ahead_of_its_shard_gives_the_shard_its_count():
+    """Ranks conclude a request in their own scheduler loops: a scrape can fall between two
+    ranks' increments. The shard's largest value counts (and a later scrape sees the rest)."""
+    page = SchedulerPage(scheduler_ranks(tp=4))
+    page.fail(3)
+    page.failed.labels(**page.ranks[2]).inc()
+    assert ex.parse_exposition(page.text()).counters[ex.TRANSFER_FAILED] == 4
+    for labels in page.ranks:
+        if labels is not page.ranks[2]:
+            page.failed.labels(**labels).inc()
+    assert ex.parse_exposition(page.text()).counters[ex.TRANSFER_FAILED] == 4
+
+
+def test_kv_transfer_histogram_keeps_each_shards_lowest_rank():
+    """Every rank observes its own part of a request's transfer (prefill.py
+    process_disagg_prefill_inflight_queue): one shard's observations are one rank's."""
+    page = SchedulerPage(scheduler_ranks(tp=4, attn_dp=2))    # dp 0: tp 0, 1; dp 1: tp 2, 3
+    per_rank = {"0": [12.0, 30.0, 40.0], "1": [14.0, 33.0, 45.0], "2": [18.0], "3": [20.0]}
+    for labels in page.ranks:
+        for v in per_rank[labels["tp_rank"]]:
+            page.latency.labels(**labels).observe(v)
+    h = ex.parse_exposition(page.text()).histograms[ex.KV_TRANSFER_LATENCY_MS]
+    assert h.total == 4, "one observation per transferred request"
+    ref = SchedulerPage(scheduler_ranks(tp=4, attn_dp=2))
+    for v in per_rank["0"] + per_rank["2"]:
+        ref.latency.labels(**ref.ranks[0]).observe(v)
+    assert h == ex.parse_exposition(ref.text()).histograms[ex.KV_TRANSFER_LATENCY_MS]
+
+
+def test_queue_gauges_logged_by_every_rank_count_once():
+    """--enable-metrics-for-all-schedulers: every rank of a shard logs the shard's queues."""
+    page = SchedulerPage(scheduler_ranks(tp=4, attn_dp=2))
+    for labels in page.ranks:
+        page.queue.labels(**labels).set(5 if labels["dp_rank"] == "0" else 7)
+    assert ex.parse_exposition(page.text()).gauges[ex.QUEUE_REQS] == ex.GaugeValue(sum=5 + 7, series=2)
+
+
+def test_group_by_shard_orders_ranks_by_number_and_leaves_other_series_alone():
+    def key(**labels):
+        return tuple(sorted(labels.items()))
+
+    series = {key(tp_rank="10", pp_rank="0", m="a"): "tp10", key(tp_rank="2", pp_rank="0", m="a"): "tp2",
+              key(tp_rank="0", pp_rank="1", m="a"): "pp1", key(tp_rank="3", pp_rank="0", m="b"): "b",
+              key(m="a", is_streaming="true"): "tok-true", key(m="a", is_streaming="false"): "tok-false"}
+    groups = ex.group_by_shard(series)
+    assert groups[key(m="a")] == ["tp2", "tp10", "pp1"]       # pp_rank first, then tp_rank by value
+    assert groups[key(m="b")] == ["b"]
+    assert groups[key(m="a", is_streaming="true")] == ["tok-true"]
+    assert groups[key(m="a", is_streaming="false")] == ["tok-false"]
+    assert ex.shard_of(key(m="a", tp_rank="x")) == (key(m="a"), ((0, 0, ""), (2, 0, "x"), (0, 0, "")))
+
+
+def test_tokenizer_families_without_rank_labels_are_summed_as_before():
+    pod = FakeSGLangPod(dp_size=4)
+    pod.observe_ttft([0.15] * 7, stream=True)
+    pod.observe_ttft([0.3] * 5, stream=False)
+    for labels in pod.sched:
+        pod.transfer_failed.labels(**labels).inc()
+    scrape = ex.parse_exposition(pod.text())
+    assert scrape.histograms[ex.TTFT].total == 12
+    assert scrape.counters[ex.TRANSFER_FAILED] == 4, "DP attention 4 x attention TP 1: four shards"

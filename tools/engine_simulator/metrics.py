@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's Prometheus metrics, as the simulator exposes them.
+"""SGLang 0.5.23's Prometheus metrics, as the simulator records and serves them.
 
 Names, types, label names and default bucket boundaries are those of
 ``sglang/srt/observability/metrics_collector.py`` in sglang 0.5.23:
@@ -8,15 +8,22 @@ Names, types, label names and default bucket boundaries are those of
   Under PD, a prefill server records neither TTFT, ITL nor TPOT.
 - ``SchedulerMetricsCollector`` labels: ``model_name``, ``engine_type``, ``tp_rank``,
   ``pp_rank``, ``moe_ep_rank`` and ``dp_rank`` when DP attention is on; one series per
-  DP rank.
+  DP rank. Its gauges use ``multiprocess_mode="mostrecent"`` as SGLang's do.
 
-Real SGLang runs prometheus_client in multiprocess mode, which emits no ``*_created``
-series; the simulator leaves them out too unless asked (``expose_created``).
+Storage and serving are SGLang's too: prometheus_client's **multiprocess mode** (values in
+mmap files under ``PROMETHEUS_MULTIPROC_DIR``, which must be set before prometheus_client
+is first imported in the process; the simulator's ``__main__`` does it as SGLang's
+``set_prometheus_multiproc_dir`` does) and, for ``/metrics``, a ``CollectorRegistry``
+holding only a ``MultiProcessCollector`` (SGLang's ``add_prometheus_middleware``). So the
+page has no ``*_created`` series and ``?name[]=`` selects nothing, exactly as on SGLang.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
+from prometheus_client.multiprocess import MultiProcessCollector
 
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 E2E_BUCKETS = TTFT_BUCKETS + (600, 1200, 1800, 2400)
@@ -36,27 +43,38 @@ def engine_type(role: str) -> str:
     return {"prefill": "prefill", "decode": "decode"}.get(role, "unified")
 
 
+def multiprocess_mode_active() -> bool:
+    """True when this process's prometheus_client stores values in ``PROMETHEUS_MULTIPROC_DIR``."""
+    return bool(getattr(values.ValueClass, "_multiprocess", False)) and bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
 class EngineMetrics:
-    """The registry and instruments of one simulated engine.
+    """The instruments of one simulated engine and the registry ``/metrics`` serves.
 
     ``dp_size`` > 1 makes scheduler series carry ``dp_rank`` 0..dp_size-1 (as SGLang does
     with DP attention); ``tp_size`` is reported as ``tp_rank`` 0 only (SGLang logs
-    scheduler metrics from attention-TP rank 0).
+    scheduler gauges from attention-TP rank 0; the failure counters and KV transfer
+    histograms it records on every rank of a DP shard are written for rank 0 alone, the one
+    series per shard the operator reads: ``exposition.group_by_shard``). Instruments are registered nowhere (in
+    multiprocess mode the mmap files are the store); ``registry`` is a
+    ``CollectorRegistry`` with a ``MultiProcessCollector`` over ``PROMETHEUS_MULTIPROC_DIR``,
+    what SGLang serves. One simulator per process (the directory is the process's).
+    Raises RuntimeError when the process is not in prometheus_client multiprocess mode.
     """
 
-    def __init__(self, *, model_name: str, role: str, dp_size: int = 1, expose_created: bool = False) -> None:
-        if not expose_created:
-            from prometheus_client import disable_created_metrics
-            disable_created_metrics()
-        else:
-            from prometheus_client import enable_created_metrics
-            enable_created_metrics()
+    def __init__(self, *, model_name: str, role: str, dp_size: int = 1) -> None:
+        if not multiprocess_mode_active():
+            raise RuntimeError(
+                "the engine simulator records metrics in prometheus_client multiprocess mode, as SGLang does: "
+                "set PROMETHEUS_MULTIPROC_DIR before prometheus_client is imported (run it as its own process: "
+                "python tools/engine_simulator, or engine_simulator.process.start_process)")
         self.registry = CollectorRegistry()
+        MultiProcessCollector(self.registry)
         self.role = role
         et = engine_type(role)
         self.tok_labels = {"model_name": model_name, "engine_type": et}
         tl = list(self.tok_labels)
-        r = self.registry
+        r = None  # registered nowhere: the multiprocess files are read by self.registry
         self.ttft = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               tl + ["is_streaming"], buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
@@ -90,7 +108,7 @@ class EngineMetrics:
         sl = list(self.sched_label_sets[0])
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, sl, registry=r)
+            return Gauge(name, doc, sl, registry=r, multiprocess_mode="mostrecent")
 
         self.num_running = gauge("sglang:num_running_reqs", "The number of running requests.")
         self.num_queue = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")

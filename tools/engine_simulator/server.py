@@ -18,9 +18,15 @@ does); the decode role sleeps the TTFT and then emits one token every ITL.
 Endpoints: ``/health``, ``/health_generate``, ``/ready``, ``/get_server_info``,
 ``/server_info``, ``/get_model_info``, ``/model_info``, ``/v1/models``, ``/v1/loads``,
 ``/get_load``, ``/generate``, ``/v1/completions``, ``/v1/chat/completions`` (streaming as
-SSE or not), ``/flush_cache``, ``/metrics`` (honouring ``?name[]=`` like SGLang's); control: ``POST /simulator/mode``
+SSE or not), ``/flush_cache``, ``/metrics`` (served as SGLang serves it, see
+:meth:`EngineSimulator.metrics_handler`); control: ``POST /simulator/mode``
 (``{"mode": "normal" | "slow" | "fail" | "kv_fail", "slow_factor": 5}``) and
 ``GET /simulator/state``. Every request path is counted in the state (``requests``).
+
+The metrics live in prometheus_client's multiprocess mode, as SGLang's do: run the
+simulator as its own process (``python tools/engine_simulator``, or
+``engine_simulator.process.start_process`` from a test), which sets
+``PROMETHEUS_MULTIPROC_DIR`` before prometheus_client is imported.
 """
 
 from __future__ import annotations
@@ -28,75 +34,22 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import math
 import random
 import time
 import uuid
 from collections import Counter as PathCounter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
+from .config import MODES, SGLANG_VERSION, LogNormal, SimConfig
 from .metrics import EngineMetrics
 
-SGLANG_VERSION = "0.5.23"
-MODES = ("normal", "slow", "fail", "kv_fail")
-
-
-@dataclass
-class LogNormal:
-    """A lognormal latency: ``median`` seconds, shape ``sigma`` (0 = always the median)."""
-
-    median: float
-    sigma: float = 0.0
-
-    def draw(self, rng: random.Random, factor: float = 1.0) -> float:
-        """One value in seconds, scaled by ``factor``."""
-        if self.sigma <= 0:
-            return self.median * factor
-        return rng.lognormvariate(math.log(self.median), self.sigma) * factor
-
-
-@dataclass
-class SimConfig:
-    """Everything a simulator is started with (also the ``/get_server_info`` source).
-
-    ``role``: prefill | decode | aggregated. ``ttft``: time to first token on decode /
-    aggregated (includes the prefill and KV transfer under PD); ``prefill``: the prefill
-    time a prefill server spends before answering; ``itl``: time per output token.
-    ``default_max_tokens``: output length when the request does not say;
-    ``max_output_tokens`` caps it. ``kv_transfer_ms``: KV transfer latency the prefill
-    records. ``slow_factor``: latency multiplier in slow mode. ``seed``: RNG seed.
-    """
-
-    role: str = "aggregated"
-    host: str = "127.0.0.1"
-    port: int = 30000
-    model: str = "simulated/model"
-    served_model_name: str | None = None
-    bootstrap_port: int = 8998
-    ttft: LogNormal = field(default_factory=lambda: LogNormal(0.15, 0.3))
-    prefill: LogNormal = field(default_factory=lambda: LogNormal(0.1, 0.3))
-    itl: LogNormal = field(default_factory=lambda: LogNormal(0.01, 0.2))
-    kv_transfer_ms: LogNormal = field(default_factory=lambda: LogNormal(8.0, 0.4))
-    default_max_tokens: int = 16
-    max_output_tokens: int = 256
-    slow_factor: float = 5.0
-    seed: int = 0
-    dp_size: int = 1
-    tp_size: int = 1
-    context_length: int = 32768
-    spec_accept_length: float = 0.0
-    expose_created: bool = False
-    mode: str = "normal"
-
-    @property
-    def name(self) -> str:
-        """The served model name (``--served-model-name`` or the model path)."""
-        return self.served_model_name or self.model
+__all__ = ["MODES", "SGLANG_VERSION", "EngineSimulator", "LogNormal", "RunningSimulator", "SimConfig", "serve",
+           "bootstrap_app"]
 
 
 class EngineSimulator:
@@ -110,8 +63,7 @@ class EngineSimulator:
             raise ValueError(f"mode {config.mode!r} is not one of {', '.join(MODES)}")
         self.mode = config.mode
         self.rng = random.Random(config.seed)
-        self.metrics = EngineMetrics(model_name=config.name, role=config.role, dp_size=config.dp_size,
-                                     expose_created=config.expose_created)
+        self.metrics = EngineMetrics(model_name=config.name, role=config.role, dp_size=config.dp_size)
         self.requests: PathCounter[str] = PathCounter()
         self.running = 0
         self.finished = 0
@@ -220,10 +172,14 @@ class EngineSimulator:
         return web.Response(text="Cache flushed.\n")
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
-        """``/metrics`` as SGLang serves it: prometheus_client's ``make_asgi_app`` (mounted by
-        ``add_prometheus_middleware`` in sglang/srt/utils/common.py) answers only the samples
-        named by ``name[]`` query parameters (``restricted_registry``), picks the format from
-        ``Accept`` and gzips when ``Accept-Encoding`` allows; the same steps here."""
+        """``/metrics`` as SGLang 0.5.23 serves it: ``add_prometheus_middleware``
+        (sglang/srt/utils/common.py) mounts prometheus_client's ``make_asgi_app`` over a
+        ``CollectorRegistry`` holding only a ``MultiProcessCollector``; its
+        ``_bake_output`` picks the format from ``Accept``, applies ``?name[]=`` through
+        ``restricted_registry`` and gzips when ``Accept-Encoding`` allows. The same steps
+        run here on the same kind of registry (``EngineMetrics.registry``), so ``name[]``
+        gives what it gives on SGLang: a 200 with an empty page, because
+        ``restricted_registry`` finds no collector registered under the asked names."""
         params = parse_qs(request.query_string)
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         registry = self.metrics.registry

@@ -13,24 +13,30 @@ from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..structs import RolePlan
 from ..problems import Problem
-from . import args, deepseek_v4, engram, handshake, kv, kvcache, paged_experts, placement, plugins, transfer
+from . import args, deepseek_v4, engram, handshake, kv, kvcache, moe, paged_experts, parallel, placement, plugins, speculative, transfer
 
 ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     placement.accelerator_known,
     placement.replica_fits_node,
     placement.parallelism_consistent,
+    placement.parallelism_divides_model,
     placement.memory_fits_node,
     kv.kv_layout_predictable,
     kv.kv_layout_servable,
+    kv.page_size_overridden,
     deepseek_v4.dsv4_page_size,
     deepseek_v4.dsv4_allocation_policy,
     deepseek_v4.dsv4_speculative_algorithm,
     deepseek_v4.dspark_pd_requirements,
     deepseek_v4.dsv41_unsupported_features,
+    *speculative.ROLE_RULES,
+    *moe.ROLE_RULES,
+    *parallel.ROLE_RULES,
     handshake.prefill_complete_requirements,
     args.extra_args_not_managed,
     args.extra_args_parse,
     args.env_not_managed,
+    args.chunked_prefill_page_aligned,
     plugins.plugin_in_catalog,
     plugins.plugin_matches_gpu,
     plugins.plugin_tp_size,
@@ -65,6 +71,9 @@ PAIR_RULES: tuple[Callable[..., list[Problem]], ...] = (
     transfer.transfer_rails_reach,
     transfer.transfer_force_tcp_backend,
     kvcache.hicache_store_protocol,
+    *speculative.PAIR_RULES,
+    *moe.PAIR_RULES,
+    *parallel.PAIR_RULES,
 )
 
 

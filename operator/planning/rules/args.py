@@ -10,6 +10,7 @@ from __future__ import annotations
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..engine_args import MANAGED_ENV, MANAGED_FLAGS
+from ..features import parse_flags
 from ..structs import RolePlan
 from ..problems import Problem
 from ..sglang_flags import validate_args
@@ -66,3 +67,41 @@ def env_not_managed(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog)
                 )
             )
     return problems
+
+
+def chunked_prefill_page_aligned(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """A prefill role's chunked prefill size must be a whole number of pages.
+
+    Source: sglang 0.5.23 arg_groups/validation_hook.py check_server_args asserts
+    "chunked_prefill_size must be divisible by page_size" on every role but decode, on the
+    resolved value: with DP attention, parallel_hook._handle_data_parallelism first
+    divides it by the attention-DP size. The page is 256 for DeepSeek-V4 models
+    (``RoleInputs.page_size``). Only an explicit ``--chunked-prefill-size`` is checked:
+    SGLang's own defaults are its business, and the SGLang oracle judges them.
+    """
+    if role.role == "decode":
+        return []
+    args = list(role.inputs.spec.extraArgs)
+    value = parse_flags(args).get("chunked_prefill_size")
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        return []
+    if size <= 0:
+        return []
+    per_rank = size // role.inputs.attention_dp
+    page = role.inputs.page_size
+    if per_rank % page == 0:
+        return []
+    index = next(i for i, tok in enumerate(args) if tok.startswith("--chunked-prefill-size"))
+    dp_note = f" (SGLang divides it by the attention DP size {role.inputs.attention_dp}: {per_rank})" if role.inputs.attention_dp > 1 else ""
+    step = page * role.inputs.attention_dp
+    return [
+        Problem(
+            field=f"spec.{role.role}.extraArgs[{index}]",
+            message=f"--chunked-prefill-size {size}{dp_note} is not a multiple of the page size {page}; SGLang refuses "
+            "to start (\"chunked_prefill_size must be divisible by page_size\")",
+            fix=f"use a multiple of {step}, e.g. {max(step, size // step * step)}",
+            rule="chunked_prefill_page_aligned",
+        )
+    ]

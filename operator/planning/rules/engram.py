@@ -1,8 +1,12 @@
 """Engram placement rules (DeepSeek-V4.1).
 
-Source: seed 004 (SGLang vs DeepInfer): SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE=1 keeps one
-copy of the table per node in host memory; SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS=1 splits
-it over the GPUs, each reading its peers' rows directly over NVLink.
+Source: sglang 0.5.23 layers/engram.py ``EngramEmbedding``: by default (``device``) the
+table's rows are sharded over the TP group in device memory; with
+SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE=1 (``host``) one shared copy per node lives in host
+memory; SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS=1 (``peerShards``) splits the rows over the
+GPUs and each reads its peers' rows over NVLink, but only when tp > 1 and the device is
+CUDA: elsewhere the variable is ignored and the default TP-sharded device table is used.
+Seed 004 (SGLang vs DeepInfer) describes the three placements.
 """
 
 from __future__ import annotations
@@ -35,18 +39,35 @@ def engram_model(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) ->
 
 
 def engram_peer_shards(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
-    """Peer shards need more than one GPU per replica and an NVLink / xGMI domain."""
+    """Peer shards are honoured only with tp > 1 on CUDA (layers/engram.py EngramEmbedding).
+
+    Elsewhere SGLang silently falls back to the TP-sharded device table: on ROCm (MI355X,
+    MI350X) or with tp 1 the placement would not be what the spec says, so it is refused
+    with the placement that does run. An accelerator without NVLink / xGMI cannot read
+    peers' rows at all.
+    """
     if spec.engram is None or spec.engram.placement != "peerShards" or _no_engram(role):
         return []
     acc = role.inputs.accelerator
+    tp = role.inputs.parallelism.tp
     problems = []
-    if role.inputs.gpus_per_replica < 2:
+    if acc is not None and acc.vendor != "nvidia":
         problems.append(
             Problem(
                 field="spec.engram.placement",
-                message=f"peerShards splits the Engram table over a replica's GPUs, but the {role.role} replica has "
-                f"{role.inputs.gpus_per_replica} GPU",
-                fix="use placement host or device, or more than one GPU per replica",
+                message=f"SGLang 0.5.23 honours peerShards only on CUDA; on {role.inputs.accelerator_name} "
+                f"({acc.vendor}) it is ignored and the Engram table stays in device memory, sharded over the TP group",
+                fix="use placement device (the same table the role would get) or host",
+                rule="engram_peer_shards",
+            )
+        )
+    elif tp < 2:
+        problems.append(
+            Problem(
+                field="spec.engram.placement",
+                message=f"peerShards splits the Engram table over the TP group, but the {role.role} role has tp {tp}; "
+                "SGLang 0.5.23 ignores it there and keeps the whole table in device memory",
+                fix="use placement host or device, or tp > 1",
                 rule="engram_peer_shards",
             )
         )
@@ -77,13 +98,15 @@ def engram_memory(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -
             from ..memory import quantity_bytes
 
             gpu = quantity_bytes(role.inputs.accelerator.gpuMemory)
-            if table > gpu // 4:
+            tp = role.inputs.parallelism.tp
+            per_gpu = table // tp  # rows are sharded over the TP group (EngramEmbedding shard_range)
+            if per_gpu > gpu // 4:
                 return [
                     Problem(
                         field="spec.engram.placement",
-                        message=f"a full Engram copy per GPU ({table >> 30} GiB) takes over a quarter of "
-                        f"{role.inputs.accelerator_name} memory and shrinks the KV cache",
-                        fix="use placement peerShards or host",
+                        message=f"the Engram table ({table >> 30} GiB) sharded over tp {tp} puts {per_gpu >> 30} GiB on "
+                        f"each GPU, over a quarter of {role.inputs.accelerator_name} memory, and shrinks the KV cache",
+                        fix="use placement host (one copy in host memory), or a larger tp",
                         rule="engram_memory",
                         severity="warning",
                     )

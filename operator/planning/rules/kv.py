@@ -167,3 +167,29 @@ def kv_layout_overridden(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: R
                 severity="warning")  # fmt: skip
         for (field, body, fix), roles in found.items()
     ]
+
+
+def page_size_overridden(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """SGLang replaces a page size its attention backend cannot page: say so (warning).
+
+    Source: sglang 0.5.23 arg_groups/overrides.py ``_mla_backend_page_constraints`` (trtllm_mha
+    pages 16, 32, 64 or 128, else 64) and ``_fa4_page_constraint`` (128 on SM100), with the
+    backend SGLang picks itself (``RoleInputs.mha_attention_backend``). The operator renders
+    the page size SGLang would use, so the compat key and the handshake check compare what
+    runs. DeepSeek-V4's 256 is rules/deepseek_v4.dsv4_page_size.
+    """
+    inputs = role.inputs
+    declared = inputs.kv_layout.pageSize
+    if inputs.is_deepseek_v4 or inputs.page_size == declared:
+        return []
+    backend = inputs.mha_attention_backend
+    return [
+        Problem(
+            field=f"{inputs.kv_layout_field}.pageSize",
+            message=f"{role.role} on {inputs.accelerator_name}: SGLang 0.5.23's {backend} attention backend does not "
+            f"page by {declared}; it runs pages of {inputs.page_size}, which the operator renders",
+            fix=f"set pageSize: {inputs.page_size}",
+            rule="page_size_overridden",
+            severity="warning",
+        )
+    ]

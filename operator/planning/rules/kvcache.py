@@ -46,7 +46,12 @@ def hicache_allocation_policy(*, spec: PDDeploymentSpec, role: RolePlan, catalog
 
 
 def hicache_extra_args(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
-    """extraArgs that SGLang refuses together with the rendered HiCache flags."""
+    """extraArgs that SGLang refuses together with the rendered HiCache flags.
+
+    Sources: arg_groups/hicache_hook.py (radix cache, KV cache sharding, the decode host
+    pool; ``resolve_hicache_dcp_compatibility``: with --dcp-size > 1 only DSPARK
+    speculative decoding and MLA models).
+    """
     if not _renders_hicache(spec, role):
         return []
     flags = parse_flags(role.inputs.spec.extraArgs)
@@ -63,6 +68,19 @@ def hicache_extra_args(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catal
             fix="remove --enable-kv-cache-sharding or set kvCache.hicache.storage.backend: none",
             rule="hicache_extra_args",
         ))  # fmt: skip
+    if role.inputs.decode_cp > 1:
+        if spec.speculative is not None and spec.speculative.algorithm != "DSPARK":
+            problems.append(Problem(
+                field=field, message=f"HiCache with --dcp-size > 1 supports only DSPARK speculative decoding, not "
+                f"{spec.speculative.algorithm} (hicache_hook.resolve_hicache_dcp_compatibility)",
+                fix="remove --dcp-size, use DSPARK, or remove spec.kvCache.hicache", rule="hicache_extra_args",
+            ))  # fmt: skip
+        if role.inputs.model is not None and not role.inputs.model.mla:
+            problems.append(Problem(
+                field=field, message="HiCache with --dcp-size > 1 is only supported for MLA models (the index "
+                "translation lives in the MLA host pool)", fix="remove --dcp-size or spec.kvCache.hicache",
+                rule="hicache_extra_args",
+            ))  # fmt: skip
     if role.role == "decode" and flags.get("disaggregation_decode_retraction_backup") == "host_pool":
         problems.append(Problem(
             field=field,
@@ -101,3 +119,4 @@ def hicache_store_protocol(*, spec: PDDeploymentSpec, prefill: RolePlan, decode:
             )
         ]
     return []
+

@@ -30,7 +30,7 @@ def accelerator_known(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalo
 
 
 def replica_fits_node(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
-    """A single-node replica's GPUs (tp x dp without DP attention) must fit one node."""
+    """A single-node replica's GPUs (tp x pp, x dp without DP attention) must fit one node."""
     acc = role.inputs.accelerator
     gpus = role.inputs.gpus_per_replica
     if acc is None or gpus <= acc.gpusPerNode:
@@ -40,7 +40,7 @@ def replica_fits_node(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalo
             field=f"spec.{role.role}.parallelism",
             message=f"a {role.role} replica needs {gpus} GPUs but a {role.inputs.accelerator_name} node has "
             f"{acc.gpusPerNode}",
-            fix=f"use tp x dp (dp counts only without dpAttention) <= {acc.gpusPerNode}",
+            fix=f"use tp x pp x dp (dp counts only without dpAttention) <= {acc.gpusPerNode}",
             rule="replica_fits_node",
         )
     ]
@@ -91,3 +91,66 @@ def memory_fits_node(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog
             rule="memory_fits_node",
         )
     ]
+
+
+def parallelism_divides_model(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """The parallel widths must divide what the model's config fixes, or every engine fails building the model.
+
+    SGLang divides while it constructs the layers, after argument checks passed:
+    attention heads (and KV heads, or TP by the KV heads when larger) by attention TP
+    (layers/linear.py QKVParallelLinear ``divide()``; models/deepseek_v4.py for
+    DeepSeek-V4, also its output groups), routed experts by the MoE EP size and the MoE
+    intermediate size by the MoE TP size (layers/moe/fused_moe_triton/layer.py FusedMoE),
+    a dense MLP's intermediate size by TP (MergedColumnParallelLinear). Sizes come from
+    the catalog's copy of the model's config.json (planning/model_shape.py); the SGLang
+    oracle checks the same divisions with SGLang's own ``ensure_divisibility``.
+    """
+    model = role.inputs.model
+    config = catalog.hf_config(spec.model.name)
+    if model is None or config is None or (role.role == "decode" and _same_parallelism(spec)):
+        return []
+    from ..features import parse_flags
+    from ..model_shape import model_shape
+
+    shape = model_shape(config, mla=model.mla)
+    p = role.inputs.parallelism
+    if (p.ep > 1 and p.tp % p.ep) or (p.dpAttention and p.tp % p.dp):
+        return []  # parallelism_consistent refuses the widths themselves
+    flags = parse_flags(role.inputs.spec.extraArgs)
+    attn_tp = role.inputs.attention_tp
+    ep = max(1, p.ep)
+    moe_dp = max(1, int(flags.get("moe_dp_size") or 1)) if str(flags.get("moe_dp_size") or "1").isdigit() else 1
+    moe_tp = max(1, p.tp // ep // moe_dp)
+    redundant = str(flags.get("ep_num_redundant_experts") or "0")
+    experts = shape.experts + (int(redundant) if redundant.isdigit() else 0)
+    checks: list[tuple[int | None, int, str]] = [(shape.heads, attn_tp, f"{shape.heads} attention heads over attention TP {attn_tp}")]
+    if shape.kv_heads:
+        if attn_tp >= shape.kv_heads:
+            checks.append((attn_tp, shape.kv_heads, f"attention TP {attn_tp} over {shape.kv_heads} KV heads (replicated)"))
+        else:
+            checks.append((shape.kv_heads, attn_tp, f"{shape.kv_heads} KV heads over attention TP {attn_tp}"))
+    if shape.o_groups:
+        checks.append((shape.o_groups, attn_tp, f"{shape.o_groups} output groups over attention TP {attn_tp}"))
+    if experts:
+        checks.append((experts, ep, f"{experts} routed experts over expert parallelism {ep}"))
+        checks.append((shape.moe_intermediate, moe_tp, f"MoE intermediate size {shape.moe_intermediate} over MoE TP {moe_tp}"))
+    if shape.intermediate:
+        checks.append((shape.intermediate, p.tp, f"dense MLP intermediate size {shape.intermediate} over TP {p.tp}"))
+    bad = [what for n, d, what in checks if n is not None and d >= 1 and n % d != 0]
+    if not bad:
+        return []
+    roles = "both roles'" if _same_parallelism(spec) else f"the {role.role} role's"
+    return [
+        Problem(
+            field=f"spec.{role.role}.parallelism.tp",
+            message=f"{spec.model.name} does not split over {roles} parallelism (tp {p.tp}, dp {p.dp}, ep {p.ep}"
+            f"{', dpAttention' if p.dpAttention else ''}): {'; '.join(bad)} do not divide; SGLang fails building the "
+            "model on every engine",
+            fix="use a tp (and ep) that divides the model's head, expert and intermediate counts, e.g. a power of two",
+            rule="parallelism_divides_model",
+        )
+    ]
+
+
+def _same_parallelism(spec: PDDeploymentSpec) -> bool:
+    return spec.prefill.parallelism == spec.decode.parallelism and spec.prefill.extraArgs == spec.decode.extraArgs

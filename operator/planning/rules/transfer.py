@@ -267,16 +267,6 @@ def transfer_tcp_fallback(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: 
                 severity="warning",
             )
         )
-    if spec.transfer.backend == "fake":
-        problems.append(
-            Problem(
-                field="spec.transfer.backend",
-                message="the fake transfer backend moves no KV; for tests only",
-                fix="use mooncake, nixl or mori in production",
-                rule="transfer_tcp_fallback",
-                severity="warning",
-            )
-        )
     return problems
 
 

@@ -19,7 +19,7 @@ tests of sglang's argument parser, KV layout selection, plugin specs).
 libcuda.so.1 (the driver) is deliberately NOT stubbed, so triton and other code
 that probes for a driver still sees none.
 
-Usage:  python requirements/cuda_stubs.py [SITE_PACKAGES]
+Usage:  python -m sglang_pd_operator.oracle.cuda_stubs [SITE_PACKAGES]   (`sglang-pd-operator sglang install` runs it)
         (defaults to the running interpreter's purelib; idempotent)
 Needs:  readelf (binutils) and cc (gcc).
 """
@@ -220,7 +220,7 @@ def build(site_packages: str) -> list[str]:
         built.append(target)
     with open(os.path.join(out_dir, "README-STUBS.txt"), "w") as f:
         f.write(
-            "Stub CUDA libraries made by requirements/cuda_stubs.py so that torch imports\n"
+            "Stub CUDA libraries made by sglang_pd_operator/oracle/cuda_stubs.py so that torch imports\n"
             "on a CPU-only machine. They are not CUDA. Remove this folder and install\n"
             "torch with its dependencies to get the real libraries.\n"
         )

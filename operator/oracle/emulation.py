@@ -1,0 +1,197 @@
+"""Make this process look, to SGLang, like one node of a catalog accelerator (worker side).
+
+Runs only inside an oracle worker process (``worker.py``), and :func:`install` must run
+*before* SGLang is imported: SGLang evaluates device probes at import time
+(``_is_hip = is_hip()`` in many modules, ``lru_cache``-d ``is_sm100_supported``), so the
+emulation sits below SGLang, at the answers SGLang's own probes read:
+
+- ``torch.cuda``: ``is_available`` (True), ``device_count``, ``get_device_capability``,
+  ``get_device_name``, ``get_device_properties`` (name, total_memory, major, minor,
+  gcnArchName, multi_processor_count), ``mem_get_info``, ``current_device``;
+- ``torch.version.cuda`` / ``torch.version.hip``;
+- ``/sys/class/infiniband``: the node's RDMA NICs (the catalog's rails), for SGLang's
+  ``validate_ib_devices`` (arg_groups/validation_hook.py), which lists that directory;
+- the vendor tools SGLang shells out to for memory: ``nvidia-smi
+  --query-gpu=memory.total`` (utils/common.py ``get_nvgpu_memory_capacity``) and
+  ``rocminfo`` (``get_amdgpu_memory_capacity``), as small scripts on ``PATH`` that print
+  the catalog's memory.
+
+SGLang's probes (``is_cuda``, ``is_sm100_supported``, ``get_device_sm``,
+``is_gfx95_supported``, the plugin bindings' ``device_isa``) then compute their answers
+from these, with their own code. Nothing is allocated on a device: the oracle never runs
+a kernel. :func:`verify` reads SGLang's platform context back after import and raises
+:class:`EmulationDrift` when SGLang sees something else than what was installed (a
+probe that reads a source this module does not emulate).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import stat
+import types
+from pathlib import Path
+from typing import Any
+
+from .device import DeviceFacts
+
+
+#: Third-party libraries imported before the emulation, with the real (CPU) machine's view:
+#: apache-tvm-ffi, which SGLang's JIT kernel loaders import, builds or patches CUDA stream
+#: support at import when torch reports a GPU, and fails on this CPU-only torch. The
+#: oracle compiles no kernel, so what tvm_ffi learned about the host does not matter.
+HOST_IMPORTS_FIRST = ("tvm_ffi",)
+
+
+class EmulationDrift(RuntimeError):
+    """SGLang's platform facts disagree with the emulated device (a probe reads elsewhere)."""
+
+
+def _props(facts: DeviceFacts) -> types.SimpleNamespace:
+    major, minor = facts.capability
+    return types.SimpleNamespace(
+        name=facts.name,
+        total_memory=facts.total_memory,
+        major=major,
+        minor=minor,
+        gcnArchName=facts.gcn_arch or f"sm_{major}{minor}",
+        multi_processor_count=160,
+        L2_cache_size=128 << 20,
+        is_integrated=False,
+        is_multi_gpu_board=False,
+        warp_size=64 if facts.vendor == "amd" else 32,
+    )
+
+
+def _write_tool(directory: Path, name: str, text: str) -> None:
+    path = directory / name
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def _nvidia_smi(facts: DeviceFacts) -> str:
+    """An ``nvidia-smi`` that answers the queries SGLang makes, one line per GPU."""
+    major, minor = facts.capability
+    answers = {
+        "memory.total": str(facts.memory_mib),
+        "name": facts.name,
+        "compute_cap": f"{major}.{minor}",
+    }
+    cases = "\n".join(
+        f'  *"--query-gpu={q}"*) for i in $(seq {facts.count}); do echo "{a}"; done; exit 0;;'
+        for q, a in answers.items()
+    )
+    return (
+        "#!/bin/sh\n# emulated by sglang-pd-operator's SGLang oracle (no GPU here)\n"
+        f'case "$*" in\n{cases}\n  *) echo "emulated nvidia-smi: unsupported query: $*" >&2; exit 9;;\nesac\n'
+    )
+
+
+def _rocminfo(facts: DeviceFacts) -> str:
+    """A ``rocminfo`` whose agents carry the gfx name and a global pool of the GPU's memory (KB)."""
+    kb = facts.total_memory >> 10
+    agent = (
+        f"  Name:                    {facts.isa}\\n"
+        "  Pool Info:\\n  Pool 1\\n    Segment:                 GLOBAL; FLAGS: COARSE GRAINED\\n"
+        f"    Size:                    {kb}({kb:#x}) KB\\n"
+    )
+    return (
+        "#!/bin/sh\n# emulated by sglang-pd-operator's SGLang oracle (no GPU here)\n"
+        f'for i in $(seq {facts.count}); do printf "{agent}"; done\n'
+    )
+
+
+IB_SYSFS = "/sys/class/infiniband"
+
+
+def _emulate_sysfs(devices: tuple[str, ...]) -> None:
+    """Answer ``os.listdir`` / ``os.path.isdir`` / ``os.path.exists`` for IB_SYSFS from the catalog."""
+    real_listdir, real_isdir, real_exists = os.listdir, os.path.isdir, os.path.exists
+    entries = {IB_SYSFS: list(devices), **{f"{IB_SYSFS}/{d}": [] for d in devices}}
+
+    def listdir(path: Any = ".") -> list[str]:
+        key = os.fspath(path).rstrip("/") if not isinstance(path, int) else None
+        if key in entries:
+            return list(entries[key])
+        return real_listdir(path)
+
+    def isdir(path: Any) -> bool:
+        key = os.fspath(path).rstrip("/") if not isinstance(path, int) else None
+        if key is not None and key.startswith(IB_SYSFS):
+            return key in entries and bool(devices)
+        return real_isdir(path)
+
+    def exists(path: Any) -> bool:
+        key = os.fspath(path).rstrip("/") if not isinstance(path, int) else None
+        if key is not None and key.startswith(IB_SYSFS):
+            return key in entries and bool(devices)
+        return real_exists(path)
+
+    os.listdir, os.path.isdir, os.path.exists = listdir, isdir, exists
+
+
+def install(facts: DeviceFacts, tools_dir: Path) -> None:
+    """Emulate ``facts`` for the rest of this process (call before importing SGLang).
+
+    ``tools_dir`` receives the emulated ``nvidia-smi`` / ``rocminfo`` and is put first on
+    ``PATH``. Raises ``RuntimeError`` when SGLang was imported already (its import-time
+    probes would keep the real machine's answers).
+    """
+    import sys
+
+    if any(name == "sglang" or name.startswith("sglang.") for name in sys.modules):
+        raise RuntimeError("emulation.install must run before sglang is imported")
+    import torch
+
+    for name in HOST_IMPORTS_FIRST:
+        importlib.import_module(name)
+
+    props = _props(facts)
+    cuda = torch.cuda
+    cuda.is_available = lambda: True
+    cuda.device_count = lambda: facts.count
+    cuda.get_device_capability = lambda device=None: facts.capability
+    cuda.get_device_name = lambda device=None: facts.name
+    cuda.get_device_properties = lambda device=None: props
+    cuda.mem_get_info = lambda device=None: (facts.total_memory, facts.total_memory)
+    cuda.current_device = lambda: 0
+    torch.version.cuda = facts.cuda_version
+    torch.version.hip = facts.hip_version
+
+    _emulate_sysfs(facts.rdma_devices)
+    tools_dir.mkdir(parents=True, exist_ok=True)
+    if facts.vendor == "nvidia":
+        _write_tool(tools_dir, "nvidia-smi", _nvidia_smi(facts))
+    else:
+        _write_tool(tools_dir, "rocminfo", _rocminfo(facts))
+    os.environ["PATH"] = f"{tools_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def verify(facts: DeviceFacts) -> None:
+    """Check that SGLang's own probes see the emulated device; raise :class:`EmulationDrift` if not.
+
+    Reads sglang/srt/runtime_context.py ``get_platform()`` (whose facts come from the
+    probes of utils/common.py) and ``get_device_memory_capacity``.
+    """
+    from sglang.srt.runtime_context import get_platform
+    from sglang.srt.utils.common import get_device_memory_capacity, is_gfx95_supported
+
+    platform = get_platform()
+    major, _ = facts.capability
+    expected = {
+        "is_cuda": facts.vendor == "nvidia",
+        "is_hip": facts.vendor == "amd",
+        "is_sm100": facts.vendor == "nvidia" and major == 10,
+        "is_sm90": facts.vendor == "nvidia" and major == 9,
+        "is_blackwell": facts.vendor == "nvidia" and major in (10, 11, 12),
+    }
+    seen = {name: bool(getattr(platform, name)) for name in expected}
+    seen_gfx95 = bool(is_gfx95_supported())
+    memory_mib = get_device_memory_capacity("cuda")
+    problems = [f"{k}: SGLang sees {seen[k]}, emulated {v}" for k, v in expected.items() if seen[k] != v]
+    if seen_gfx95 != (facts.isa == "gfx950"):
+        problems.append(f"is_gfx95_supported: SGLang sees {seen_gfx95}, emulated {facts.isa}")
+    if memory_mib is None or abs(float(memory_mib) - facts.memory_mib) > 1:
+        problems.append(f"device memory: SGLang sees {memory_mib} MiB, emulated {facts.memory_mib} MiB")
+    if problems:
+        raise EmulationDrift("the emulated GPU is not what SGLang sees: " + "; ".join(problems))

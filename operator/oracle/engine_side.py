@@ -1,0 +1,589 @@
+"""SGLang 0.5.23's own startup checks and PD handshake, run on one rendered role (worker side).
+
+Imported only inside an oracle worker process, after ``emulation.install`` made the
+process look like the role's GPU node; it imports SGLang. Every verdict here is SGLang's:
+
+1. :func:`resolve_role` does what ``python -m sglang.launch_server`` does before it loads
+   a weight: ``prepare_server_args`` on the role's command (the ``--config`` file the
+   ConfigMap carries plus the command-line flags), ``ServerArgs.resolve_once()`` (the
+   resolution pipeline of arg_groups/pipeline.py, which loads the model's HF config
+   from the emulated model directory) and ``ServerArgs.check_server_args()``
+   (arg_groups/validation_hook.py), then the model-building divisibility checks of
+   :mod:`.model_checks` (SGLang's ``divide``), and resolves the facts a PD peer is
+   compared on: SGLang's ``configure_kv_cache_dtype`` (the KV dtype string),
+   ``select_dsv4_kv_layout`` and ``DeepSeekV4TokenToKVPool.pd_kv_layout`` (the PD KV
+   layout string), ``get_dsv41_spec_layout`` (the DSpark transfer layout).
+2. :func:`serve_bootstrap` starts SGLang's real ``CommonKVBootstrapServer`` on loopback
+   and registers every prefill rank (dp x cp x tp x pp) through the real
+   ``CommonKVManager.__init__`` -> ``register_to_bootstrap`` (an HTTP PUT), each rank in
+   its own SGLang runtime context (``create_context`` with that rank's ``SpawnRanks``).
+3. :func:`handshake` builds the decode side's real ``CommonKVManager`` and calls its
+   ``try_ensure_parallel_info`` against that server (an HTTP GET of ``/route``): the
+   page size, KV dtype, KV layout, DSpark layout, attention-TP and DCP checks of
+   disaggregation/common/conn.py, and the decode-allocation-policy comparison of
+   ``CommonKVReceiver.init``.
+
+What is emulated, and why: the GPU (``emulation``), the model directory (config.json
+only, from the catalog), the pool byte lengths of the DSpark transfer layout (a pool
+needs GPU memory; see :func:`_dsv41_kv_args`), loopback addresses for the pod network,
+and the bootstrap port: SGLang judges the rendered port, then the rank contexts get a
+free loopback port in its place (``RuntimeContext.override``) for the live handshake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import socket
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from .kernel_standins import take_calls
+from .model_checks import model_build_problems
+
+log = logging.getLogger(__name__)
+
+#: The stages of one role's startup, in order; a refusal names the stage it came from.
+STAGES = ("parse", "resolve", "validate", "model", "kv")
+POD_IP = "127.0.0.1"
+
+
+class Refusal(Exception):
+    """SGLang refused the role or the pair; ``info`` is the JSON-able description."""
+
+    def __init__(self, info: dict[str, Any]):
+        super().__init__(info.get("message"))
+        self.info = info
+
+
+def sglang_frame(tb) -> str | None:
+    """``sglang/<path>:<function>:<line>`` of the innermost traceback frame in SGLang's code."""
+    where = None
+    for frame, lineno in traceback.walk_tb(tb):
+        path = frame.f_code.co_filename
+        idx = path.rfind("/sglang/")
+        if idx >= 0:
+            where = f"{path[idx + 1:]}:{frame.f_code.co_name}:{lineno}"
+    return where
+
+
+def describe(exc: BaseException, stage: str) -> dict[str, Any]:
+    """A JSON-able description of an exception SGLang raised at ``stage``."""
+    if isinstance(exc, SystemExit):
+        return {"stage": stage, "type": "SystemExit", "message": f"argparse exit {exc.code}", "where": None}
+    message = str(exc) or exc.__class__.__name__
+    info = {"stage": stage, "type": type(exc).__name__, "message": message, "where": sglang_frame(exc.__traceback__)}
+    if isinstance(exc, OracleLimit):
+        info["indeterminate"] = message
+    elif isinstance(exc, ImportError):
+        # A module SGLang imports is missing from the oracle's environment: not a verdict.
+        info["indeterminate"] = f"the oracle's environment lacks a module SGLang imports: {message}"
+    elif _needs_the_hub(exc):
+        # A draft model or tokenizer named by a hub id: the oracle has no network (HF_HUB_OFFLINE=1).
+        info["indeterminate"] = f"SGLang wanted files of a model the oracle does not have (no hub access): {message}"
+    return info
+
+
+def _needs_the_hub(exc: BaseException) -> bool:
+    """The exception (or one it was raised from) comes from huggingface_hub / transformers trying to fetch."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        module = type(seen).__module__ or ""
+        text = str(seen).lower()
+        if module.startswith("huggingface_hub") or "hf_hub_offline" in text or "offline mode" in text or (
+            isinstance(seen, OSError) and ("huggingface.co" in text or "hugging face hub" in text or "does not appear to have a file named" in text)
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+@contextlib.contextmanager
+def role_environment(env: dict[str, str]) -> Iterator[None]:
+    """Run with exactly the pod's variables on top of the worker's base environment.
+
+    Resolution writes ``os.environ`` (serving_hook.handle_environment_variables), so the
+    whole mapping is restored afterwards.
+    """
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env)
+        os.environ.setdefault("SGLANG_HOST_IP", POD_IP)
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[io.StringIO]:
+    """Keep SGLang's logging and argparse output off the worker's protocol stream."""
+    err = io.StringIO()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    with contextlib.redirect_stdout(err), contextlib.redirect_stderr(err):
+        try:
+            yield err
+        finally:
+            root.handlers[:] = handlers
+            root.setLevel(level)
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as s:
+        s.bind((POD_IP, 0))
+        return s.getsockname()[1]
+
+
+def _argparse_error(text: str) -> str | None:
+    lines = [ln for ln in text.splitlines() if "error:" in ln]
+    return lines[-1].split("error:", 1)[1].strip() if lines else None
+
+
+def _write_config(config_yaml: str, model_dir: str, directory: Path) -> Path:
+    """The role's --config file with the model path pointed at the emulated model directory."""
+    config = yaml.safe_load(config_yaml) or {}
+    config["model-path"] = model_dir
+    path = directory / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _cli_args(args: list[str]) -> list[str]:
+    """The command-line flags after ``--config FILE`` (the file is rewritten by :func:`_write_config`)."""
+    out = list(args)
+    return out[2:] if out[:1] == ["--config"] else out
+
+
+@dataclass
+class RoleState:
+    """One resolved role kept in the worker for the handshake: SGLang's ServerArgs and facts."""
+
+    role: str
+    server_args: Any
+    facts: dict[str, Any]
+    bootstrap: Any = None
+    bootstrap_port: int | None = None
+    managers: list[Any] = field(default_factory=list)
+    board: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def resolve_role(request: dict[str, Any]) -> tuple[dict[str, Any], RoleState | None]:
+    """Run one role's startup the way ``sglang.launch_server`` does, up to loading weights.
+
+    ``request``: {"role": prefill|decode, "configYaml": the ConfigMap's config.yaml,
+    "args": the container args (``--config FILE`` first), "env": {name: value},
+    "modelDir": the emulated model directory, "nnodes": nodes per replica}.
+    Returns ({"role", "starts", "refusal", "facts"}, state or None). ``refusal`` is
+    SGLang's own exception: {"stage", "type", "message", "where"}.
+    """
+    role = request["role"]
+    env = dict(request.get("env") or {})
+    nnodes = int(request.get("nnodes") or 1)
+    with tempfile.TemporaryDirectory(prefix="sglang-oracle-") as tmp, role_environment(env):
+        config = _write_config(request["configYaml"], request["modelDir"], Path(tmp))
+        argv = ["--config", str(config), *_cli_args(request["args"])]
+        if nnodes > 1:
+            argv += ["--nnodes", str(nnodes), "--node-rank", "0", "--dist-init-addr", f"{POD_IP}:{free_port()}"]
+        try:
+            server_args, facts = _startup(argv)
+        except Refusal as r:
+            used = take_calls()
+            if r.info.get("indeterminate"):
+                return {"role": role, "starts": None, "refusal": None, "facts": None,
+                        "indeterminate": r.info["indeterminate"]}, None
+            if used or r.info.get("type") == "KernelUsed":
+                return {"role": role, "starts": None, "refusal": None, "facts": None,
+                        "indeterminate": f"SGLang called GPU kernels the oracle cannot run: {', '.join(used)}"}, None
+            return {"role": role, "starts": False, "refusal": r.info, "facts": None}, None
+        used = take_calls()
+        if used:
+            return {"role": role, "starts": None, "refusal": None, "facts": None,
+                    "indeterminate": f"SGLang called GPU kernels the oracle cannot run: {', '.join(used)}"}, None
+    return {"role": role, "starts": True, "refusal": None, "facts": facts}, RoleState(role, server_args, facts)
+
+
+def _stage(stage: str, fn, *args):
+    with _quiet() as out:
+        try:
+            return fn(*args)
+        except SystemExit as e:
+            info = describe(e, stage)
+            info["message"] = _argparse_error(out.getvalue()) or info["message"]
+            raise Refusal(info) from None
+        except Refusal:
+            raise
+        except Exception as e:  # SGLang's own refusal: ValueError, AssertionError, RuntimeError ...
+            raise Refusal(describe(e, stage)) from None
+
+
+def _startup(argv: list[str]) -> tuple[Any, dict[str, Any]]:
+    from sglang.srt.server_args import prepare_server_args
+
+    server_args = _stage("parse", prepare_server_args, argv)
+    _stage("resolve", server_args.resolve_once)
+    _stage("validate", server_args.check_server_args)
+    problems = _stage("model", model_build_problems, server_args)
+    if problems:
+        first = problems[0]
+        raise Refusal({"stage": "model", "type": first.type, "message": "; ".join(p.message for p in problems),
+                       "where": first.where})
+    facts = _stage("kv", _peer_facts, server_args)
+    return server_args, facts
+
+
+def _rank_context(server_args: Any, world_rank: int, dp_rank: int | None = None):
+    from sglang.srt.runtime_context import SpawnRanks, create_context
+
+    return create_context(server_args, role="scheduler", ranks=SpawnRanks(world_rank=world_rank, dp_rank=dp_rank, gpu_id=0))
+
+
+def _peer_facts(server_args: Any) -> dict[str, Any]:
+    """What a PD peer is compared on, resolved by SGLang's own functions in rank 0's context."""
+    from sglang.srt.arg_groups.model_override_base import model_config_of
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.mem_cache import kv_cache_dtype as kvd
+    from sglang.srt.runtime_context import get_disagg, get_model, get_parallel, get_spec, use_context
+
+    cfg = resolving_view(server_args)
+    model_config = model_config_of(server_args)
+    with use_context(_rank_context(server_args, 0)):
+        parallel = get_parallel()
+        resolved_dtype, torch_dtype = kvd.configure_kv_cache_dtype(
+            server_args_kv_cache_dtype=get_model().kv_cache_dtype,
+            model=None,
+            model_dtype=model_config.dtype,
+            is_draft_worker=False,
+            is_dflash=False,
+            speculative_draft_attention_backend=None,
+            speculative_draft_kv_cache_dtype=get_spec().speculative_draft_kv_cache_dtype,
+        )
+        kv_dtype_str = resolved_dtype if resolved_dtype is not None else get_model().kv_cache_dtype
+        facts: dict[str, Any] = {
+            "pageSize": int(cfg.page_size) if cfg.page_size is not None else None,
+            "kvCacheDtype": kv_dtype_str,
+            "kvCacheTorchDtype": str(torch_dtype).replace("torch.", ""),
+            "attnTpSize": parallel.attn_tp_size,
+            "attnCpSize": parallel.attn_cp_size,
+            "attnDpSize": parallel.attn_dp_size,
+            "dcpSize": parallel.attn_dcp_size,
+            "tpSize": cfg.tp_size,
+            "ppSize": cfg.pp_size,
+            "dpSize": cfg.dp_size,
+            "epSize": cfg.ep_size,
+            "nnodes": cfg.nnodes,
+            "chunkedPrefillSize": cfg.chunked_prefill_size,
+            "disaggregationMode": cfg.disaggregation_mode,
+            "transferBackend": cfg.disaggregation_transfer_backend,
+            "decodeAllocationPolicy": get_disagg().disaggregation_decode_allocation_policy,
+            "speculativeAlgorithm": str(cfg.speculative_algorithm) if cfg.speculative_algorithm else None,
+            "speculativeNumDraftTokens": cfg.speculative_num_draft_tokens,
+            "architectures": list(getattr(model_config.hf_config, "architectures", None) or []),
+            "modelType": getattr(model_config.hf_config, "model_type", None),
+            "dsv4AttnBackend": getattr(cfg, "dsv4_attn_backend", None),
+            "kvLayout": None,
+            "compressionRatios": None,
+            "dsv41SpecLayout": None,
+            "stateTypes": [],
+        }
+        facts["isMla"] = _is_mla_pool(model_config)
+        if _is_dsv4(model_config):
+            facts.update(_dsv4_layout(model_config, kv_dtype_str))
+    return facts
+
+
+def _is_dsv4(model_config: Any) -> bool:
+    return "DeepseekV4ForCausalLM" in (getattr(model_config.hf_config, "architectures", None) or [])
+
+
+def _is_mla_pool(model_config: Any) -> bool:
+    """The KV pool is MLA-shaped (disaggregation/utils.py is_mla_backend: MLATokenToKVPool or
+    DeepSeekV4TokenToKVPool), which the KV configurator picks from ``attention_arch``."""
+    from sglang.srt.configs.model_config import AttentionArch
+
+    return _is_dsv4(model_config) or getattr(model_config, "attention_arch", None) == AttentionArch.MLA
+
+
+def _dsv4_layout(model_config: Any, kv_dtype_str: str) -> dict[str, Any]:
+    """The PD KV layout string and DSpark transfer layout SGLang would send (DeepSeek-V4 family).
+
+    ``select_dsv4_kv_layout`` and ``DeepSeekV4TokenToKVPool.pd_kv_layout`` (mem_cache/
+    deepseek_v4_memory_pool.py) run for real; the pool is a shell carrying the inputs
+    ``pd_kv_layout`` reads (a real pool allocates GPU memory), exactly as its own
+    ``__init__`` sets them from the KV configurator (kv_cache_configurator.py: the
+    model's per-layer ``compress_ratios``; ``uniform_fp8`` for trtllm).
+    """
+    from sglang.kernels.ops.attention.dsv4.kv_layout import KVLayout
+    from sglang.srt.disaggregation.utils import get_dsv41_spec_layout
+    from sglang.srt.layers.attention.dsv4.unified_kv_gate import is_unified_kv_triton
+    from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool, select_dsv4_kv_layout
+    from sglang.srt.runtime_context import get_exec, get_spec
+
+    layout, option = select_dsv4_kv_layout()
+    pool = DeepSeekV4TokenToKVPool.__new__(DeepSeekV4TokenToKVPool)
+    pool.kv_layout = KVLayout.parse(layout)
+    assert pool.kv_layout in (KVLayout.V4, KVLayout.V41, KVLayout.V41_NEW), (
+        f"{pool.kv_layout} is only valid for a compressed (extra) cache"
+    )
+    pool.compressed_kv_layout_option = option
+    ratios = list(model_config.compress_ratios)
+    pool.compression_ratios = ratios
+    pool.uniform_fp8 = (not is_unified_kv_triton()) and get_exec().kernel.dsv4_attn_backend == "trtllm"
+    if pool.uniform_fp8:
+        assert pool.kv_layout is KVLayout.V4, (
+            "--dsv4-attn-backend trtllm keeps its own uniform 512-byte pages; "
+            f"it cannot be combined with SGLANG_DSV4_KV_LAYOUT={pool.kv_layout.value}"
+        )
+    pd_layout = pool.pd_kv_layout()
+    kv_args = _dsv41_kv_args(ratios=ratios, pd_layout=pd_layout, kv_dtype_str=kv_dtype_str)
+    spec_layout = get_dsv41_spec_layout(kv_args)
+    # A DeepSeek-V4 pool is a BaseSWAKVPool: setup_state_kv_args (disaggregation/utils.py)
+    # registers its SWA state, and a DSpark draft pool its own.
+    draft = str(get_spec().speculative_algorithm or "").upper() == "DSPARK"
+    state_types = ["swa", "swa"] if draft else ["swa"]
+    return {"kvLayout": pd_layout, "compressionRatios": sorted(set(ratios) - {0}), "dsv41SpecLayout": spec_layout,
+            "stateTypes": state_types}
+
+
+def _dsv41_kv_args(*, ratios: list[int], pd_layout: str, kv_dtype_str: str):
+    """A KVArgs carrying what ``get_dsv41_spec_layout`` reads.
+
+    The real function runs; its byte-length inputs (kv_item_lens, state_item_lens) come
+    from a GPU pool the oracle cannot build. They are taken as one entry per layer of a
+    length named by the PD layout string and KV dtype, so two roles compare equal on
+    them exactly when their layouts and dtypes are equal (which the handshake checks
+    on its own); the state types are the target and draft SWA states a DSpark pool
+    registers (two SWA entries, which get_dsv41_spec_layout requires).
+    """
+    from sglang.srt.disaggregation.base.conn import KVArgs, StateType
+
+    kv_args = KVArgs()
+    kv_args.mla_compression_ratios = list(ratios)
+    kv_args.kv_layer_ids = list(range(len(ratios)))
+    digest = hashlib.blake2b(f"{pd_layout}|{kv_dtype_str}".encode(), digest_size=4).digest()
+    length = int.from_bytes(digest, "big") % (1 << 20) + 1
+    kv_args.kv_item_lens = [length] * len(ratios)
+    kv_args.state_types = [StateType.SWA, StateType.SWA]
+    kv_args.state_item_lens = [[length], [length]]
+    return kv_args
+
+
+# --------------------------------------------------------------------------- handshake
+
+
+def _kv_args_for(state: RoleState, *, tp_rank: int, pp_rank: int, system_dp_rank: int):
+    from sglang.srt.disaggregation.base.conn import KVArgs
+
+    facts = state.facts
+    kv_args = KVArgs()
+    kv_args.engine_rank = tp_rank
+    kv_args.pp_rank = pp_rank
+    kv_args.system_dp_rank = system_dp_rank
+    kv_args.rust_http_port = None
+    kv_args.kv_cache_dtype_str = facts["kvCacheDtype"]
+    kv_args.kv_layout = facts["kvLayout"]
+    kv_args.page_size = facts["pageSize"]
+    kv_args.kv_data_ptrs, kv_args.kv_data_lens, kv_args.kv_item_lens = [], [], [0]
+    kv_args.aux_data_ptrs, kv_args.aux_data_lens, kv_args.aux_item_lens = [], [], []
+    kv_args.state_types, kv_args.state_data_ptrs, kv_args.state_data_lens = [], [], []
+    kv_args.state_item_lens, kv_args.state_layer_ids, kv_args.state_dim_per_tensor = [], [], []
+    kv_args.state_slice_outer_counts, kv_args.state_conv_shard_groups = [], []
+    kv_args.is_hybrid_mla_backend = False
+    kv_args.swa_kv_cache_layout = None
+    kv_args.mla_compression_ratios = None
+    kv_args.ib_device = None
+    kv_args.gpu_id = 0
+    from sglang.srt.disaggregation.base.conn import StateType
+
+    kv_args.state_types = [StateType(v) for v in facts.get("stateTypes") or []]
+    kv_args.state_item_lens = [[0] for _ in kv_args.state_types]
+    if facts.get("dsv41SpecLayout") is not None:
+        spec = facts["dsv41SpecLayout"]
+        kv_args.mla_compression_ratios = list(spec["compression_ratios"])
+        kv_args.kv_layer_ids = list(spec["kv_layer_ids"])
+        kv_args.kv_item_lens = list(spec["kv_item_lens"])
+        kv_args.state_types = [StateType(v) for v in spec["state_types"]]
+        kv_args.state_item_lens = [list(x) for x in spec["state_item_lens"]]
+    return kv_args
+
+
+def _manager(state: RoleState, *, world_rank: int, dp_rank: int | None, mode: str):
+    """SGLang's CommonKVManager for one rank of ``state``, built by its real ``__init__``."""
+    from sglang.srt.disaggregation.base.conn import KVArgs  # noqa: F401  (import order)
+    from sglang.srt.disaggregation.common.conn import CommonKVManager
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.runtime_context import get_parallel, use_context
+
+    context = _rank_context(state.server_args, world_rank, dp_rank)
+    if state.bootstrap_port is not None:
+        # The pod's bootstrap port, mapped to the loopback port the oracle's bootstrap
+        # server listens on: a resolved-config override (RuntimeContext.override), the
+        # command SGLang judged is unchanged.
+        context.override("sglang-pd-operator oracle: loopback bootstrap port",
+                          disaggregation_bootstrap_port=state.bootstrap_port)
+    with use_context(context):
+        parallel = get_parallel()
+        kv_args = _kv_args_for(
+            state, tp_rank=parallel.tp_rank, pp_rank=parallel.pp_rank, system_dp_rank=dp_rank or 0
+        )
+        is_mla = bool(state.facts.get("isMla"))
+        # The manager keeps a handle of its pipeline group (PP consensus when pp > 1);
+        # no process group exists in the oracle, so a stand-in of the same shape is given.
+        pp_group = GroupStandIn(world_size=parallel.pp_size, rank_in_group=parallel.pp_rank,
+                                group=(dp_rank, parallel.tp_rank), board=state.board)
+        with parallel.override(pp_group=pp_group):
+            manager = CommonKVManager(kv_args, DisaggregationMode(mode), state.server_args, is_mla_backend=is_mla)
+    return manager, context
+
+
+@dataclass(frozen=True)
+class GroupStandIn:
+    """A process group's shape (size and this rank) for ranks that all live in this process.
+
+    ``broadcast_object`` passes the source rank's object through ``board`` (ranks are built
+    in rank order, so the source posts before the others read, as the PP consensus store
+    of disaggregation/pp_consensus_store.py needs); any other collective raises
+    :class:`OracleLimit`.
+    """
+
+    world_size: int
+    rank_in_group: int
+    group: tuple = ()
+    board: dict = field(default_factory=dict, compare=False)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """The object of rank ``src`` of this group (posted by it, read by the others in order)."""
+        counter = ("seq", self.group, self.rank_in_group)
+        seq = self.board.get(counter, 0)
+        self.board[counter] = seq + 1
+        slot = ("broadcast", self.group, src, seq)
+        if self.rank_in_group == src:
+            self.board[slot] = obj
+            return obj
+        if slot not in self.board:
+            raise OracleLimit("a rank read a broadcast before its source rank posted it")
+        return self.board[slot]
+
+    def __getattr__(self, name: str) -> Any:
+        raise OracleLimit(f"the oracle has no process group to run {name} on")
+
+
+class OracleLimit(RuntimeError):
+    """The oracle cannot run this part of SGLang (a collective across processes): no verdict."""
+
+
+def _prefill_ranks(facts: dict[str, Any]) -> Iterator[tuple[int, int | None]]:
+    """(world_rank, system dp_rank) of every prefill scheduler that registers with the bootstrap server."""
+    dp = facts["dpSize"] or 1
+    world = (facts["tpSize"] or 1) * (facts["ppSize"] or 1)
+    for replica in range(dp):
+        for rank in range(world):
+            yield rank, (replica if dp > 1 else None)
+
+
+def serve_bootstrap(state: RoleState) -> dict[str, Any]:
+    """Start SGLang's bootstrap server for a resolved prefill and register every rank.
+
+    Returns {"address": "127.0.0.1:PORT"} or {"refusal": {...}} when a registration
+    is refused (the server answers 400 to inconsistent ranks).
+    """
+    from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer
+
+    port = state.bootstrap_port = free_port()
+    with _quiet():
+        state.bootstrap = CommonKVBootstrapServer(POD_IP, port)
+    _wait_listening(port)
+    try:
+        with role_environment({}):
+            for world_rank, dp_rank in _prefill_ranks(state.facts):
+                with _quiet():
+                    manager, _ = _manager(state, world_rank=world_rank, dp_rank=dp_rank, mode="prefill")
+                state.managers.append(manager)
+    except Exception as e:
+        return {"refusal": describe(e, "bootstrap")}
+    return {"address": f"{POD_IP}:{port}"}
+
+
+def _wait_listening(port: int, timeout: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex((POD_IP, port)) == 0:
+                return
+        time.sleep(0.02)
+    raise RuntimeError(f"SGLang's bootstrap server did not listen on {POD_IP}:{port}")
+
+
+def handshake(state: RoleState, address: str) -> dict[str, Any]:
+    """The decode side's handshake with a prefill bootstrap server: SGLang's checks, for real.
+
+    In decode rank 0's context: the real ``CommonKVManager`` (decode mode), its
+    ``try_ensure_parallel_info(address)`` (page size, KV dtype, KV layout, DSpark layout,
+    attention TP, MXFP8 and DCP checks; disaggregation/common/conn.py), then a real
+    ``CommonKVReceiver`` for one request and its ``init`` (the decode-allocation-policy
+    and prefill_complete checks, the rank mapping, a GET of every target rank's bootstrap
+    info). ``init`` ends in the transfer backend's registration message, which the
+    common manager leaves to Mooncake / NIXL (``NotImplementedError``): reaching it means
+    every common check passed. Returns {"pairs": True} or {"pairs": False, "refusal"}.
+    """
+    from sglang.srt.disaggregation.common.conn import CommonKVReceiver
+    from sglang.srt.runtime_context import use_context
+
+    room = 1
+    try:
+        with role_environment({}), _quiet():
+            manager, context = _manager(state, world_rank=0, dp_rank=None, mode="decode")
+            state.managers.append(manager)
+            with use_context(context):
+                if not manager.try_ensure_parallel_info(address):
+                    return {"pairs": False, "refusal": {
+                        "stage": "handshake", "type": "RuntimeError",
+                        "message": "decode could not read the prefill's parallel info from the bootstrap server",
+                        "where": "sglang/srt/disaggregation/common/conn.py:try_ensure_parallel_info"}}
+                receiver = CommonKVReceiver(manager, address, room)
+                try:
+                    receiver.init(prefill_dp_rank=0)
+                except NotImplementedError:
+                    pass  # the backend's registration message: the common handshake is complete
+                failure = manager.failure_records.get(room)
+                if failure:
+                    return {"pairs": False, "refusal": {
+                        "stage": "handshake", "type": "KVTransferError", "message": failure,
+                        "where": "sglang/srt/disaggregation/common/conn.py:CommonKVReceiver.init"}}
+    except Exception as e:
+        return {"pairs": False, "refusal": describe(e, "handshake")}
+    return {"pairs": True}
+
+
+def close_bootstrap(state: RoleState) -> None:
+    """Stop the bootstrap server and close the rank managers' sockets."""
+    for manager in state.managers:
+        with contextlib.suppress(Exception):
+            manager.server_socket.close(linger=0)
+        with contextlib.suppress(Exception):
+            manager._zmq_ctx.term()
+    state.managers.clear()
+    if state.bootstrap is not None:
+        with _quiet(), contextlib.suppress(Exception):
+            state.bootstrap.close()
+        state.bootstrap = None
+
+
+def stderr(msg: str) -> None:
+    """Diagnostics of the worker go to its stderr (the coordinator keeps the tail)."""
+    print(msg, file=sys.stderr, flush=True)

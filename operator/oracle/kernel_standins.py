@@ -1,0 +1,120 @@
+"""Import stand-ins for SGLang's GPU kernel packages, which cannot be installed here (worker side).
+
+On a GPU image SGLang's modules import their kernel libraries at import time whenever
+the device is CUDA or ROCm (``if _is_cuda: from sgl_kernel import int8_scaled_mm``).
+Those libraries (sglang-kernel, flashinfer, DeepGEMM, FlashMLA, DeepEP, aiter ...) are
+CUDA/ROCm binaries; on the oracle's CPU machine, under the GPU emulation, the imports
+would fail before SGLang reaches its argument checks. None of them is *called* while
+arguments are resolved and validated: they are imported for the kernels the model runs.
+
+This module installs a ``sys.meta_path`` finder that answers, for the packages in
+:data:`KERNEL_PACKAGES` that are not installed, with a module whose every attribute is a
+:class:`KernelStandIn`. Importing and naming them works; calling one, or asking it for
+a value, records the access in :data:`CALLS` and raises :class:`KernelUsed`. The oracle
+reports every recorded use as "the verdict needed a GPU kernel" instead of trusting it
+(``engine_side`` reads :func:`take_calls` after each role), and a contract test asserts
+that resolving every example uses none.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from typing import Any
+
+#: Top-level modules of SGLang's GPU kernel dependencies (sglang 0.5.23's Requires-Dist:
+#: sglang-kernel, flashinfer-python, sgl-deep-gemm, sgl-flash-mla, sgl-deep-ep,
+#: flash-attn-4, quack-kernels, humming-kernels, nvidia-cutlass-dsl, cuda-python; ROCm
+#: images add aiter).
+KERNEL_PACKAGES = (
+    "sgl_kernel", "flashinfer", "deep_gemm", "flash_mla", "deep_ep", "flash_attn", "quack",
+    "humming", "cutlass", "cuda", "aiter", "nvshmem", "triton_kernels", "tilelang", "mori",
+)  # fmt: skip
+
+CALLS: list[str] = []
+
+
+class KernelUsed(RuntimeError):
+    """SGLang called into a GPU kernel package while the oracle judged arguments."""
+
+
+class KernelStandIn:
+    """Any name of a stand-in kernel module: importable, never usable."""
+
+    def __init__(self, name: str) -> None:
+        object.__setattr__(self, "_name", name)
+
+    def __getattr__(self, attr: str) -> "KernelStandIn":
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        return KernelStandIn(f"{self._name}.{attr}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        CALLS.append(self._name)
+        raise KernelUsed(f"{self._name} is a GPU kernel the oracle cannot run")
+
+    def __bool__(self) -> bool:
+        CALLS.append(self._name)
+        raise KernelUsed(f"{self._name} was asked for a value the oracle cannot know")
+
+    def __repr__(self) -> str:
+        return f"<kernel stand-in {self._name}>"
+
+    def __mro_entries__(self, bases: tuple) -> tuple:
+        # `class X(sgl_kernel.SomeBase)`: subclassing a stand-in gives a plain class
+        return (object,)
+
+
+class _StandInModule(types.ModuleType):
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        return KernelStandIn(f"{self.__name__}.{attr}")
+
+
+class _Loader(importlib.abc.Loader):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = _StandInModule(spec.name)
+        module.__path__ = []  # a package: submodules resolve through the finder too
+        module.__version__ = "0.0.0+oracle-stand-in"
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self, roots: set[str]) -> None:
+        self.roots = roots
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None):
+        if fullname.partition(".")[0] not in self.roots:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _Loader(), is_package=True)
+
+
+def install() -> list[str]:
+    """Install the finder for the kernel packages not importable here; returns their names."""
+    missing = []
+    for name in KERNEL_PACKAGES:
+        if name in sys.modules:
+            continue
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            missing.append(name)
+    if missing:
+        sys.meta_path.append(_Finder(set(missing)))
+    return missing
+
+
+def take_calls() -> list[str]:
+    """The kernel uses recorded since the last call (and forget them)."""
+    calls = list(dict.fromkeys(CALLS))
+    CALLS.clear()
+    return calls

@@ -1,0 +1,38 @@
+"""Where a rule's problem points, and how SGLang reads a boolean variable (shared by the rules).
+
+``flag_field`` names the ``extraArgs`` item that sets a flag (any alias, SGLang's dest),
+``env_field`` the ``env`` item of a variable, so a problem's field path takes the user to
+the offending token. ``env_true`` reads an ``EnvBool`` the way sglang/srt/environ.py does.
+"""
+
+from __future__ import annotations
+
+from ..sglang_flags import flag_table
+from ..structs import RolePlan
+
+
+def flag_field(role: RolePlan, dest: str) -> str:
+    """``spec.<role>.extraArgs[i]`` of the last token setting ``dest`` (any alias), else the list."""
+    table = flag_table()
+    found = None
+    for i, tok in enumerate(role.inputs.spec.extraArgs):
+        if not tok.startswith("--"):
+            continue
+        name = tok[2:].partition("=")[0]
+        info = table.get("--" + name)
+        if (info.dest if info is not None else name.replace("-", "_")) == dest:
+            found = i
+    where = f"spec.{role.role}.extraArgs"
+    return where if found is None else f"{where}[{found}]"
+
+
+def env_field(role: RolePlan, name: str) -> str:
+    """``spec.<role>.env[i]`` of the last entry named ``name``, else the list."""
+    found = [i for i, var in enumerate(role.inputs.spec.env) if var.name == name]
+    return f"spec.{role.role}.env[{found[-1]}]" if found else f"spec.{role.role}.env"
+
+
+def env_true(role: RolePlan, name: str) -> bool:
+    """``envs.<name>.get()`` of an EnvBool (environ.py): true, 1, yes, y in any case; anything else is false."""
+    value = role.command.env_dict().get(name)
+    return value is not None and value.lower() in ("true", "1", "yes", "y")

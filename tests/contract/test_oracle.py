@@ -1,0 +1,236 @@
+"""The SGLang oracle's stand-ins, each held to the real code path it stands for.
+
+The oracle (sglang_pd_operator.oracle) runs SGLang 0.5.23's startup validation and PD
+handshake with four stand-ins: the emulated GPU, the vendor plugin specs built from the
+catalog, import stand-ins for the GPU kernel packages, and the model-build divisions.
+Each test here would fail if a stand-in drifted from what it stands for: SGLang's own
+probes must see the emulated GPU, SGLang's plugin binding must refuse what the catalog
+says the plugin refuses, no kernel stand-in may be called while judging, and each
+division must be refused with SGLang's ``divide`` message. The ``check --sglang`` CLI
+is run on every example, as CI does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import load_example
+
+pytestmark = [pytest.mark.contract, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def _judge(oracle, catalog, doc):
+    from sglang_pd_operator.planning.plan import plan_object
+
+    plan, _ = plan_object(doc, catalog)
+    assert plan is not None, "the spec must pass the schema"
+    return plan, oracle.judge_plan(plan)
+
+
+def _example(name: str) -> dict:
+    return yaml.safe_load((ROOT / "examples" / name).read_text())
+
+
+# --------------------------------------------------------------------------- the emulated GPU
+
+
+def test_every_accelerator_emulates_what_sglangs_probes_see(oracle, catalog):
+    """A worker checks at start (emulation.verify) that SGLang's platform probes report the
+    catalog GPU; a drift makes the worker refuse to start, so starting is the assertion."""
+    for name in catalog.accelerators:
+        worker = oracle.pool.worker(name)
+        assert worker.info["ready"] and worker.info["sglang"] == "0.5.23"
+
+
+def test_a_drifted_emulation_is_caught(catalog, tmp_path):
+    """Facts SGLang's probes cannot reproduce (an AMD part without a HIP torch) stop the worker."""
+    pytest.importorskip("sglang")
+    from sglang_pd_operator.oracle.device import device_facts
+    from sglang_pd_operator.oracle.pool import OracleError, WorkerProcess
+    from sglang_pd_operator.oracle.worker import DEVICE_ENV
+
+    facts = device_facts(catalog.accelerator("mi355x")).to_json()
+    facts["hip_version"] = None  # torch would then be a CUDA build: SGLang sees no HIP
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONSAFEPATH": "1", DEVICE_ENV: json.dumps(facts)}
+    with pytest.raises(OracleError, match="EmulationDrift"):
+        WorkerProcess(key="drifted", env=env, python=sys.executable, timeout=300)
+
+
+def test_node_nics_are_the_catalogs(oracle, catalog):
+    """SGLang validates --disaggregation-ib-device against /sys/class/infiniband: the oracle's
+    node has exactly the catalog's NICs, so a NIC of another node type is refused by SGLang."""
+    doc = _example("dsv41-flash-h200-flashmla.yaml")
+    plan, verdict = _judge(oracle, catalog, doc)
+    assert verdict.accepted, verdict.refusals
+    assert "mlx5_0" in " ".join(plan.prefill.command.args)
+    from sglang_pd_operator.oracle.device import device_facts
+
+    assert device_facts(catalog.accelerator("h200")).rdma_devices == tuple(r.device for r in catalog.accelerator("h200").rails)
+
+
+# --------------------------------------------------------------------------- plugin stand-ins
+
+
+def test_plugin_standin_is_judged_by_sglangs_binding(oracle, catalog):
+    """sgl-nvidia-mega is built for TP 4 only (kernels/plugins.yaml): SGLang's own
+    handle_nvidia_megakernel refuses the decode role at tp 2 with its own message."""
+    doc = _example("dsv41-flash-gb300-low-latency.yaml")
+    doc["spec"]["decode"]["parallelism"] = {"tp": 2}
+    doc["spec"]["prefill"]["parallelism"] = {"tp": 2}
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.decode.starts is False
+    assert "--enable-nvidia-megakernel cannot run this setup" in verdict.decode.refusal.message
+    assert "tp_size 2 is not one of ['4']" in verdict.decode.refusal.message
+    assert verdict.decode.refusal.where.startswith("sglang/srt/kernel_plugins/nvidia/binding.py:handle_nvidia_megakernel")
+    assert verdict.prefill.starts  # plugins render on decode only
+
+
+def test_plugin_standin_refuses_what_the_catalog_refuses(oracle, catalog, tmp_path):
+    """A feature the catalog marks refused is refused by SGLang's binding through the stand-in."""
+    from sglang_pd_operator.catalog import load_catalog
+    from sglang_pd_operator.oracle import Oracle
+
+    overrides = {"plugins.yaml": yaml.safe_dump({"plugins": {
+        "sgl-nvidia-mega": {**catalog.plugin("sgl-nvidia-mega").model_dump(mode="json"),
+                            "features": {**catalog.plugin("sgl-nvidia-mega").features,
+                                         "speculative_decoding": "refused"}}}})}
+    refusing = load_catalog(overrides=overrides)
+    with Oracle(catalog=refusing, max_workers=1) as o:
+        _, verdict = _judge(o, refusing, _example("dsv41-flash-gb300-low-latency.yaml"))
+    assert verdict.decode.starts is False
+    assert "speculative decoding is in use and sgl-nvidia-mega (catalog stand-in) does not accept it" in (
+        verdict.decode.refusal.message
+    )
+
+
+# --------------------------------------------------------------------------- kernel stand-ins
+
+
+def test_no_kernel_standin_is_used_judging_the_examples(oracle, catalog):
+    """Every example is judged without SGLang calling a GPU kernel package (kernel_standins)."""
+    for path in EXAMPLES:
+        _, verdict = _judge(oracle, catalog, yaml.safe_load(path.read_text()))
+        assert verdict.accepted is True, (path.name, verdict.refusals, verdict.prefill.indeterminate)
+        for role in (verdict.prefill, verdict.decode):
+            assert role.indeterminate is None, (path.name, role.indeterminate)
+
+
+# --------------------------------------------------------------------------- model-build divisions
+
+
+@pytest.mark.parametrize(
+    "example, parallelism, message",
+    [
+        ("dsv41-flash-gb300-low-latency.yaml", {"tp": 3}, "64 is not divisible by 3: attention heads"),
+        ("qwen3-30b-a3b-paged-experts.yaml", {"tp": 3, "ep": 3}, "128 is not divisible by 3: routed experts"),
+    ],
+)
+def test_model_build_divisions_are_sglangs(oracle, catalog, example, parallelism, message):
+    doc = _example(example)
+    doc["spec"].pop("pagedExperts", None)
+    for role in ("prefill", "decode"):
+        doc["spec"][role].pop("pagedExperts", None)
+        doc["spec"][role]["parallelism"] = dict(parallelism)
+    if doc["spec"].get("kernels"):
+        doc["spec"]["kernels"] = {"plugin": "none"}
+    doc["spec"]["accelerator"] = "h200"
+    if "DeepSeek" in doc["spec"]["model"]["name"]:
+        doc["spec"]["kvLayout"].update({"attentionBackend": "flashmla", "layout": "v4"})
+    doc["spec"].pop("engram", None)
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.prefill.starts is False, verdict.prefill
+    assert verdict.prefill.refusal.stage == "model"
+    assert message in verdict.prefill.refusal.message
+
+
+def test_paged_experts_check_is_sglangs(oracle, catalog):
+    """K below the router's top-k: SGLang's check_paged_experts_compat refuses, in its words."""
+    doc = _example("qwen3-30b-a3b-paged-experts.yaml")
+    doc["spec"]["pagedExperts"] = {"residentExperts": 4}
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.prefill.starts is False
+    assert "Paged experts: --paged-experts-num-resident must be at least the router's top-k (8)" in (
+        verdict.prefill.refusal.message
+    )
+
+
+# --------------------------------------------------------------------------- handshake
+
+
+def test_handshake_refusals_come_from_conn_py(oracle, catalog):
+    """Both roles start, SGLang's own try_ensure_parallel_info refuses the pair."""
+    doc = _example("dsv41-flash-gb300-throughput-dep.yaml")
+    doc["spec"]["decode"]["parallelism"] = {"tp": 4}  # DEP prefill, TP decode: attention TP 1 vs 4
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.prefill.starts and verdict.decode.starts
+    assert verdict.pair.pairs is False
+    assert verdict.pair.refusal.message == (
+        "DeepSeek-V4.1 DSpark PD requires the same TP size on both servers (including prefill CP ranks for MLA)"
+    )
+    assert verdict.pair.refusal.where.startswith("sglang/srt/disaggregation/common/conn.py:try_ensure_parallel_info")
+
+    doc = _example("dsv41-flash-gb300-low-latency.yaml")
+    doc["spec"]["prefill"]["accelerator"] = "h200"  # auto layout: v4 on Hopper, v41 on Blackwell
+    doc["spec"]["prefill"]["parallelism"] = {"tp": 4}
+    doc["spec"]["kvLayout"]["attentionBackend"] = "auto"
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.pair.pairs is False
+    assert verdict.pair.refusal.message.startswith(
+        "KV layout mismatch: prefill server has kv_layout=v4,c1:v4,c2:v4, but decode server has "
+        "kv_layout=v41,c1:v41_fp4,c2:v41_fp4"
+    )
+
+
+def test_every_prefill_rank_registers(oracle, catalog):
+    """The bootstrap server answers only once dp x cp x tp x pp ranks registered: DEP4 prefill
+    registers 4 ranks (attention DP groups) and the decode reads them."""
+    _, verdict = _judge(oracle, catalog, _example("dsv41-flash-gb300-throughput-dep.yaml"))
+    assert verdict.pair.pairs is True
+    assert verdict.prefill.facts["attnDpSize"] == 4 and verdict.prefill.facts["attnTpSize"] == 1
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def test_check_sglang_on_every_example_prints_sglangs_verdict():
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    exe = str(Path(sys.executable).with_name("sglang-pd-operator"))
+    out = subprocess.run([exe, "check", "--sglang", *map(str, EXAMPLES)], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    print(out.stdout)
+    for path in EXAMPLES:
+        block = out.stdout.split(str(path), 1)[1].split("\nexamples/", 1)[0]
+        assert "SGLang 0.5.23: starts and pairs" in block, block
+        assert "    prefill on " in block and "    decode on " in block
+        assert "    pair: the PD handshake passes" in block
+    js = subprocess.run([exe, "check", "--sglang", "-o", "json", str(EXAMPLES[0])], capture_output=True, text=True,
+                        env=env, cwd=ROOT, timeout=900)
+    data = json.loads(js.stdout)
+    assert data["sglang"]["accepted"] is True
+    assert data["sglang"]["prefill"]["starts"] is True and data["sglang"]["pair"]["pairs"] is True
+
+
+def test_check_sglang_exits_1_with_sglangs_text(tmp_path):
+    doc = _example("dsv41-flash-gb300-throughput-dep.yaml")
+    doc["spec"]["decode"]["extraArgs"] = ["--moe-a2a-backend", "deepep"]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    exe = str(Path(sys.executable).with_name("sglang-pd-operator"))
+    out = subprocess.run([exe, "check", "--sglang", str(path)], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=900)
+    assert out.returncode == 1
+    assert "SGLang 0.5.23: refused" in out.stdout
+    assert "DSpark with dp attention supports moe_a2a_backend 'none'" in out.stdout
