@@ -12,4 +12,14 @@ export SGLANG_PD_OPERATOR_STRICT=1   # a skipped test fails here: CI installs ev
 # per-test timeout would cut a cold build short on a busy machine); then a cache hit.
 .venv/bin/python hack/promtool/build_promtool.py >/dev/null         # cold: ~5 min
 .venv/bin/python hack/kubeconform/build_kubeconform.py >/dev/null   # cold: ~1 min
-exec .venv/bin/pytest -q "${@:-tests}"
+if [ $# -eq 0 ]; then
+  # SGLang's own verdict on every example, per role and for the pair (the SGLang oracle).
+  .venv/bin/sglang-pd-operator check --sglang examples/*.yaml | grep -E "^examples/|SGLang 0.5.23|^    (prefill|decode|pair)"
+fi
+rm -f .run/oracle-differential.txt
+status=0
+.venv/bin/pytest -q "${@:-tests}" || status=$?
+if [ -f .run/oracle-differential.txt ]; then  # the differential ran: show its confusion matrix
+  sed -n '1,/^False refusals/p' .run/oracle-differential.txt
+fi
+exit $status

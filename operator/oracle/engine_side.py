@@ -38,7 +38,6 @@ import io
 import logging
 import os
 import socket
-import sys
 import tempfile
 import traceback
 from dataclasses import dataclass, field
@@ -52,7 +51,8 @@ from .model_checks import model_build_problems
 
 log = logging.getLogger(__name__)
 
-#: The stages of one role's startup, in order; a refusal names the stage it came from.
+#: The stages of one role's startup, in order; a refusal names the stage it came from
+#: (then ``bootstrap`` and ``handshake`` for the pair).
 STAGES = ("parse", "resolve", "validate", "model", "kv")
 POD_IP = "127.0.0.1"
 
@@ -422,7 +422,6 @@ def _kv_args_for(state: RoleState, *, tp_rank: int, pp_rank: int, system_dp_rank
 
 def _manager(state: RoleState, *, world_rank: int, dp_rank: int | None, mode: str):
     """SGLang's CommonKVManager for one rank of ``state``, built by its real ``__init__``."""
-    from sglang.srt.disaggregation.base.conn import KVArgs  # noqa: F401  (import order)
     from sglang.srt.disaggregation.common.conn import CommonKVManager
     from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.runtime_context import get_parallel, use_context
@@ -583,7 +582,3 @@ def close_bootstrap(state: RoleState) -> None:
             state.bootstrap.close()
         state.bootstrap = None
 
-
-def stderr(msg: str) -> None:
-    """Diagnostics of the worker go to its stderr (the coordinator keeps the tail)."""
-    print(msg, file=sys.stderr, flush=True)

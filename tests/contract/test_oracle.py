@@ -12,7 +12,6 @@ is run on every example, as CI does.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -21,8 +20,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from helpers import load_example
 
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(900)]
 
