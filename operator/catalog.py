@@ -201,11 +201,15 @@ class Catalog(BaseModel):
 
 
 def default_catalog_dir() -> Path:
-    """``$SGLANG_PD_CATALOG_DIR`` or the repository's ``kernels/`` folder."""
+    """The kernel catalog folder: ``$SGLANG_PD_CATALOG_DIR``, else the copy installed in
+    the package (``sglang_pd_operator/kernels/``, a wheel or ``pip install .``), else the
+    repository's ``kernels/`` folder (an editable install or a checkout)."""
     env = os.environ.get("SGLANG_PD_CATALOG_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "kernels"
+    here = Path(__file__).resolve().parent
+    packaged = here / "kernels"
+    return packaged if (packaged / "models.yaml").is_file() else here.parent / "kernels"
 
 
 def _parse(name: str, text: str) -> dict:

@@ -31,11 +31,18 @@ class Unreadable(Exception):
     """A file that cannot be read or is not YAML (exit code 2)."""
 
 
+class CatalogUnreadable(click.ClickException):
+    """The kernel catalog is missing or malformed: exit code 2, like unreadable input
+    (exit 1 would read as "your spec has problems")."""
+
+    exit_code = EXIT_UNREADABLE
+
+
 def _catalog(catalog_dir: str | None):
     try:
         return load_catalog(Path(catalog_dir) if catalog_dir else None)
     except CatalogError as e:
-        raise click.ClickException(f"catalog: {e}") from e
+        raise CatalogUnreadable(f"catalog: {e}") from e
 
 
 def _read(path: str) -> list[dict[str, Any]]:
@@ -119,7 +126,7 @@ def check(files: tuple[str, ...], output: str, catalog_dir: str | None, with_sgl
     --sglang each entry gains ``sglang``: SGLang's verdict per role and for the pair.
     """
     catalog = _catalog(catalog_dir)
-    oracle = _start_oracle(catalog, sglang_python) if with_sglang else None
+    oracle, no_oracle = _start_oracle(catalog, sglang_python) if with_sglang else (None, None)
     results, code, texts, found = [], EXIT_VALID, [], False
     try:
         for path in files:
@@ -136,8 +143,12 @@ def check(files: tuple[str, ...], output: str, catalog_dir: str | None, with_sgl
                 result = check_result(doc, plan, problems)
                 result["file"] = path
                 text = _human(path, result, problems)
-                if oracle is not None and plan is not None:
-                    verdict, text_sglang, verdict_code = _sglang_verdict(oracle, plan, result["valid"])
+                if with_sglang and plan is not None:
+                    if oracle is not None:
+                        verdict, text_sglang, verdict_code = _sglang_verdict(oracle, plan, result["valid"])
+                    else:
+                        verdict, text_sglang = {"accepted": None, "error": no_oracle}, f"  SGLang 0.5.23: no verdict: {no_oracle}"
+                        verdict_code = EXIT_NO_VERDICT if result["valid"] else EXIT_VALID
                     result["sglang"] = verdict
                     text += "\n" + text_sglang
                     code = _worse(code, verdict_code)
@@ -165,14 +176,19 @@ def _worse(code: int, other: int) -> int:
 
 
 def _start_oracle(catalog, python: str | None):
-    """The SGLang oracle, or exit 3 saying how to install it."""
+    """(the SGLang oracle, None), or (None, why it cannot run) after a warning on stderr.
+
+    Without the oracle ``check --sglang`` still gives the operator's own verdict; each
+    entry's ``sglang`` says why SGLang's is missing, and the exit code is 3 only for
+    specs the operator itself finds valid (see ``_sglang_verdict``).
+    """
     from .oracle import Oracle, unavailable
 
     why = unavailable(python)
     if why is not None:
-        click.echo(f"error: --sglang: {why}", err=True)
-        sys.exit(EXIT_NO_VERDICT)
-    return Oracle(catalog=catalog, python=python)
+        click.echo(f"warning: --sglang: {why}", err=True)
+        return None, why
+    return Oracle(catalog=catalog, python=python), None
 
 
 def _sglang_verdict(oracle, plan: Plan, ours_valid: bool) -> tuple[dict[str, Any], str, int]:
@@ -186,7 +202,8 @@ def _sglang_verdict(oracle, plan: Plan, ours_valid: bool) -> tuple[dict[str, Any
         verdict = oracle.judge_plan(plan)
     except OracleError as e:
         first = str(e).splitlines()[0]
-        return {"accepted": None, "error": str(e)}, f"  SGLang 0.5.23: no verdict: {first}", EXIT_NO_VERDICT
+        code = EXIT_NO_VERDICT if ours_valid else EXIT_VALID
+        return {"accepted": None, "error": str(e)}, f"  SGLang 0.5.23: no verdict: {first}", code
     seconds = time.monotonic() - t0
     data = verdict.to_dict()
     data["seconds"] = round(seconds, 3)
@@ -260,7 +277,7 @@ def render(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None
             found = True
             plan, problems = plan_object(doc, catalog)
             for p in warnings(problems):
-                click.echo(f"{path}: warning: {p.line()}", err=True)
+                click.echo(f"{path}: {p.line()}", err=True)  # line() says "warning:" itself
             if plan is None or not plan.valid:
                 failed = True
                 for p in errors(problems):
@@ -392,7 +409,7 @@ def sglang_install(python: str | None) -> None:
         timings = install(python, echo=click.echo)
     except subprocess.CalledProcessError as e:
         raise click.ClickException(f"step failed (exit {e.returncode}): {' '.join(e.cmd)}") from e
-    why = unavailable(python)
+    why = unavailable(python, thorough=True)
     if why is not None:
         raise click.ClickException(f"installed, but the oracle cannot run: {why}")
     click.echo(f"sglang install: done in {sum(t for _, t in timings):.0f} s; `check --sglang` is ready")
@@ -404,7 +421,7 @@ def sglang_status(python: str | None) -> None:
     """Exit 0 when ``check --sglang`` can run with PYTHON, 3 (and why) when not."""
     from .oracle import unavailable
 
-    why = unavailable(python)
+    why = unavailable(python, thorough=True)
     if why is not None:
         click.echo(why, err=True)
         sys.exit(EXIT_NO_VERDICT)

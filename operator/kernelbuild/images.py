@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from ..catalog import builtin_catalog, default_catalog_dir
+from ..catalog import builtin_catalog
 from .recipes import builtin_build_catalog, image_build_args
 
 _ARG = re.compile(r"^ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$")
@@ -27,11 +27,6 @@ def dockerfile_arg_defaults(path: Path) -> dict[str, str]:
         if m and m.group(2) is not None:
             out[m.group(1)] = m.group(2).strip().strip('"').strip("'")
     return out
-
-
-def repository_root() -> Path:
-    """The checkout the catalog came from (the parent of kernels/)."""
-    return default_catalog_dir().resolve().parent
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -195,15 +195,19 @@ class Oracle:
         """
         config = self.catalog.hf_config(plan.spec.model.name)
         roles = (plan.prefill, plan.decode)
-        missing = None
-        if config is None:
-            missing = f"the catalog has no Hugging Face config for {plan.spec.model.name} ({hf_config_path(plan.spec.model.name)})"
+        why_not: dict[str, str] = {}  # role -> why it cannot be judged
         for r in roles:
-            if missing is None and r.inputs.accelerator is None:
-                missing = f"accelerator {r.inputs.accelerator_name!r} is not in the catalog"
-        if missing is not None:
-            unknown = [RoleVerdict(r.role, r.inputs.accelerator_name, None, indeterminate=missing) for r in roles]
-            return Verdict(plan.name, plan.namespace, unknown[0], unknown[1], PairVerdict(None, indeterminate=missing))
+            if config is None:
+                why_not[r.role] = (f"the catalog has no Hugging Face config for {plan.spec.model.name} "
+                                   f"({hf_config_path(plan.spec.model.name)})")
+            elif r.inputs.accelerator is None:
+                why_not[r.role] = f"{r.role} accelerator {r.inputs.accelerator_name!r} is not in the catalog"
+        if why_not:
+            unknown = [RoleVerdict(r.role, r.inputs.accelerator_name, None,
+                                   indeterminate=why_not.get(r.role, "not run: the other role cannot be judged"))
+                       for r in roles]
+            pair_why = "; ".join(dict.fromkeys(why_not.values()))
+            return Verdict(plan.name, plan.namespace, unknown[0], unknown[1], PairVerdict(None, indeterminate=pair_why))
         model_dir = self.pool.model_dir(plan.spec.model.name, config)
         results: dict[str, dict[str, Any]] = {}
         workers = {r.role: self.pool.worker(r.inputs.accelerator_name) for r in roles}

@@ -85,14 +85,24 @@ def parse_flags(args: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _int(flags: Mapping[str, Any], key: str, default: int = 1) -> int:
-    value = flags.get(key)
-    if value is None or value is True:
+def as_int(value: Any, default: Any = None) -> Any:
+    """``value`` as an int; ``default`` when it is None, a switch (a bool) or not a number
+    (``args.extra_args_parse`` refuses a flag whose value is not a number)."""
+    if value is None or isinstance(value, bool):
         return default
     try:
         return int(value)
     except (TypeError, ValueError):
         return default
+
+
+def flag_int(flags: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """``flags[key]`` (from :func:`parse_flags`) as an int, else ``default`` (see :func:`as_int`)."""
+    return as_int(flags.get(key), default)
+
+
+def _int(flags: Mapping[str, Any], key: str, default: int = 1) -> int:
+    return flag_int(flags, key, default)
 
 
 def _truthy(flags: Mapping[str, Any], *keys: str) -> bool:

@@ -17,7 +17,7 @@ from ..api.v1alpha1 import PDDeployment, PDDeploymentSpec
 from ..catalog import Catalog
 from . import compat
 from .engine_args import build_engine_command
-from .features import features_in_use
+from .features import features_in_use, parse_flags
 from .kvlayout import LayoutInputs, LayoutPrediction, LayoutRefusal, predict_layout, resolve_kv_cache_dtype
 from .memory import plan_memory
 from .problems import Problem, errors
@@ -54,7 +54,39 @@ def _predict(spec: PDDeploymentSpec, inputs: RoleInputs) -> tuple[str, LayoutPre
         return dtype, None, str(e)
 
 
-def _compat_inputs(spec: PDDeploymentSpec, inputs: RoleInputs, dtype: str, layout: LayoutPrediction | None) -> dict:
+def _attention_shape_constrained(spec: PDDeploymentSpec, roles: dict[str, RoleInputs], dtype: str) -> bool:
+    """The handshake compares the two roles' attention TP / CP: DeepSeek-V4.1 DSpark (a model with
+    ratio-2 caches: disaggregation/utils.get_dsv41_spec_layout, conn.py "requires the same TP
+    size"), an MXFP8 KV cache on a non-MLA model (conn.py), prefill_complete (TP1/CP1/PP1 peers,
+    CommonKVReceiver.init), prefill KV cache sharding (_resolve_rank_mapping)."""
+    model = roles["prefill"].model
+    sp = spec.speculative
+    if sp is not None and sp.algorithm == "DSPARK" and model is not None and 2 in model.compressionRatios:
+        return True
+    if dtype == "mxfp8" and model is not None and not model.mla:
+        return True
+    if spec.disaggregation.decodeAllocationPolicy == "prefill_complete":
+        return True
+    return parse_flags(roles["prefill"].spec.extraArgs).get("enable_kv_cache_sharding") not in (None, False)
+
+
+def pair_shape(spec: PDDeploymentSpec, catalog: Catalog, dtype: str) -> dict[str, dict[str, int]]:
+    """The parallel shape of both roles that SGLang's handshake compares: pipeline and decode-context
+    parallel sizes always (conn.py _resolve_rank_mapping: decode PP equal to prefill's or 1;
+    requires_dcp_relayout: DCP sizes), attention TP and CP where the pair constrains them
+    (:func:`_attention_shape_constrained`). The same value on both roles, so a change of it
+    starts a new compat group instead of rolling prefill and decode into a pair SGLang refuses.
+    """
+    roles = {r: resolve_role(spec=spec, role=r, catalog=catalog) for r in ROLES}
+    shape = {r: {"pp": i.pipeline_parallel, "dcp": i.decode_cp} for r, i in roles.items()}
+    if _attention_shape_constrained(spec, roles, dtype):
+        for r, i in roles.items():
+            shape[r].update(attentionTP=i.attention_tp, attentionCP=i.attention_cp)
+    return shape
+
+
+def _compat_inputs(spec: PDDeploymentSpec, inputs: RoleInputs, dtype: str, layout: LayoutPrediction | None,
+                   shape: dict[str, dict[str, int]]) -> dict:
     sp = spec.speculative
     d = spec.disaggregation
     return {
@@ -71,6 +103,7 @@ def _compat_inputs(spec: PDDeploymentSpec, inputs: RoleInputs, dtype: str, layou
         "samplingMaskMaxTokens": d.samplingMaskMaxTokens,
         "kvChecksum": d.kvChecksum,
         "speculative": sp.model_dump(exclude_none=True) if sp else None,
+        "pairShape": shape,
     }
 
 
@@ -84,7 +117,7 @@ def plan_role(
     """
     inputs = resolve_role(spec=spec, role=role, catalog=catalog)
     dtype, layout, refusal = _predict(spec, inputs)
-    compat_inputs = _compat_inputs(spec, inputs, dtype, layout)
+    compat_inputs = _compat_inputs(spec, inputs, dtype, layout, pair_shape(spec, catalog, dtype))
     transfer = plan_transfer(spec=spec, role=inputs, catalog=catalog)
     command = build_engine_command(
         spec=spec, role=inputs, layout=layout, kv_cache_dtype=dtype, transfer=transfer,

@@ -300,6 +300,18 @@ def pod_form(plan: Plan, role: RolePlan, tmp: Path) -> tuple[list[str], dict[str
     return args, env
 
 
+
+def _mha_page(role: RolePlan, page: int) -> int:
+    """The page an MHA model runs on SM100/SM103: SGLang picks trtllm_mha (no backend in extraArgs,
+    no speculative decoding here), which pages by 16, 32, 64 or 128, else 64
+    (arg_groups/overrides.py _mla_backend_page_constraints)."""
+    acc = role.inputs.accelerator
+    backend_set = any(t.startswith(("--attention-backend", "--decode-attention-backend", "--prefill-attention-backend"))
+                      for t in role.inputs.spec.extraArgs)
+    if acc is None or acc.isa not in ("sm_100", "sm_103") or backend_set or role.inputs.speculative_algorithm:
+        return page
+    return page if page in (16, 32, 64, 128) else 64
+
 def expected_fields(plan: Plan, role: RolePlan) -> dict[str, Any]:
     """ServerArgs values the spec asks for, computed from the spec (not from the rendered args)."""
     spec = plan.spec
@@ -328,7 +340,7 @@ def expected_fields(plan: Plan, role: RolePlan) -> dict[str, Any]:
         "disaggregation_decode_allocation_policy": d.decodeAllocationPolicy,
         "sampling_mask_max_tokens": d.samplingMaskMaxTokens if d.samplingMaskMaxTokens is not None else 4096,
         "disaggregation_enable_kv_checksum": d.kvChecksum,
-        "page_size": 256 if dsv4 else kv.pageSize,
+        "page_size": 256 if dsv4 else _mha_page(role, kv.pageSize),
         "kv_cache_dtype": ("fp8_e4m3" if kv.dtype == "auto" else kv.dtype) if dsv4 else kv.dtype,
         "tp_size": p.tp,
         "dp_size": 1 if p.dpAttention else p.dp,

@@ -197,6 +197,16 @@ def test_every_prefill_rank_registers(oracle, catalog):
     assert verdict.prefill.facts["attnDpSize"] == 4 and verdict.prefill.facts["attnTpSize"] == 1
 
 
+def test_a_role_that_cannot_be_judged_is_named_and_the_other_is_not_blamed(oracle, catalog):
+    doc = _example("dsv41-flash-gb300-low-latency.yaml")
+    doc["spec"]["decode"]["accelerator"] = "b999"  # not in the catalog
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.accepted is None
+    assert verdict.decode.indeterminate == "decode accelerator 'b999' is not in the catalog"
+    assert "b999" not in verdict.prefill.indeterminate and "other role" in verdict.prefill.indeterminate
+    assert verdict.prefill.accelerator == "gb300" and "b999" in verdict.pair.indeterminate
+
+
 # --------------------------------------------------------------------------- the CLI
 
 

@@ -88,7 +88,7 @@ def test_gb300_example_converges_scales_rolls_and_is_deleted(cluster, operator):
     assert kids["serviceaccounts"] == kids["roles"] == kids["rolebindings"] == [f"{NAME}-gateway"]
     st = obj["status"]
     assert st["prefill"]["replicas"] == "1/1" and st["decode"]["replicas"] == "2/2"
-    assert st["kvLayout"] == "v41,c4:v41,c128:v41" and st["decode"]["attentionBackend"] == "flashmla_mega"
+    assert st["kvLayout"] == "v41,c1:v41_fp4,c2:v41_fp4" and st["decode"]["attentionBackend"] == "flashmla_mega"
     assert st["gateway"]["endpoint"] == f"http://{NAME}.{ns_}.svc:8000"
     engine = pods(cluster, ns_, f"{LBL}/deployment={NAME},{LBL}/role in (prefill,decode)")
     assert len(engine) == 3
@@ -98,7 +98,7 @@ def test_gb300_example_converges_scales_rolls_and_is_deleted(cluster, operator):
         assert p["metadata"]["labels"][f"{LBL}/compat-key"] == key
     printed = cluster.kubectl("get", "pdd", "-n", ns_).stdout
     print(printed)
-    assert "True" in printed and "1/1" in printed and "v41,c4:v41,c128:v41" in printed
+    assert "True" in printed and "1/1" in printed and "v41,c1:v41_fp4,c2:v41_fp4" in printed
 
     # scale decode 2 -> 3: same group, prefill untouched
     prefill_uid = {p["metadata"]["uid"] for p in pods(cluster, ns_, f"{LBL}/role=prefill")}
@@ -123,7 +123,7 @@ def test_gb300_example_converges_scales_rolls_and_is_deleted(cluster, operator):
         what="new group Ready",
     )
     new_key = obj["status"]["compatKey"]
-    assert obj["status"]["kvLayout"] == "v4,c4:v4,c128:v4"
+    assert obj["status"]["kvLayout"] == "v4,c1:v4,c2:v4"
     wait_for(
         lambda: set(_deployments(cluster, ns_)) == {f"{NAME}-{new_key[:6]}-{c}" for c in ("prefill", "decode", "gateway")},
         timeout=120,

@@ -131,13 +131,19 @@ def test_image_change_rolls_a_new_group_with_a_safe_cutover(cluster, operator, n
     old = wait_for(lambda: _ready_obj(cluster, ns), timeout=60, what="Ready")["status"]["compatKey"]
     changed = _spec(ns, rollout={"drainGracePeriod": "3s"})
     changed["spec"]["runtime"]["image"] = "lmsysorg/sglang:v0.5.23-cu130-post1"
+    seen: dict = {}
+
+    def complete():
+        seen["status"] = (kget(cluster, "pdd", NAME, "-n", ns) or {}).get("status")
+        o = _ready_obj(cluster, ns)
+        return o and o["status"]["compatKey"] != old and o["status"]["rollout"]["phase"] == "Complete" and o
+
     with Watcher(cluster.api_client(), ns) as watcher:
         kapply(cluster, changed)
-        obj = wait_for(
-            lambda: (o := _ready_obj(cluster, ns)) and o["status"]["compatKey"] != old and o["status"]["rollout"]["phase"] == "Complete" and o,
-            timeout=90,
-            what="rollout Complete",
-        )
+        try:  # about 30 s alone; a loaded CI machine has taken more than 90
+            obj = wait_for(complete, timeout=180, what="rollout Complete")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nlast status: {seen.get('status')}\noperator log:\n{operator.log_tail(40)}") from None
         wait_for(lambda: watcher.samples and set(watcher.samples[-1].ready) == {obj["status"]["compatKey"]}, timeout=30, what="old group gone")
     watcher.assert_safe()
     new = obj["status"]["compatKey"]

@@ -1,11 +1,10 @@
 """The operator image the chart runs (images/operator/Dockerfile) holds what the operator needs.
 
 There is no container runtime here, so the image's install steps are replayed instead: the
-wheel is built from the repository as the build stage builds it, installed into an empty
-folder, the Dockerfile's own data-copy command is run against it, and the installed
-package (not the repository's editable one) checks and renders every example with the
-catalog at the image's ``SGLANG_PD_CATALOG_DIR``. The Dockerfile's user and entrypoint
-must match what the chart's Deployment assumes.
+wheel is built from what the build stage copies, installed into an empty folder, and the
+installed package (not the repository's editable one) checks and renders every example
+with the catalog it carries as package data (no ``SGLANG_PD_CATALOG_DIR``). The
+Dockerfile's user and entrypoint must match what the chart's Deployment assumes.
 """
 
 from __future__ import annotations
@@ -51,8 +50,7 @@ def test_user_entrypoint_and_catalog_match_the_chart():
     assert user == [f"{uid}:{values['podSecurityContext']['runAsGroup']}"], user
     assert ("ENTRYPOINT", '["sglang-pd-operator"]') in stage
     env = " ".join(arg for op, arg in stage if op == "ENV")
-    catalog_dir = re.search(r"SGLANG_PD_CATALOG_DIR=(\S+)", env)[1]
-    assert ("COPY", f"kernels {catalog_dir}") in stage
+    assert "SGLANG_PD_CATALOG_DIR" not in env  # the wheel carries the catalog
     assert "PYTHONDONTWRITEBYTECODE=1" in env  # the chart's root filesystem is read-only
     # only the package and its dependencies: no test/contract extras, no compilers
     text = DOCKERFILE.read_text()
@@ -60,44 +58,53 @@ def test_user_entrypoint_and_catalog_match_the_chart():
     assert [arg for op, arg in final_stage() if op == "FROM"] == ["${PYTHON_IMAGE}"]
 
 
+def build_stage_copies() -> list[str]:
+    """The repository paths the build stage copies into /src (``COPY a b ./`` -> a, b)."""
+    ins = instructions()
+    first_from = next(i for i, (op, _) in enumerate(ins) if op == "FROM")
+    last_from = max(i for i, (op, _) in enumerate(ins) if op == "FROM")
+    paths = []
+    for op, arg in ins[first_from:last_from]:
+        if op == "COPY" and not arg.startswith("--from"):
+            paths += arg.split()[:-1]
+    return paths
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """The wheel installed into an empty folder, then the Dockerfile's data-copy step run on it."""
+    """The wheel built from only what the build stage copies, installed into an empty folder."""
     tmp = tmp_path_factory.mktemp("image")
-    wheels, target = tmp / "wheels", tmp / "site"
+    src, wheels, target = tmp / "src", tmp / "wheels", tmp / "site"
+    src.mkdir()
+    for path in build_stage_copies():
+        (shutil.copytree if (ROOT / path).is_dir() else shutil.copy)(ROOT / path, src / path)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheels), str(ROOT)],
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheels), str(src)],
                    check=True, cwd="/", env={**os.environ, "PYTHONSAFEPATH": "1"})
     (wheel,) = wheels.glob("sglang_pd_operator-*.whl")
     subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)], check=True, cwd="/")
-    # each `COPY operator/... /tmp/...` + the RUN that uses it, with the paths mapped here
-    stage = final_stage()
-    for i, (op, arg) in enumerate(stage):
-        if op == "COPY" and arg.startswith("operator/"):
-            src, dst = arg.split()
-            shutil.copytree(ROOT / src, tmp / dst.lstrip("/"))
-            run = stage[i + 1]
-            assert run[0] == "RUN", f"COPY {arg} is not followed by the RUN that installs it"
-            command = run[1].split(" && ")[0].replace(dst, str(tmp / dst.lstrip("/")))
-            subprocess.run(command.replace("python ", f"{sys.executable} ", 1), shell=True, check=True, cwd="/",
-                           env={**os.environ, "PYTHONPATH": str(target), "PYTHONSAFEPATH": "1"})
     return target
 
 
-def _run_installed(target: Path, *args: str, catalog: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(target), "PYTHONSAFEPATH": "1", "SGLANG_PD_CATALOG_DIR": str(catalog)}
+def _run_installed(target: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_PD_CATALOG_DIR"}
+    env.update(PYTHONPATH=str(target), PYTHONSAFEPATH="1")
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd="/", env=env)
 
 
-def test_installed_package_checks_and_renders_every_example(installed, tmp_path):
-    catalog = tmp_path / "kernels"
-    shutil.copytree(ROOT / "kernels", catalog)
+def test_installed_package_checks_and_renders_every_example(installed):
     where = _run_installed(installed, "-c", "import sglang_pd_operator, sglang_pd_operator.operator_main as m; "
-                           "print(sglang_pd_operator.__file__)", catalog=catalog)
+                           "from sglang_pd_operator.catalog import default_catalog_dir as d; "
+                           "print(sglang_pd_operator.__file__); print(d())")
     assert where.returncode == 0, where.stderr
-    assert where.stdout.strip().startswith(str(installed)), "the repository's package was imported, not the wheel"
+    package, catalog = where.stdout.split()
+    assert package.startswith(str(installed)), "the repository's package was imported, not the wheel"
+    assert catalog == str(installed / "sglang_pd_operator" / "kernels"), "the catalog is not the wheel's own copy"
+    shipped = sorted(p.relative_to(Path(catalog)) for p in Path(catalog).rglob("*.yaml"))
+    assert shipped == sorted(p.relative_to(ROOT / "kernels") for p in (ROOT / "kernels").rglob("*.yaml"))
+    assert (installed / "sglang_pd_operator" / "planning" / "data" / "sglang-0.5.23-flags.json").is_file()
     examples = [str(p) for p in sorted(EXAMPLES.glob("*.yaml"))]
-    check = _run_installed(installed, "-m", "sglang_pd_operator.cli", "check", *examples, catalog=catalog)
+    check = _run_installed(installed, "-m", "sglang_pd_operator.cli", "check", *examples)
     assert check.returncode == 0, check.stdout + check.stderr
-    render = _run_installed(installed, "-m", "sglang_pd_operator.cli", "render", examples[0], catalog=catalog)
+    render = _run_installed(installed, "-m", "sglang_pd_operator.cli", "render", examples[0])
     assert render.returncode == 0 and "kind: Deployment" in render.stdout, render.stderr

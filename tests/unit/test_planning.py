@@ -40,7 +40,7 @@ GB300, DEP, H200, MI355X, QWEN = (
 )
 COMPAT_INPUTS = {
     "model", "revision", "sglangVersion", "image", "kvLayout", "attentionBackend", "pageSize", "kvCacheDtype",
-    "transferBackend", "decodeAllocationPolicy", "samplingMaskMaxTokens", "kvChecksum", "speculative",
+    "transferBackend", "decodeAllocationPolicy", "samplingMaskMaxTokens", "kvChecksum", "speculative", "pairShape",
 }  # fmt: skip
 
 
@@ -238,6 +238,24 @@ def test_role_override_that_diverges_splits_the_roles_keys():
     assert plan.prefill.compat_key != plan.decode.compat_key
     assert not plan.valid
     assert [p.field for p in plan.problems if p.rule == "must_equal_fields"] == ["spec.decode.kvLayout.pageSize"]
+
+
+def test_parallelism_keys_the_group_where_the_handshake_compares_it():
+    """DeepSeek-V4.1 DSpark compares the roles' attention TP at the handshake: DEP -> TP on both
+    roles is a new group (rolled as a pair), while a TP change of a model SGLang re-shards for
+    keeps the group; PP and DCP sizes always key it (conn.py _resolve_rank_mapping)."""
+    dep = example(DEP)
+    tp_both = edit(edit(dep, "spec.prefill.parallelism", {"tp": 4, "ep": 4}), "spec.decode.parallelism", {"tp": 4})
+    assert plan_of(tp_both).valid and plan_of(dep).valid
+    assert plan_of(tp_both).compat_key != plan_of(dep).compat_key
+    qwen = example(QWEN)
+    wider = edit(qwen, "spec.decode.parallelism", {"tp": 2})
+    assert plan_of(wider).compat_key == plan_of(qwen).compat_key
+    pp = edit(edit(qwen, "spec.prefill.extraArgs", ["--pp-size", "2"]), "spec.decode.extraArgs", ["--pp-size", "2"])
+    assert plan_of(pp).compat_key != plan_of(qwen).compat_key
+    shape = plan_of(dep).prefill.compat_inputs["pairShape"]
+    assert shape == {"prefill": {"pp": 1, "dcp": 1, "attentionTP": 1, "attentionCP": 1},
+                     "decode": {"pp": 1, "dcp": 1, "attentionTP": 1, "attentionCP": 1}}
 
 
 def test_plugin_and_engram_are_not_key_inputs():

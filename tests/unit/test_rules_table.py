@@ -315,6 +315,53 @@ def test_worst_exit_code_wins_over_several_files(tmp_path):
     assert run_check([str(good), str(tmp_path / "nope.yaml")], cwd=tmp_path).returncode == 2
 
 
+def _python_without_sglang(tmp: Path, version: str | None = None) -> str:
+    """A fresh venv (no pip) whose site-packages holds sglang ``version``'s metadata only, or nothing."""
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    if version is not None:
+        (site,) = venv.glob("lib/python*/site-packages")
+        dist = site / f"sglang-{version}.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
+    return str(venv / "bin" / "python")
+
+
+@pytest.mark.parametrize("version, says", [(None, "sglang is not installed for"),
+                                           ("0.5.22", "sglang 0.5.22 is installed for")])
+def test_check_sglang_without_the_oracle_still_gives_our_verdict(tmp_path, version, says):
+    python = _python_without_sglang(tmp_path, version)
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(build_doc("h200", {})))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(build_doc("h200", {"set": {"spec.kvLayout.layout": "v41"}})))
+    run = run_check([str(good)], "--sglang", "--sglang-python", python, "-o", "json", cwd=tmp_path)
+    assert run.returncode == 3, run.stderr  # ours valid, SGLang's verdict missing
+    data = json.loads(run.stdout)
+    assert data["valid"] is True and data["roles"]["prefill"]["args"]
+    assert data["sglang"]["accepted"] is None and says in data["sglang"]["error"], data["sglang"]
+    assert "sglang install" in data["sglang"]["error"] and python in data["sglang"]["error"]
+    assert "warning: --sglang:" in run.stderr
+    text = run_check([str(bad)], "--sglang", "--sglang-python", python, cwd=tmp_path)
+    assert text.returncode == 1, text.stderr  # our refusal stands without SGLang's verdict
+    assert "SGLang 0.5.23: no verdict: " + says in text.stdout and "kvLayout" in text.stdout
+
+
+def test_check_sglang_with_something_that_is_not_python(tmp_path):
+    run = run_check([str(EXAMPLES / "dsv41-flash-gb300-low-latency.yaml")], "--sglang", "--sglang-python", "/bin/true", "-o", "json", cwd=tmp_path)
+    assert run.returncode == 3
+    error = json.loads(run.stdout)["sglang"]["error"]
+    assert "/bin/true is not a Python interpreter" in error, error
+    missing = run_check([str(EXAMPLES / "dsv41-flash-gb300-low-latency.yaml")], "--sglang", "--sglang-python", str(tmp_path / "nope"), cwd=tmp_path)
+    assert missing.returncode == 3 and "cannot run" in missing.stdout
+
+
+def test_unreadable_catalog_exits_2(tmp_path):
+    (tmp_path / "empty").mkdir()
+    run = run_check([str(EXAMPLES / "dsv41-flash-gb300-low-latency.yaml")], "--catalog-dir", str(tmp_path / "empty"), cwd=tmp_path)
+    assert run.returncode == 2 and "accelerators.yaml: catalog file missing" in run.stderr, run.stderr
+
+
 def test_overlay_helpers():
     doc = {"spec": {"prefill": {"extraArgs": ["--a"]}}}
     set_path(doc, "spec.prefill.extraArgs[1]", "--b")

@@ -37,6 +37,7 @@ ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     args.extra_args_parse,
     args.env_not_managed,
     args.chunked_prefill_page_aligned,
+    args.priority_scheduling_policy,
     plugins.plugin_in_catalog,
     plugins.plugin_matches_gpu,
     plugins.plugin_tp_size,
@@ -57,6 +58,7 @@ ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     transfer.transfer_numa_local,
     transfer.transfer_nixl_devices,
     transfer.transfer_mori_devices,
+    transfer.staging_buffer_requirements,
     kvcache.hicache_allocation_policy,
     kvcache.hicache_extra_args,
 )

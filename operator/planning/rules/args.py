@@ -11,6 +11,7 @@ from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..engine_args import MANAGED_ENV, MANAGED_FLAGS
 from ..features import parse_flags
+from ..sglang_defaults import chunked_prefill_per_rank, chunked_prefill_size
 from ..structs import RolePlan
 from ..problems import Problem
 from ..sglang_flags import validate_args
@@ -70,38 +71,71 @@ def env_not_managed(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog)
 
 
 def chunked_prefill_page_aligned(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
-    """A prefill role's chunked prefill size must be a whole number of pages.
+    """A prefill role's chunked prefill size, per attention-DP rank, must be a whole number of pages.
 
     Source: sglang 0.5.23 arg_groups/validation_hook.py check_server_args asserts
     "chunked_prefill_size must be divisible by page_size" on every role but decode, on the
-    resolved value: with DP attention, parallel_hook._handle_data_parallelism first
-    divides it by the attention-DP size. The page is 256 for DeepSeek-V4 models
-    (``RoleInputs.page_size``). Only an explicit ``--chunked-prefill-size`` is checked:
-    SGLang's own defaults are its business, and the SGLang oracle judges them.
+    resolved value: ``--chunked-prefill-size`` or SGLang's default by GPU memory, divided by
+    the attention-DP size (planning/sglang_defaults.py). The page is the one SGLang uses
+    (``RoleInputs.page_size``: 256 for DeepSeek-V4, the attention backend's for others).
     """
     if role.role == "decode":
         return []
     args = list(role.inputs.spec.extraArgs)
-    value = parse_flags(args).get("chunked_prefill_size")
-    try:
-        size = int(value)
-    except (TypeError, ValueError):
-        return []
-    if size <= 0:
-        return []
-    per_rank = size // role.inputs.attention_dp
+    flags = parse_flags(args)
+    per_rank = chunked_prefill_per_rank(role.inputs, flags)
     page = role.inputs.page_size
-    if per_rank % page == 0:
+    if per_rank is None or per_rank <= 0 or page <= 1 or per_rank % page == 0:
         return []
-    index = next(i for i, tok in enumerate(args) if tok.startswith("--chunked-prefill-size"))
-    dp_note = f" (SGLang divides it by the attention DP size {role.inputs.attention_dp}: {per_rank})" if role.inputs.attention_dp > 1 else ""
-    step = page * role.inputs.attention_dp
+    dp = role.inputs.attention_dp
+    explicit = flags.get("chunked_prefill_size") is not None
+    size = chunked_prefill_size(role.inputs, flags)
+    index = next((i for i, tok in enumerate(args) if tok.startswith("--chunked-prefill-size")), None)
+    if index is not None:
+        field = f"spec.{role.role}.extraArgs[{index}]"
+    elif dp > 1:
+        field = f"spec.{role.role}.parallelism.dp"
+    else:
+        field = f"{role.inputs.kv_layout_field}.pageSize"
+    what = f"--chunked-prefill-size {size}" if explicit else f"SGLang's default chunked prefill size on {role.inputs.accelerator_name} ({size})"
+    dp_note = f" divided by the attention DP size {dp} ({per_rank})" if dp > 1 else ""
+    step = page * dp
+    if explicit:
+        fix = f"use a multiple of {step}, e.g. {max(step, size // step * step)}"
+    else:
+        fix = (f"use a pageSize that divides {per_rank}, or set --chunked-prefill-size in "
+               f"spec.{role.role}.extraArgs to a multiple of {step} (e.g. {max(step, size // step * step)})")
     return [
         Problem(
-            field=f"spec.{role.role}.extraArgs[{index}]",
-            message=f"--chunked-prefill-size {size}{dp_note} is not a multiple of the page size {page}; SGLang refuses "
-            "to start (\"chunked_prefill_size must be divisible by page_size\")",
-            fix=f"use a multiple of {step}, e.g. {max(step, size // step * step)}",
+            field=field,
+            message=f"{what}{dp_note} is not a multiple of the page size {page}; SGLang refuses to start "
+            "(\"chunked_prefill_size must be divisible by page_size\")",
+            fix=fix,
             rule="chunked_prefill_page_aligned",
+        )
+    ]
+
+
+def priority_scheduling_policy(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """``--enable-priority-scheduling`` runs with ``--schedule-policy`` fcfs or lof only.
+
+    Source: sglang 0.5.23 arg_groups/validation_hook.py check_server_args: "To use priority
+    scheduling, schedule_policy must be 'fcfs' or 'lof'." (the default policy is fcfs).
+    """
+    args = list(role.inputs.spec.extraArgs)
+    flags = parse_flags(args)
+    if flags.get("enable_priority_scheduling") in (None, False):
+        return []
+    policy = str(flags.get("schedule_policy") or "fcfs")
+    if policy in ("fcfs", "lof"):
+        return []
+    index = next((i for i, tok in enumerate(args) if tok.startswith("--schedule-policy")), None)
+    return [
+        Problem(
+            field=f"spec.{role.role}.extraArgs[{index}]" if index is not None else f"spec.{role.role}.extraArgs",
+            message=f"--enable-priority-scheduling with --schedule-policy {policy}: SGLang 0.5.23 runs priority "
+            "scheduling with fcfs or lof only and refuses to start",
+            fix="use --schedule-policy fcfs or lof, or remove --enable-priority-scheduling",
+            rule="priority_scheduling_policy",
         )
     ]

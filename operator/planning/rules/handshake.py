@@ -61,12 +61,18 @@ def must_equal_fields(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: Role
         owner, other = (prefill, decode) if prefill_only else (decode, prefill)
         role_field = field.replace("spec.<role>.kvLayout", owner.inputs.kv_layout_field)
         other_field = field.replace("spec.<role>.kvLayout", other.inputs.kv_layout_field)
+        fix = f"set the same value for both roles (compare {other_field})"
+        if name == "pageSize" and prefill.inputs.kv_layout.pageSize == decode.inputs.kv_layout.pageSize:
+            # Declared alike; SGLang replaces it on one role (its attention backend's pages).
+            forced = next(r for r in (prefill, decode) if r.inputs.page_size != r.inputs.kv_layout.pageSize)
+            fix = (f"set pageSize: {forced.inputs.page_size}, the page SGLang runs on the {forced.role} role "
+                   f"({forced.inputs.accelerator_name}, {forced.inputs.mha_attention_backend or 'its backend'})")
         problems.append(
             Problem(
                 field=role_field,
                 message=f"{name} differs between roles (prefill {prefill.compat_inputs[name]!r}, decode "
                 f"{decode.compat_inputs[name]!r}): {why}",
-                fix=f"set the same value for both roles (compare {other_field})",
+                fix=fix,
                 rule="must_equal_fields",
             )
         )

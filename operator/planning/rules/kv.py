@@ -9,6 +9,8 @@ disaggregation/common/conn.py, which raises "KV layout mismatch" at the PD hands
 
 from __future__ import annotations
 
+import difflib
+
 from ...catalog import Catalog
 from ..structs import RolePlan
 from ..problems import Problem
@@ -64,12 +66,16 @@ def kv_layout_predictable(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Ca
     """
     if role.inputs.model is not None or role.role != "prefill":
         return []
+    near = [name for name in catalog.models if name.lower() == spec.model.name.lower()]
+    near = near or difflib.get_close_matches(spec.model.name, list(catalog.models), n=1, cutoff=0.8)
+    meant = f"; did you mean {near[0]!r} (model ids are case-sensitive)" if near else ""
     return [
         Problem(
             field="spec.model.name",
             message=f"model {spec.model.name!r} is not in the model catalog, so its KV layout, expert counts and "
-            "architecture cannot be checked before pods start",
-            fix="add the model to the catalog ConfigMap sglang-pd-operator-catalog (key models.yaml)",
+            f"architecture cannot be checked before pods start{meant}",
+            fix=(f"use name: {near[0]}" if near else
+                 "add the model to the catalog ConfigMap sglang-pd-operator-catalog (key models.yaml)"),
             rule="kv_layout_predictable",
             severity="warning",
         )

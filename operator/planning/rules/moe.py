@@ -34,9 +34,9 @@ from typing import Any, Mapping
 
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
-from ..features import parse_flags
-from ..memory import quantity_bytes
+from ..features import as_int, parse_flags
 from ..problems import Problem
+from ..sglang_defaults import chunked_prefill_per_rank, gpu_memory_mib
 from ..sglang_flags import flag_table
 from ..structs import RolePlan
 
@@ -76,10 +76,7 @@ def _on(flags: Mapping[str, Any], key: str) -> bool:
 
 
 def _int(value: Any) -> int | None:
-    try:
-        return int(value) if value is not None and value is not True else None
-    except (TypeError, ValueError):
-        return None
+    return as_int(value)
 
 
 def a2a_backend(flags: Mapping[str, Any]) -> str:
@@ -130,28 +127,8 @@ def _env(role: RolePlan, name: str, default: int) -> tuple[int | None, str]:
     return default, f"spec.{role.role}.env"
 
 
-def _gpu_mib(role: RolePlan) -> float | None:
-    acc = role.inputs.accelerator
-    return quantity_bytes(acc.gpuMemory) / 2**20 if acc is not None else None
 
 
-def _chunked_prefill(role: RolePlan, flags: Mapping[str, Any]) -> int | None:
-    """The chunked prefill size SGLang resolves, per attention-DP rank; None when unknown.
-
-    --chunked-prefill-size, else memory_hook.handle_gpu_memory_settings's choice by GPU
-    memory (2k below 20 GiB, 4k below 60 GiB, 8k below 160 GiB, else 16k); with attention
-    DP, parallel_hook.handle_data_parallelism divides it by the attention-DP size.
-    """
-    size = _int(flags.get("chunked_prefill_size"))
-    if size is None:
-        if flags.get("chunked_prefill_size") is not None:
-            return None
-        mib = _gpu_mib(role)
-        if mib is None:
-            return None
-        size = 2048 if mib < 20 * 1024 else 4096 if mib < 60 * 1024 else 8192 if mib < 160 * 1024 else 16384
-    dp = role.inputs.attention_dp
-    return size // dp if dp > 1 else size
 
 
 def _max_running_requests(spec: PDDeploymentSpec, role: RolePlan, flags: Mapping[str, Any]) -> int | None:
@@ -173,12 +150,14 @@ def _decode_graph_max_bs(role: RolePlan, flags: Mapping[str, Any]) -> int | None
     GiB 32 or 48 under TP 4 and 160 from TP 4; 256 under TP 4 and 512 from TP 4 below 160
     GiB; else 512), capped by an explicit --max-running-requests.
     """
-    if flags.get("cuda_graph_bs_decode") is not None or role.inputs.paged_experts_k is not None:
-        return None  # an explicit list, or Paged Experts' own graph cap (rules/paged_experts.py)
+    if flags.get("cuda_graph_bs_decode") is not None:
+        return None  # an explicit list
+    # Paged Experts caps the captured sizes at K // top_k only while the model is built
+    # (paged_experts/method.py make_for_layer): argument resolution still sees this default.
     explicit = flags.get("cuda_graph_max_bs_decode")
     if explicit is not None:
         return _int(explicit)
-    mib = _gpu_mib(role)
+    mib = gpu_memory_mib(role.inputs)
     if mib is None:
         return None
     tp = role.inputs.parallelism.tp
@@ -409,7 +388,7 @@ def pplx_a2a_requirements(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Ca
     if runner not in ("deep_gemm", "auto"):
         add(_field(role, "moe_runner_backend"), f"pplx runs the deep_gemm MoE runner only, not {runner}",
             "use --moe-runner-backend deep_gemm or auto")
-    chunk = _chunked_prefill(role, flags)
+    chunk = chunked_prefill_per_rank(role.inputs, flags)
     capacity, env_field = _env(role, PPLX_CAPACITY_ENV, PPLX_CAPACITY_DEFAULT)
     if role.role != "decode" and chunk is not None and chunk > 0 and capacity is not None:
         required = max(chunk, _int(flags.get("cuda_graph_max_bs_decode")) or 0)
@@ -433,7 +412,7 @@ def mori_dispatch_budget(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Cat
     flags = _flags(role)
     if role.role == "decode" or a2a_backend(flags) != "mori" or _untracked(flags):
         return []
-    chunk = _chunked_prefill(role, flags)
+    chunk = chunked_prefill_per_rank(role.inputs, flags)
     capacity, env_field = _env(role, MORI_CAPACITY_ENV, MORI_CAPACITY_DEFAULT)
     if chunk is None or chunk <= 0 or capacity is None or chunk <= capacity:
         return []
@@ -513,7 +492,7 @@ def deepep_v2_dispatch_budget(*, spec: PDDeploymentSpec, role: RolePlan, catalog
     p = role.inputs.parallelism
     problems = []
     if role.role == "prefill":
-        chunk = _chunked_prefill(role, flags)
+        chunk = chunked_prefill_per_rank(role.inputs, flags)
         max_prefill = _int(flags.get("max_prefill_tokens")) or MAX_PREFILL_TOKENS_DEFAULT
         ceiling = chunk if chunk is not None and chunk > 0 else None
         if chunk is not None and chunk <= 0:
@@ -634,7 +613,7 @@ def megamoe_token_budget(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Cat
         return problems
     if _on(flags, "enable_dynamic_chunking") and (_int(flags.get("pp_size")) or 1) > 1:
         return problems
-    chunk = _chunked_prefill(role, flags)
+    chunk = chunked_prefill_per_rank(role.inputs, flags)
     if chunk is None:
         return problems
     if chunk <= 0:

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..engine_args import ENGINE_PORT
-from ..features import parse_flags
+from ..features import flag_int, parse_flags
 from ..problems import Problem
 from ..structs import RolePlan
 from .fields import env_field, env_true, flag_field
@@ -59,13 +59,7 @@ def _flags(role: RolePlan) -> dict[str, Any]:
 
 def _int(flags: Mapping[str, Any], dest: str, default: int = 1) -> int:
     """``flags[dest]`` as an int; ``default`` when absent or not a number (args.extra_args_parse refuses those)."""
-    value = flags.get(dest)
-    if value is None or isinstance(value, bool):
-        return default
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
+    return flag_int(flags, dest, default)
 
 
 def _on(flags: Mapping[str, Any], dest: str) -> bool:

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
-from ..features import parse_flags
+from ..features import flag_int, parse_flags
 from .moe import a2a_backend
 from ..problems import Problem
 from ..structs import RolePlan
@@ -88,13 +88,7 @@ def _on(flags: Mapping[str, Any], dest: str) -> bool:
 
 def _int(flags: Mapping[str, Any], dest: str) -> int | None:
     """``flags[dest]`` as an int; None when absent or not a number (args.extra_args_parse refuses those)."""
-    value = flags.get(dest)
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
+    return flag_int(flags, dest)
 
 
 def _float(flags: Mapping[str, Any], dest: str, default: float) -> float:

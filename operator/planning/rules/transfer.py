@@ -272,6 +272,7 @@ def transfer_tcp_fallback(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: 
 
 __all__ = [
     "shared_rail_classes",
+    "staging_buffer_requirements",
     "transfer_backend_vendor",
     "transfer_devices_exist",
     "transfer_force_tcp_backend",
@@ -282,3 +283,34 @@ __all__ = [
     "transfer_rails_reach",
     "transfer_tcp_fallback",
 ]
+
+
+def staging_buffer_requirements(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """SGLANG_DISAGG_STAGING_BUFFER needs the mooncake or nixl backend, and not prefill_complete.
+
+    Source: sglang 0.5.23 arg_groups/pd_disaggregation_hook.py handle_pd_disaggregation
+    ("SGLANG_DISAGG_STAGING_BUFFER requires disaggregation_transfer_backend='mooncake' or
+    'nixl'") and _validate_prefill_complete ("prefill_complete does not yet support ...
+    staging buffers"); the variable is an EnvBool (environ.py: true, 1, yes, y).
+    """
+    from .fields import env_field, env_true
+
+    name = "SGLANG_DISAGG_STAGING_BUFFER"
+    if not env_true(role, name):
+        return []
+    problems = []
+    if spec.transfer.backend not in ("mooncake", "nixl"):
+        problems.append(Problem(
+            field=env_field(role, name),
+            message=f"{name} on the {role.role} role needs the mooncake or nixl transfer backend, not "
+            f"{spec.transfer.backend}; SGLang 0.5.23 refuses to start",
+            fix=f"remove {name}, or use transfer.backend mooncake or nixl", rule="staging_buffer_requirements",
+        ))  # fmt: skip
+    if spec.disaggregation.decodeAllocationPolicy == "prefill_complete":
+        problems.append(Problem(
+            field=env_field(role, name),
+            message=f"{name} with decodeAllocationPolicy prefill_complete: SGLang 0.5.23 does not support staging "
+            "buffers there yet", fix=f"remove {name}, or use decodeAllocationPolicy early",
+            rule="staging_buffer_requirements",
+        ))  # fmt: skip
+    return problems
