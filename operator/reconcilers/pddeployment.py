@@ -281,20 +281,19 @@ def _decide(
 def _after_writes(
     kube: Kube, plan: Plan, before: Observed, decision: RolloutDecision, rollout_before: RolloutStatus, now: float
 ) -> tuple[Observed, RolloutDecision]:
-    """What status shows after this reconcile's writes: one observation, and the decision made from it.
+    """The observation status shows after this reconcile's writes, and the decision made from it.
 
-    Status reads children after the writes (an in-place update makes a Ready group not
-    Ready), so the rollout phase is decided again from that observation, with ``decision``
-    as the previous rollout and the same clock: every condition then speaks for one
-    observation (never Ready=False with Progressing=False/Complete). A group counts as
-    ready only when it was ready in both observations, so the second decision can only see
-    less readiness than the one acted on; should it still ask for an action this reconcile
-    did not take (a deletion), ``decision`` is shown instead. Events come from ``decision``
-    alone: they describe what was done.
+    Status reads the children again after the writes (an in-place update makes a Ready
+    group not Ready) and decides the rollout phase again from that observation, with
+    ``decision`` as the previous rollout and the same clock, so every condition of the
+    write speaks for one observation (never Ready=False with Progressing=False/Complete).
+    When that second decision would act where this reconcile did not (another serving
+    key, more deletions), or a group turned Ready in between (its transition and event
+    belong to the next reconcile, which its Deployment's change triggers), status shows
+    ``before`` and ``decision``, the observation acted on. Events always come from
+    ``decision``: they describe what was done.
     """
     after = observe(kube, name=plan.name, namespace=plan.namespace)
-    was_ready = {k for k, g in before.groups.items() if g.ready}
-    groups = {k: (g if k in was_ready else replace(g, ready=False)) for k, g in after.group_states().items()}
     prev = RolloutStatus(
         target_key=plan.compat_key,
         phase=decision.phase,
@@ -304,9 +303,10 @@ def _after_writes(
         completed=decision.phase == "Complete"
         or (rollout_before.completed and rollout_before.target_key == plan.compat_key),
     )
-    again = _decide(plan, after.serving_key, groups, prev, now)
-    if not set(again.delete_keys) <= set(decision.delete_keys) or again.serving_key != decision.serving_key:
-        return after, decision
+    again = _decide(plan, after.serving_key, after.group_states(), prev, now)
+    turned_ready = any(g.ready and not (k in before.groups and before.groups[k].ready) for k, g in after.groups.items())
+    if turned_ready or again.serving_key != decision.serving_key or not set(again.delete_keys) <= set(decision.delete_keys):
+        return before, decision
     return after, replace(again, events=())
 
 
