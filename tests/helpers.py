@@ -17,6 +17,17 @@ def load_example(path: Path = GB300_EXAMPLE) -> dict:
     return copy.deepcopy(yaml.safe_load(path.read_text()))
 
 
+def with_fields(doc: dict, changes: dict) -> dict:
+    """``doc`` with ``spec`` fields set by dotted path (``{"decode.replicas": 2}``); changes ``doc`` and returns it."""
+    for path, value in changes.items():
+        node = doc["spec"]
+        keys = path.split(".")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    return doc
+
+
 def rules_table():
     """tests/unit/test_rules_table.py as a module, loaded by path: its CASES, bases and build_doc()."""
     import importlib.util

@@ -741,8 +741,27 @@ class SpeedTargets(_Model):
     p99: float | None = Field(default=None, gt=0, description="Tokens/s that at least 99% of requests reach.")
 
 
+#: Longest ``spec.slo.window``: the evaluator keeps outcomes for 72 windows (the ticket
+#: burn window) and increases for one, so its memory grows with the window (metrics/slo.py).
+MAX_SLO_WINDOW = "1h"
+
+
 class SLOSpec(_Model):
     """Latency SLO targets, measured by the operator from engine and gateway metrics."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"!has(self.window) || duration(self.window) <= duration('{MAX_SLO_WINDOW}')",
+                    f"spec.slo.window: at most {MAX_SLO_WINDOW} (the operator keeps 72 windows of outcomes for "
+                    f"its burn rates); set a window of {MAX_SLO_WINDOW} or less, and judge longer periods with "
+                    "the PrometheusRule's burn-rate alerts",
+                    field_path=".window",
+                )
+            ]
+        }
+    )
 
     ttft: PercentileTargets | None = Field(default=None, description="Time to first token.")
     itl: PercentileTargets | None = Field(default=None, description="Inter-token latency.")
@@ -750,7 +769,9 @@ class SLOSpec(_Model):
     perUserSpeed: SpeedTargets | None = Field(
         default=None, description="Per-user generation speed (output tokens/s per request)."
     )
-    window: Duration = Field(default="5m", description="Window over which percentiles are computed.")
+    window: Duration = Field(
+        default="5m", description=f"Window over which percentiles are computed; at most {MAX_SLO_WINDOW}."
+    )
     objective: float = Field(
         default=0.99, gt=0, lt=1, description="Fraction of windows that must meet every target (error budget)."
     )

@@ -35,6 +35,12 @@ SLO), scaled so that the short page window equals the spec's ``window``: page = 
 ticket = (72 W, 6 W); with W = 5m these are exactly 1h/5m and 6h/30m, and the implied
 compliance period is 8640 W (30 days at 5m), so the thresholds keep their meaning
 (14.4 = 2% of the budget in 12 W, 6 = 5% in 72 W).
+
+Memory is bounded whatever the window and the scrape interval: increases sit in at most
+:data:`SLOTS_PER_WINDOW` slots per window and role, outcomes in at most
+:data:`OUTCOME_BINS_PER_WINDOW` bins per window (72 windows kept); a slot or bin is never
+narrower than ``resolution_s``, so at the default 5m window both are exactly as before
+(one per scrape). ``spec.slo.window`` is at most ``MAX_SLO_WINDOW`` (1h) besides.
 """
 
 from __future__ import annotations
@@ -397,12 +403,32 @@ class _Role:
     slots: list[_Slot] = field(default_factory=list)  # ordered by t
 
 
+@dataclass(slots=True)
+class _Outcomes:
+    """Evaluation outcomes in time bins: ``first``/``last`` evaluation time, good and counted
+    intervals, and the last outcome (so that a repeated ``now`` replaces it)."""
+
+    first: float
+    last: float
+    good: int = 0
+    counted: int = 0
+    last_outcome: bool | None = None
+
+
 @dataclass
 class _Deployment:
     roles: dict[str, _Role] = field(default_factory=dict)
-    outcomes: deque[tuple[float, bool | None]] = field(default_factory=deque)
+    outcomes: deque[_Outcomes] = field(default_factory=deque)
     retention_s: float = 0.0
     first_seen: float | None = None
+
+
+#: Memory bound: increases are kept in at most this many time slots per window and role,
+#: and outcomes in at most this many bins per window (72 windows are kept for the burn
+#: rates), whatever the window and the scrape interval. A slot or bin is never narrower
+#: than the evaluator's ``resolution_s``; window edges are exact to one slot or bin width.
+SLOTS_PER_WINDOW = 120
+OUTCOME_BINS_PER_WINDOW = 60
 
 
 def _merge_hist(into: dict[str, Histogram], name: str, h: Histogram) -> None:
@@ -511,26 +537,32 @@ class SLOEvaluator:
                 counter_delta[name] = v
             elif (c := scrape.created.get(name)) is not None and now - dep.retention_s < c <= now:
                 early.append((c, name, v))
+        width = self._slot_width(dep.retention_s)
         for t, name, value in early:
             if isinstance(value, Histogram):
-                self._add_slot(state, t, {name: value}, {})
+                self._add_slot(state, t, {name: value}, {}, width)
             else:
-                self._add_slot(state, t, {}, {name: value})
+                self._add_slot(state, t, {}, {name: value}, width)
         if hist_delta or counter_delta:
-            self._add_slot(state, now, hist_delta, counter_delta)
+            self._add_slot(state, now, hist_delta, counter_delta, width)
         state.pods[pod_name] = _Pod(uid=pod_uid, seen_at=now, histograms=dict(scrape.histograms),
                                     counters=dict(scrape.counters), created=dict(scrape.created),
                                     gauges=scrape.gauges)
         self._prune(dep, now)
         return scrape
 
+    def _slot_width(self, window_s: float) -> float:
+        """Seconds one slot (or outcome bin) of a ``window_s`` window covers: the resolution,
+        widened for long windows so that a window holds at most :data:`SLOTS_PER_WINDOW`."""
+        return max(self._resolution_s, window_s / SLOTS_PER_WINDOW)
+
     def _add_slot(self, state: _Role, t: float, hists: Mapping[str, Histogram],
-                  counters: Mapping[str, float]) -> None:
+                  counters: Mapping[str, float], width: float) -> None:
         slots = state.slots
         times = [s.t for s in slots]
         i = bisect.bisect_right(times, t)
         # coalesce with the slot just before (or at) t when close enough
-        if i > 0 and t - slots[i - 1].t < self._resolution_s:
+        if i > 0 and t - slots[i - 1].t < width:
             slot = slots[i - 1]
         else:
             slot = _Slot(t=t, histograms={}, counters={})
@@ -643,10 +675,10 @@ class SLOEvaluator:
                 targets.append(_target_result(metric, pname, q, raw, hist, role, source.family))
         known = [t for t in targets if t.met is not None]
         met = None if not known else all(t.met for t in known)
-        self._record(dep, now, met)
+        self._record(dep, now, met, max(self._resolution_s, window_s / OUTCOME_BINS_PER_WINDOW))
         windows = burn_windows(window_s)
         horizon = max(w.seconds for w in windows)
-        while dep.outcomes and dep.outcomes[0][0] <= now - horizon:
+        while dep.outcomes and dep.outcomes[0].last <= now - horizon:
             dep.outcomes.popleft()
         good, counted = self._count(dep, now, window_s)
         attainment = good / counted if counted else None
@@ -664,22 +696,39 @@ class SLOEvaluator:
         )
 
     @staticmethod
-    def _record(dep: _Deployment, now: float, met: bool | None) -> None:
-        if dep.outcomes and dep.outcomes[-1][0] == now:
-            dep.outcomes.pop()
-        dep.outcomes.append((now, met))
+    def _record(dep: _Deployment, now: float, met: bool | None, width: float) -> None:
+        """Add the outcome of the interval ending at ``now`` to its bin (``width`` seconds);
+        the same ``now`` again replaces the outcome recorded for it."""
+        outcomes = dep.outcomes
+        if outcomes and outcomes[-1].last == now:
+            b = outcomes[-1]
+            if b.last_outcome is not None:
+                b.counted -= 1
+                b.good -= b.last_outcome
+            if b.first == now:  # the bin holds only this interval
+                outcomes.pop()
+        if outcomes and now - outcomes[-1].first < width and now >= outcomes[-1].last:
+            b = outcomes[-1]
+        else:
+            b = _Outcomes(first=now, last=now)
+            outcomes.append(b)
+        b.last, b.last_outcome = now, met
+        if met is not None:
+            b.counted += 1
+            b.good += met
 
     @staticmethod
     def _count(dep: _Deployment, now: float, window_s: float) -> tuple[int, int]:
-        """(good, counted) intervals in ``(now - window_s, now]``."""
+        """(good, counted) intervals in ``(now - window_s, now]``, by bin (a bin counts when
+        its first evaluation is inside: edges are exact to one bin width)."""
         good = counted = 0
-        for t, outcome in reversed(dep.outcomes):
-            if t <= now - window_s:
+        for b in reversed(dep.outcomes):
+            if b.first <= now - window_s:
                 break
-            if outcome is None or t > now:
+            if b.first > now:
                 continue
-            counted += 1
-            good += outcome
+            counted += b.counted
+            good += b.good
         return good, counted
 
     def _kv_transfer(self, key: str, dep: _Deployment, now: float, window_s: float) -> KVTransferResult:

@@ -47,13 +47,19 @@ class GroupState:
 
 @dataclass(frozen=True)
 class RolloutStatus:
-    """What the previous reconcile recorded in ``status.rollout`` (all optional)."""
+    """What the previous reconcile recorded in ``status.rollout`` (all optional).
+
+    ``completed``: the group of ``target_key`` has been Complete before (its
+    ``phaseTransitions`` hold ``Complete``), so its turning Complete again is a recovery,
+    not a finished rollout.
+    """
 
     target_key: str | None = None
     phase: str | None = None
     phase_started: float | None = None
     draining_key: str | None = None
     drain_started: float | None = None
+    completed: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,8 +147,9 @@ def decide(
             )
         ready = target in groups and groups[target].ready
         phase: Phase = "Complete" if ready else "Surging"
-        if phase == "Complete" and previous.phase not in (None, "Complete"):
-            events.append(("RolloutComplete", f"group {target[:6]} serves; old groups deleted"))
+        # an event only for a rollout that finished: not when a pod of a group that was Complete recovers
+        if phase == "Complete" and previous.phase not in (None, "Complete") and not (same_rollout and previous.completed):
+            events.append(("RolloutComplete", f"group {target[:6]} serves" + ("; old groups deleted" if others else "")))
         if others and draining is not None:
             events.append(("Drained", f"group {draining[:6]} deleted after its grace period"))
         started = previous.phase_started if (same_rollout and previous.phase == phase and previous.phase_started is not None) else now

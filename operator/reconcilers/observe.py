@@ -76,6 +76,10 @@ class Observed:
     #: the PDDeployment's Deployments outside any compat group (the Mooncake Store master)
     shared_deployments: tuple[str, ...] = ()
 
+    def group_states(self) -> dict[str, GroupState]:
+        """The pure view of every group, by key, for the rollout decision."""
+        return {k: g.state() for k, g in self.groups.items()}
+
 
 def _gpus(deployment: dict[str, Any]) -> int:
     total = 0

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 from ..api.v1alpha1 import API_VERSION, parse_duration
@@ -34,11 +35,12 @@ from ..metrics.scraper import Health
 from ..planning.plan import plan_object
 from ..planning.structs import Plan
 from ..planning.problems import Problem, errors
-from ..planning.rollout import RolloutDecision, RolloutSettings, RolloutStatus, decide
+from ..planning.rollout import GroupState, RolloutDecision, RolloutSettings, RolloutStatus, decide
 from ..render import render_group, render_shared
 from ..render import labels as L
 from ..render.gateway import endpoint
 from . import status as S
+from .apierrors import CallTracker, describe_api_error
 from .drift import merge_patch
 from .kernelbuild import ensure_kernelbuild
 from .kube import Kube
@@ -74,15 +76,43 @@ def reconcile(
     now: float | None = None,
     health: Health | None = None,
     monitoring: bool = False,
+    health_stale: str | None = None,
 ) -> Outcome:
     """Converge the children of the PDDeployment ``body`` (a dict as read from the API).
 
     ``health``: the operator's latest scrape of this deployment (SLO result, reachable
-    pods), written into status; None keeps what status says. ``monitoring``: the cluster
-    serves the Prometheus Operator's PodMonitor and PrometheusRule kinds, so they are
-    applied too (otherwise they are neither rendered nor touched).
+    pods), written into status; None keeps what status says, unless ``health_stale``
+    says why there are no fresh figures (then SLOMet turns Unknown, see
+    ``status.valid_status``). ``monitoring``: the cluster serves the Prometheus
+    Operator's PodMonitor and PrometheusRule kinds, so they are applied too (otherwise
+    they are neither rendered nor touched).
+
+    An API call that fails (an admission denial, a field the API server rejects) is
+    recorded before the exception propagates: ``Reconciled`` False naming the call and
+    the server's answer, and a Warning event ``ReconcileError`` when that condition
+    changed (so a retry that fails the same way adds none).
     """
     now = time.time() if now is None else now
+    tracked = CallTracker(kube)
+    try:
+        return _reconcile(kube=tracked, body=body, catalog=catalog, now=now, health=health,  # type: ignore[arg-type]
+                          monitoring=monitoring, health_stale=health_stale)
+    except ApiException as e:
+        reason, message = describe_api_error(e, call=tracked.last)
+        _record_failure(kube, body, reason=reason, message=message, now=now)
+        raise
+
+
+def _reconcile(
+    *,
+    kube: Kube,
+    body: dict[str, Any],
+    catalog: Catalog,
+    now: float,
+    health: Health | None,
+    monitoring: bool,
+    health_stale: str | None,
+) -> Outcome:
     writes_before = kube.total_writes
     meta = body["metadata"]
     name, namespace, generation = meta["name"], meta["namespace"], int(meta.get("generation") or 0)
@@ -104,7 +134,8 @@ def reconcile(
     observed = observe(kube, name=name, namespace=namespace)
 
     # 4. decide the rollout: which group serves, what to create, what to delete
-    decision = _decide(plan, observed, previous, now)
+    rollout_before = previous_rollout(previous)
+    decision = _decide(plan, observed.serving_key, observed.group_states(), rollout_before, now)
 
     # 5. apply the target group (in place when its key is unchanged; held at zero without its kernels)
     owner = owner_of(body)
@@ -125,14 +156,15 @@ def reconcile(
         _delete_group(kube, name=name, namespace=namespace, key=key)
 
     # 8. write status (only when changed) and an event per rollout transition
+    shown = decision
     if decision.apply_target or decision.delete_keys:
-        observed = observe(kube, name=name, namespace=namespace)
+        observed, shown = _after_writes(kube, plan, observed, decision, rollout_before, now)
     new_status = S.valid_status(
         previous=previous,
         generation=generation,
         problems=list(plan.problems),
         observed=observed,
-        decision=decision,
+        decision=shown,
         target_key=plan.compat_key,
         kv_layouts={r: plan.role(r).kv_layout_string for r in ("prefill", "decode")},
         attention_backends={r: (plan.role(r).layout.attention_backend if plan.role(r).layout else None) for r in ("prefill", "decode")},
@@ -140,6 +172,7 @@ def reconcile(
         now=now,
         health=health,
         slo_enabled=plan.spec.slo is not None,
+        health_stale=health_stale,
         extra_conditions=_kernel_conditions(gates)
         + kvstore_conditions(plan=plan, health=health.kvstore if health else None, previous=previous),
     )
@@ -158,12 +191,16 @@ def reconcile(
 def _refuse(
     kube: Kube, body: dict[str, Any], problems: list[Problem], previous: dict, generation: int, now: float
 ) -> Outcome:
-    """An invalid generation: Valid=False and problems in status, one Warning event; children untouched."""
+    """An invalid generation: Valid=False and problems in status, one Warning event; children untouched.
+
+    ``observedGeneration`` advances (status speaks for the refused generation) and Ready
+    is False for it; the rest of status keeps describing the group that still serves.
+    """
     new_status = dict(previous)
-    ever_valid = previous.get("observedGeneration") is not None
+    new_status["observedGeneration"] = generation
     new_status["conditions"] = S.merge_conditions(
         previous.get("conditions") or [],
-        S.invalid_conditions(problems, ever_valid=ever_valid),
+        S.invalid_conditions(problems, generation=generation, previous=previous),
         generation=generation,
         now=now,
     )
@@ -177,24 +214,59 @@ def _refuse(
     return outcome
 
 
-def _decide(plan: Plan, observed: Observed, previous: dict[str, Any], now: float) -> RolloutDecision:
-    ro = plan.spec.rollout
+def _record_failure(kube: Kube, body: dict[str, Any], *, reason: str, message: str, now: float) -> None:
+    """Write Reconciled=False (and, for a generation not yet applied, Ready/Progressing False) and
+    one Warning event when that condition changed. Best effort: the caller re-raises the error."""
+    meta = body["metadata"]
+    previous = body.get("status") or {}
+    generation = int(meta.get("generation") or 0)
+    log.warning("%s/%s: reconcile failed (%s): %s", meta["namespace"], meta["name"], reason, message)
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Reconciled"), {})
+    new_status = dict(previous)
+    new_status["observedGeneration"] = generation
+    new_status["conditions"] = S.merge_conditions(
+        previous.get("conditions") or [],
+        S.reconcile_error_conditions(reason=reason, message=message[: S.MAX_CONDITION_MESSAGE],
+                                     generation=generation, previous=previous),
+        generation=generation,
+        now=now,
+    )
+    try:
+        _write_status(kube, body, previous, new_status)
+    except ApiException as e:  # the object is gone, or the API server is what failed
+        log.debug("%s/%s: could not record the failure in status: %s", meta["namespace"], meta["name"], e.reason)
+        return
+    new = next(c for c in new_status["conditions"] if c["type"] == "Reconciled")
+    if (old.get("status"), old.get("reason"), old.get("message")) != (new["status"], new["reason"], new["message"]):
+        _event(kube, body, Outcome(valid=True), "Warning", "ReconcileError", new["message"])
+
+
+def previous_rollout(previous: dict[str, Any]) -> RolloutStatus:
+    """The rollout memory in a previous ``status`` (its ``rollout`` block; empty values without one)."""
     prev = previous.get("rollout") or {}
+    return RolloutStatus(
+        target_key=prev.get("targetKey"),
+        phase=prev.get("phase"),
+        phase_started=S.parse_rfc3339(prev.get("phaseStarted")),
+        draining_key=prev.get("drainingKey"),
+        drain_started=S.parse_rfc3339(prev.get("drainStarted")),
+        completed="Complete" in (prev.get("phaseTransitions") or {}),
+    )
+
+
+def _decide(
+    plan: Plan, serving: str | None, groups: dict[str, GroupState], prev: RolloutStatus, now: float
+) -> RolloutDecision:
+    ro = plan.spec.rollout
     target_gpus = sum(
         (r.inputs.spec.replicas if r.inputs.spec.replicas is not None else 1) * r.inputs.gpus_per_replica
         for r in (plan.prefill, plan.decode)
     )
     return decide(
         target=plan.compat_key,
-        serving=observed.serving_key,
-        groups={k: g.state() for k, g in observed.groups.items()},
-        previous=RolloutStatus(
-            target_key=prev.get("targetKey"),
-            phase=prev.get("phase"),
-            phase_started=S.parse_rfc3339(prev.get("phaseStarted")),
-            draining_key=prev.get("drainingKey"),
-            drain_started=S.parse_rfc3339(prev.get("drainStarted")),
-        ),
+        serving=serving,
+        groups=groups,
+        previous=prev,
         settings=RolloutSettings(
             progress_deadline_s=parse_duration(ro.progressDeadline),
             drain_grace_s=parse_duration(ro.drainGracePeriod),
@@ -204,6 +276,38 @@ def _decide(plan: Plan, observed: Observed, previous: dict[str, Any], now: float
         target_gpus=target_gpus,
         now=now,
     )
+
+
+def _after_writes(
+    kube: Kube, plan: Plan, before: Observed, decision: RolloutDecision, rollout_before: RolloutStatus, now: float
+) -> tuple[Observed, RolloutDecision]:
+    """The observation status shows after this reconcile's writes, and the decision made from it.
+
+    Status reads the children again after the writes (an in-place update makes a Ready
+    group not Ready) and decides the rollout phase again from that observation, with
+    ``decision`` as the previous rollout and the same clock, so every condition of the
+    write speaks for one observation (never Ready=False with Progressing=False/Complete).
+    When that second decision would act where this reconcile did not (another serving
+    key, more deletions), or a group turned Ready in between (its transition and event
+    belong to the next reconcile, which its Deployment's change triggers), status shows
+    ``before`` and ``decision``, the observation acted on. Events always come from
+    ``decision``: they describe what was done.
+    """
+    after = observe(kube, name=plan.name, namespace=plan.namespace)
+    prev = RolloutStatus(
+        target_key=plan.compat_key,
+        phase=decision.phase,
+        phase_started=decision.phase_started,
+        draining_key=decision.draining_key,
+        drain_started=decision.drain_started,
+        completed=decision.phase == "Complete"
+        or (rollout_before.completed and rollout_before.target_key == plan.compat_key),
+    )
+    again = _decide(plan, after.serving_key, after.group_states(), prev, now)
+    turned_ready = any(g.ready and not (k in before.groups and before.groups[k].ready) for k, g in after.groups.items())
+    if turned_ready or again.serving_key != decision.serving_key or not set(again.delete_keys) <= set(decision.delete_keys):
+        return before, decision
+    return after, replace(again, events=())
 
 
 def _kernel_gates(kube: Kube, plan: Plan) -> dict[str, KernelGateState] | None:

@@ -24,6 +24,7 @@ from ..api.v1alpha1 import API_VERSION
 from ..catalog import CATALOG_FILES, Catalog, CatalogError, builtin_catalog, load_catalog
 from ..metrics.monitoring import MONITORING_API_VERSION
 from ..metrics.scraper import Health
+from ..metrics.slo import format_duration
 from ..render.labels import MANAGED_BY
 from . import status as S
 from .kube import Kube
@@ -72,6 +73,8 @@ class Runtime:
     _health_guard: threading.Lock = field(default_factory=threading.Lock)
     _monitoring: bool = False
     _monitoring_checked: float = -1e18
+    #: Unix time this runtime was made: the age of "no health yet" counts from here.
+    started_at: float = field(default_factory=time.time)
 
     def set_health(self, health: Health) -> bool:
         """Keep ``health`` as the deployment's latest; True when what status shows of it changed."""
@@ -88,6 +91,28 @@ class Runtime:
         if entry is None or time.time() - entry[0].evaluated_at > self.health_max_age_s:
             return None
         return entry[0]
+
+    def health_stale(self, namespace: str, name: str, now: float | None = None) -> str | None:
+        """Why the deployment has no fresh health, once none arrived for ``health_max_age_s``; else None.
+
+        Counted from the latest health's ``evaluated_at`` (a scraper that stopped or
+        hangs), or from this runtime's start when none ever arrived (the scraper is off,
+        or never reached this deployment). Status then turns SLOMet Unknown instead of
+        keeping the last figures (reconcilers/status.py ``valid_status``).
+        """
+        now = time.time() if now is None else now
+        with self._health_guard:
+            entry = self._health.get((namespace, name))
+        since = entry[0].evaluated_at if entry is not None else self.started_at
+        age = now - since
+        if age <= self.health_max_age_s:
+            return None
+        limit = format_duration(self.health_max_age_s)
+        if entry is None:
+            return (f"the operator has measured nothing for this deployment in the {age:.0f}s since it started "
+                    f"(limit {limit}): its SLO scraper is off (--slo-interval 0) or cannot reach the pods")
+        return (f"the operator's latest SLO measurement is {age:.0f}s old, more than {limit} (last at "
+                f"{S.rfc3339(since)}): its scraper stopped or hangs; the last figures are no longer shown")
 
     def forget_health(self, key: str) -> None:
         """Drop the health of ``namespace/name`` (the deployment is gone)."""
@@ -166,6 +191,7 @@ class Runtime:
                 body=body,
                 catalog=self.catalog(),
                 health=self.health(meta["namespace"], meta["name"]),
+                health_stale=self.health_stale(meta["namespace"], meta["name"]),
                 monitoring=self.monitoring_available(),
             )
             ok = True

@@ -5,8 +5,12 @@ Conditions follow Kubernetes API conventions: ``type``, ``status``, ``reason``,
 ``status`` changes. Types:
 
 - ``Valid``: the spec passed every rule (False: every problem, one per line);
+- ``Reconciled``: every child object was applied for the current generation (False: the
+  API call that failed and the API server's answer, e.g. an admission denial);
 - ``Ready``: the serving group is the current generation's group and its prefill,
-  decode and gateway are fully ready;
+  decode and gateway are fully ready (False with InvalidSpec or ReconcileError when the
+  current generation was refused or could not be applied; the message then names the
+  group of the earlier generation that still serves);
 - ``Progressing``: a group is being created, cut over or drained (False/Complete when
   done, False/ProgressDeadlineExceeded when the new group missed its deadline);
 - ``Degraded``: the rollout failed, or no prefill is ready (or answers the operator's
@@ -14,7 +18,8 @@ Conditions follow Kubernetes API conventions: ``type``, ``status``, ``reason``,
   window (KVTransferFailing);
 - ``SLOMet``: from the operator's own measurement (``metrics/scraper.py``), only when
   ``spec.slo`` is set: True, False naming each missed target and by how much, Unknown
-  when no request finished in the window;
+  when no request finished in the window, or (NoRecentMeasurement) when the operator has
+  had no figures for longer than the runtime's bound;
 - ``Warning``: the spec is served but the catalog cannot vouch for something (each
   warning, one per line).
 
@@ -24,7 +29,12 @@ of the operator own.
 Figures from the scraper (:class:`~sglang_pd_operator.metrics.scraper.Health`) are
 rounded (``SLOResult.to_status``) so that an idle deployment's status does not change
 between intervals; without fresh figures (operator just started, or a reconcile run
-outside the operator) the previous ones are kept as they are.
+outside the operator) the previous ones are kept as they are, until the runtime says
+they are stale (``health_stale``): then they are removed and SLOMet is Unknown.
+
+All conditions of one write come from one observation and one rollout decision
+(``reconcilers/pddeployment.py`` decides again after its own writes), so Ready=False never
+sits beside Progressing=False/Complete.
 """
 
 from __future__ import annotations
@@ -40,6 +50,8 @@ from ..planning.rollout import RolloutDecision
 from .observe import Observed, ObservedGroup, WorkloadState
 
 MAX_MESSAGE_PROBLEMS = 20
+#: Longest condition message written from an API server's answer (characters).
+MAX_CONDITION_MESSAGE = 1024
 #: Conditions present only while the feature they describe is used (kernel caches, Mooncake storage).
 OPTIONAL_CONDITIONS = ("KernelsReady", "KVStoreReady")
 #: Degraded reasons that can come from the scraper's figures.
@@ -122,18 +134,74 @@ def _group_summary(g: ObservedGroup, *, serving: str | None, target: str | None)
     }
 
 
-def invalid_conditions(problems: list[Problem], *, ever_valid: bool) -> list[Cond]:
-    """Conditions for a refused generation: Valid False with every error.
+def applied_generation(previous: dict[str, Any]) -> int | None:
+    """The last generation a reconcile fully applied, as a previous status records it.
 
-    When an earlier generation was served (``ever_valid``), Ready and Progressing keep
-    describing it; otherwise Ready is False with reason InvalidSpec.
+    ``status.rollout.generation`` (written with every successful reconcile of a valid
+    spec); for a status written before that field existed, ``observedGeneration`` while
+    ``Valid`` was True. None before any success.
+    """
+    gen = (previous.get("rollout") or {}).get("generation")
+    if gen is None and (_previous_cond(previous, "Valid") or {}).get("status") == "True":
+        gen = previous.get("observedGeneration")
+    return gen
+
+
+def served_by(previous: dict[str, Any]) -> tuple[str | None, int | None]:
+    """(serving group key, the generation last applied) as a previous status records them; (None, None) before any group served."""
+    key = (previous.get("rollout") or {}).get("servingKey")
+    return (key, applied_generation(previous)) if key else (None, None)
+
+
+def _still_serves(previous: dict[str, Any]) -> str:
+    key, gen = served_by(previous)
+    if key is None:
+        return "nothing serves yet"
+    return f"group {key[:6]}" + (f" of generation {gen}" if gen is not None else "") + " still serves, untouched"
+
+
+def invalid_conditions(problems: list[Problem], *, generation: int, previous: dict[str, Any]) -> list[Cond]:
+    """Conditions for a refused generation: Valid False with every error, Ready and Progressing False.
+
+    Ready speaks for the current generation (``observedGeneration`` advances to it), and a
+    refused generation is not served, so Ready is False with reason InvalidSpec even while
+    an earlier generation's group serves: its message names that group and generation
+    (the operator never touches it for an invalid spec). Progressing is False too: nothing
+    rolls out until the spec is fixed.
     """
     errs = errors(problems)
-    conds = [Cond("Valid", "False", "InvalidSpec", problems_message(errs))]
-    if not ever_valid:
-        conds.append(Cond("Ready", "False", "InvalidSpec", "the spec was refused; see the Valid condition"))
+    serves = _still_serves(previous)
+    conds = [
+        Cond("Valid", "False", "InvalidSpec", problems_message(errs)),
+        Cond("Ready", "False", "InvalidSpec", f"generation {generation} was refused (see the Valid condition); {serves}"),
+        Cond("Progressing", "False", "InvalidSpec", f"generation {generation} is not rolled out until its spec is fixed"),
+    ]
     warns = warnings(problems)
     conds.append(Cond("Warning", "True" if warns else "False", "CatalogWarnings" if warns else "NoWarnings", problems_message(warns)))
+    return conds
+
+
+def reconcile_error_conditions(
+    *, reason: str, message: str, generation: int, previous: dict[str, Any]
+) -> list[Cond]:
+    """Conditions for a reconcile that failed on an API call: Reconciled False naming what failed.
+
+    ``reason``: CamelCase class of the error (AdmissionDenied, Invalid, Forbidden ...),
+    ``message``: the call and the API server's answer. When the failure hit a generation
+    that was never fully applied (:func:`applied_generation`), Ready and Progressing are
+    False with reason ReconcileError too: the generation is not served, while the serving group (named in
+    Ready's message) keeps running. A failure at rest, on a generation already applied,
+    leaves Ready and Progressing as they were: they describe pods that still serve.
+    """
+    conds = [Cond("Reconciled", "False", reason, message)]
+    if applied_generation(previous) != generation:
+        serves = _still_serves(previous).replace(", untouched", "")
+        conds += [
+            Cond("Ready", "False", "ReconcileError",
+                 f"generation {generation} could not be applied (see the Reconciled condition); {serves}"),
+            Cond("Progressing", "False", "ReconcileError",
+                 f"generation {generation} is not rolled out: {message}"[:MAX_CONDITION_MESSAGE]),
+        ]
     return conds
 
 
@@ -223,11 +291,16 @@ def valid_status(
     health: Health | None = None,
     slo_enabled: bool = False,
     extra_conditions: list[Cond] = (),
+    health_stale: str | None = None,
 ) -> dict[str, Any]:
     """The full status of a valid generation (observedGeneration = generation).
 
     ``health``: the scraper's latest figures for this deployment (None: keep the previous
-    ``slo`` / ``scrape`` blocks, SLOMet and a scrape-based Degraded as they are);
+    ``slo`` / ``scrape`` blocks, SLOMet and a scrape-based Degraded as they are, unless
+    ``health_stale``); ``health_stale``: with ``health`` None, why no figures are fresh
+    enough any more (the runtime's bound on their age passed): SLOMet turns Unknown with
+    reason NoRecentMeasurement and that message, the ``slo`` and ``scrape`` blocks go, and
+    a scrape-based Degraded is not kept;
     ``slo_enabled``: ``spec.slo`` is set (otherwise SLOMet and ``status.slo`` are removed).
     ``extra_conditions``: conditions other parts own (KernelsReady, KVStoreReady); a type
     that stops being reported is removed.
@@ -250,10 +323,11 @@ def valid_status(
     warns = warnings(problems)
     degraded = degraded_condition(serving_group, decision, health)
     prev_degraded = _previous_cond(previous, "Degraded")
-    if health is None and degraded.status == "False" and _from_health(prev_degraded):
+    if health is None and health_stale is None and degraded.status == "False" and _from_health(prev_degraded):
         degraded = Cond("Degraded", "True", prev_degraded["reason"], prev_degraded.get("message", ""))
     conds = [
         Cond("Valid", "True", "Valid", ""),
+        Cond("Reconciled", "True", "Reconciled", f"every child object is applied at generation {generation}"),
         ready_c,
         prog,
         degraded,
@@ -262,6 +336,8 @@ def valid_status(
     if slo_enabled and health is not None and health.slo is not None:
         c = slo_condition(health.slo)
         conds.append(Cond(c["type"], c["status"], c["reason"], c["message"]))
+    elif slo_enabled and health is None and health_stale is not None:
+        conds.append(Cond("SLOMet", "Unknown", "NoRecentMeasurement", health_stale))
     conds += list(extra_conditions)
     previous_conditions = previous.get("conditions") or []
     if not slo_enabled:
@@ -275,6 +351,7 @@ def valid_status(
     if decision.phase == "Draining":
         phase_times.setdefault("Cutover", rfc3339(decision.phase_started))
     rollout: dict[str, Any] = {
+        "generation": generation,
         "servingKey": decision.serving_key,
         "targetKey": target_key,
         "phase": decision.phase,
@@ -298,6 +375,8 @@ def valid_status(
     if health is not None:
         slo_block = health.slo.to_status() if slo_enabled and health.slo is not None else None
         scrape = scrape_summary(health)
+    elif health_stale is not None:
+        slo_block = scrape = None
     else:
         slo_block, scrape = previous.get("slo"), previous.get("scrape")
     return {

@@ -52,6 +52,26 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
     return None
 
 
+def ready_now(obj: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``obj`` when its Ready condition is True and it and ``status.observedGeneration`` speak
+    for ``metadata.generation`` (what a GitOps health check waits for), else None."""
+    c = condition(obj, "Ready")
+    gen = (obj or {}).get("metadata", {}).get("generation")
+    if c and c["status"] == "True" and c.get("observedGeneration") == gen and obj["status"].get("observedGeneration") == gen:
+        return obj
+    return None
+
+
+def operator_process(cluster, log_dir, **kw: Any):
+    """Generator for a fixture: an operator process (``OperatorProcess`` options in ``kw``)
+    logging into ``log_dir``, its log tail printed if it died, stopped afterwards."""
+    op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=log_dir / "operator.log", **kw).start()
+    yield op
+    if not op.alive():
+        print(op.log_tail())
+    op.stop()
+
+
 def children(cluster, namespace: str, name: str) -> dict[str, list[str]]:
     """Names of the objects the operator made for PDDeployment ``name``, by kind."""
     out: dict[str, list[str]] = {}

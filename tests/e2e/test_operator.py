@@ -12,7 +12,7 @@ import time
 
 import pytest
 import yaml
-from helpers import GB300_EXAMPLE, load_example
+from helpers import GB300_EXAMPLE, load_example, with_fields
 from opkit import (
     OperatorProcess,
     children,
@@ -21,6 +21,7 @@ from opkit import (
     kget,
     model_store,
     pods,
+    ready_now,
     wait_for,
 )
 
@@ -44,23 +45,13 @@ def _pdd(cluster, ns_, name=NAME):
 
 
 def _ready(cluster, ns_, name=NAME):
-    obj = _pdd(cluster, ns_, name)
-    c = condition(obj, "Ready")
-    gen = (obj or {}).get("metadata", {}).get("generation")
-    if c and c["status"] == "True" and c.get("observedGeneration") == gen and obj["status"].get("observedGeneration") == gen:
-        return obj
-    return None
+    return ready_now(_pdd(cluster, ns_, name))
 
 
 def _spec(ns_, **changes):
     doc = load_example()
     doc["metadata"]["namespace"] = ns_
-    for path, value in changes.items():
-        node = doc["spec"]
-        keys = path.split(".")
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-        node[keys[-1]] = value
+    with_fields(doc, changes)
     return doc
 
 
@@ -241,8 +232,11 @@ def test_invalid_update_leaves_the_serving_group_untouched_and_fixing_it_recover
     )
     fields = {p["field"] for p in obj["status"]["problems"] if p["severity"] == "error"}
     assert {"spec.decode.parallelism.tp", "spec.decode.parallelism"} <= fields, fields
-    assert condition(obj, "Ready")["status"] == "True" and condition(obj, "Ready")["observedGeneration"] == gen
-    assert obj["status"]["observedGeneration"] == gen
+    # status speaks for the refused generation: not Ready, while the old group keeps serving
+    ready = condition(obj, "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "InvalidSpec" and ready["observedGeneration"] > gen
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    assert f"of generation {gen} still serves" in ready["message"], ready["message"]
     time.sleep(3)
     after = {n: (d["metadata"]["resourceVersion"], d["metadata"]["generation"]) for n, d in _deployments(cluster, ns).items()}
     assert after == before

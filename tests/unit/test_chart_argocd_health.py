@@ -73,9 +73,22 @@ CASES = {
                       "Progressing", "creating the first group"),
     "edited, not yet observed": (pdd(generation=4, observed=3, conditions=[
         cond("Valid", "True", "Valid"), cond("Ready", "True", "Ready")]), "Progressing", "generation 4"),
-    "refused edit, old generation serves": (pdd(generation=4, observed=3, conditions=[
+    "refused edit, old generation serves": (pdd(generation=4, observed=4, conditions=[
+        cond("Valid", "False", "InvalidSpec", "spec.decode.parallelism.tp: not served by the plugin", generation=4),
+        cond("Ready", "False", "InvalidSpec", "group 3f9a1c of generation 3 still serves", generation=4)]),
+        "Degraded", "spec.decode.parallelism.tp"),
+    "refused edit, status of an operator before issue 15": (pdd(generation=4, observed=3, conditions=[
         cond("Valid", "False", "InvalidSpec", "spec.decode.parallelism.tp: not served by the plugin", generation=4),
         cond("Ready", "True", "Ready", generation=3)]), "Degraded", "spec.decode.parallelism.tp"),
+    "an admission policy denies a child": (pdd(generation=4, observed=4, conditions=[
+        cond("Valid", "True", "Valid", generation=4),
+        cond("Reconciled", "False", "AdmissionDenied", "apply Deployment ns/d-3f9a1c-prefill: 422 ...: denied",
+             generation=4),
+        cond("Ready", "False", "ReconcileError", "generation 4 could not be applied", generation=4)]),
+        "Degraded", "reconcile failed (AdmissionDenied): apply Deployment ns/d-3f9a1c-prefill"),
+    "an old reconcile error, fixed since": (pdd(generation=5, observed=5, conditions=[
+        cond("Reconciled", "False", "AdmissionDenied", "denied", generation=4),
+        cond("Ready", "True", "Ready", "serving", generation=5)]), "Healthy", "serving"),
     "refused first generation": (pdd(generation=1, observed=None, conditions=[
         cond("Valid", "False", "InvalidSpec", "attention TP 1 vs 4", generation=1),
         cond("Ready", "False", "InvalidSpec", generation=1)]), "Degraded", "attention TP 1 vs 4"),

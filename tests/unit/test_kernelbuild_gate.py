@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import load_example
+from helpers import load_example, with_fields
 
 from sglang_pd_operator.api.load import parse_pddeployment
 from sglang_pd_operator.catalog import builtin_catalog
@@ -30,12 +30,7 @@ DIGEST = "sha256:" + "a" * 64
 def _plan(cache="auto", **changes):
     doc = load_example()
     doc["spec"]["kernels"] = {**doc["spec"].get("kernels", {}), "cache": cache}
-    for path, value in changes.items():
-        node = doc["spec"]
-        keys = path.split(".")
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-        node[keys[-1]] = value
+    with_fields(doc, changes)
     plan = build_plan(parse_pddeployment(doc), builtin_catalog())
     assert plan.valid, [p.line() for p in plan.problems]
     return plan

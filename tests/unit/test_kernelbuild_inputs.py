@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from helpers import load_example
+from helpers import load_example, with_fields
 
 from sglang_pd_operator.api.crd import all_crds
 from sglang_pd_operator.api.kernelbuild import parse_kernelbuild
@@ -32,12 +32,7 @@ from sglang_pd_operator.planning.plan import build_plan
 
 def _plan(**changes):
     doc = load_example()
-    for path, value in changes.items():
-        node = doc["spec"]
-        keys = path.split(".")
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-        node[keys[-1]] = value
+    with_fields(doc, changes)
     return build_plan(parse_pddeployment(doc), builtin_catalog())
 
 

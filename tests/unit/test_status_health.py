@@ -17,6 +17,7 @@ from sglang_pd_operator.reconcilers import pddeployment as P
 from sglang_pd_operator.reconcilers import status as S
 from sglang_pd_operator.reconcilers.drift import merge_patch
 from sglang_pd_operator.reconcilers.observe import Observed, ObservedGroup, WorkloadState
+from sglang_pd_operator.reconcilers.runtime import Runtime
 
 KEY = "abc123def456"
 SPEC = SLOSpec(ttft={"p90": "800ms"}, itl={"p90": "40ms"}, window="1m")
@@ -161,3 +162,28 @@ def test_readiness_no_prefill_is_not_kept_without_figures():
                                 "message": "no prefill replica is ready while 1 decode replicas are",
                                 "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     assert cond(status(previous, None), "Degraded")["status"] == "False"
+
+
+def test_stale_health_turns_slo_met_unknown_after_the_bound_and_drops_the_figures():
+    feed = Feed()
+    feed.pod.traffic(10, ttft=0.15)
+    health = feed.health()
+    fresh = status({}, health)
+    assert cond(fresh, "SLOMet")["status"] == "True" and fresh["slo"] and fresh["scrape"]
+    rt = Runtime(kube=None, health_max_age_s=60.0, started_at=health.evaluated_at - 5)  # type: ignore[arg-type]
+    assert rt.health_stale("ns", "d", now=health.evaluated_at + 30) is None  # nothing yet, within the bound
+    rt.set_health(health)
+    assert rt.health_stale("ns", "d", now=health.evaluated_at + 59) is None
+    why = rt.health_stale("ns", "d", now=health.evaluated_at + 90)
+    assert why and "90s old" in why and "more than 1m" in why
+    assert rt.health("ns", "d") is None  # too old to be written
+    stale = S.valid_status(previous=fresh, generation=1, problems=[], observed=OBSERVED, decision=DECISION,
+                           target_key=KEY, kv_layouts={}, attention_backends={}, endpoint="e", now=3000.0,
+                           health=None, slo_enabled=True, health_stale=why)
+    c = cond(stale, "SLOMet")
+    assert (c["status"], c["reason"], c["message"]) == ("Unknown", "NoRecentMeasurement", why)
+    assert stale["slo"] is None and stale["scrape"] is None
+    assert cond(stale, "Ready")["status"] == "True"
+    # never any health: counted from the runtime's start (scraper off)
+    idle = Runtime(kube=None, health_max_age_s=60.0, started_at=0.0)  # type: ignore[arg-type]
+    assert "since it started" in idle.health_stale("ns", "other", now=61.0)

@@ -1,0 +1,45 @@
+"""The SLO machinery's bounds (issue 15): ``spec.slo.window`` has a maximum in the CRD, and
+the evaluator's state stays bounded whatever the window and the scrape interval."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from sglang_pd_operator.api.cel import violations
+from sglang_pd_operator.api.v1alpha1 import SLOSpec
+from sglang_pd_operator.metrics import exposition as ex
+from sglang_pd_operator.metrics import slo as slo_mod
+from sglang_pd_operator.metrics.slo import SLOEvaluator
+
+
+@pytest.mark.parametrize("window,ok", [("5m", True), ("1h", True), ("60m", True), ("61m", False), ("24h", False)])
+def test_slo_window_has_a_maximum_in_the_schema(window, ok):
+    doc = {"apiVersion": "pd.sglang-operator.io/v1alpha1", "kind": "PDDeployment",
+           "metadata": {"name": "d", "namespace": "ns"}, "spec": {"slo": {"ttft": {"p90": "1s"}, "window": window}}}
+    bad = [v for v in violations(doc) if v.field == "spec.slo.window"]
+    assert (not bad) == ok, bad
+    if not ok:
+        assert "at most 1h" in bad[0].message and "set a window of 1h or less" in bad[0].message
+
+
+def test_the_evaluator_keeps_bounded_state_whatever_the_window_and_interval():
+    """An evaluation every 30 s for 73 hours of a 1h window: slots and outcome bins stay bounded."""
+    ev = SLOEvaluator(resolution_s=1.0)
+    spec = SLOSpec(ttft={"p90": "800ms"}, window="1h")
+    registry = CollectorRegistry()
+    ttft = Histogram(ex.TTFT, "t", buckets=ex.SGLANG_BUCKETS[ex.TTFT], registry=registry)
+    t, step = 0.0, 30.0
+    ev.observe("ns/d", "decode", "d0", generate_latest(registry).decode(), t)
+    while t < 73 * 3600:
+        t += step
+        ttft.observe(0.1)
+        ev.observe("ns/d", "decode", "d0", generate_latest(registry).decode(), t)
+        ev.evaluate("ns/d", spec, t)
+    dep = ev._deployments["ns/d"]
+    assert len(dep.roles["decode"].slots) <= slo_mod.SLOTS_PER_WINDOW + 2
+    assert len(dep.outcomes) <= 72 * slo_mod.OUTCOME_BINS_PER_WINDOW + 2
+    result = ev.evaluate("ns/d", spec, t)
+    assert result.met is True and result.attainment == 1.0
+    # the window still holds one hour of requests (edges exact to one slot: 30 s)
+    assert abs(result.targets[0].observations - 3600 / step) <= 1
