@@ -110,6 +110,12 @@ def test_in_place_change_that_cannot_schedule_keeps_the_only_prefill_serving(clu
     watcher.start()
     try:
         kapply(cluster, typo)
+        dep = f"{NAME}-{key[:6]}-prefill"
+        wait_for(lambda: (d := kget(cluster, "deployment", dep, "-n", ns)) and d["spec"]["template"]["spec"]["nodeSelector"]
+                 .get(f"{LBL}/node-pool") == "gb300-typo" and d.get("status", {}).get("observedGeneration") == d["metadata"]["generation"],
+                 timeout=30, what="the operator to apply the typo in place")
+        time.sleep(3)  # the Deployment controller has acted on the new template by now
+        assert not gone, f"the only ready prefill pod went away before its replacement was Ready: {gone[:5]}"
         updating = wait_for(
             lambda: (o := _pdd(cluster, ns)) and (o.get("status") or {}).get("observedGeneration") == o["metadata"]["generation"]
             and (o["status"].get("rollout") or {}).get("phase") in ("Updating", "Failed") and o,
