@@ -1,8 +1,10 @@
 """Paired rollouts: decide, from what exists, which compat group serves and which groups go (pure).
 
 Every prefill, decode and gateway object of one compat key forms a *group*. A change
-that keeps the key updates the group in place; a change of the key starts a new group
-beside the serving one. Only when the new group's prefill, decode and gateway are all
+that keeps the key updates the group in place (phase Updating while older pods run;
+each role surges one pod within the GPU budget, :func:`in_place_strategies`, and the
+Deployments' own progress deadline fails an update that stalls); a change of the key
+starts a new group beside the serving one. Only when the new group's prefill, decode and gateway are all
 Ready does the user-facing Service move to the new gateway (cutover); the old group then
 drains for ``drainGracePeriod`` and is deleted. Each gateway selects exactly one key,
 so no moment exists where a gateway pairs pods of two keys (the failure mode of
@@ -58,13 +60,18 @@ class GroupState:
 
 @dataclass(frozen=True)
 class RolloutStatus:
-    """What the previous reconcile recorded in ``status.rollout`` (all optional)."""
+    """What the previous reconcile recorded in ``status.rollout`` (all optional).
+
+    ``completed``: the target key's group reached phase Complete before (its
+    ``phaseTransitions`` has Complete), so it is no first group any more.
+    """
 
     target_key: str | None = None
     phase: str | None = None
     phase_started: float | None = None
     draining_key: str | None = None
     drain_started: float | None = None
+    completed: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,7 +198,7 @@ def decide(
             events.append(("Drained", f"group {draining[:6]} deleted after its grace period"))
         started = previous.phase_started if (same_rollout and previous.phase == phase and previous.phase_started is not None) else now
         pending = state.waiting() if state is not None else ""
-        first = first_deploy or (state is None and not others) or previous.target_key is None
+        first = first_deploy or not (others or (same_rollout and previous.completed))
         if ready:
             message = f"group {target[:6]} serves"
         elif phase == "Updating":

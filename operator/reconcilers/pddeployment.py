@@ -194,6 +194,7 @@ def _decide(plan: Plan, observed: Observed, previous: dict[str, Any], now: float
             phase_started=S.parse_rfc3339(prev.get("phaseStarted")),
             draining_key=prev.get("drainingKey"),
             drain_started=S.parse_rfc3339(prev.get("drainStarted")),
+            completed="Complete" in (prev.get("phaseTransitions") or {}),
         ),
         settings=RolloutSettings(
             progress_deadline_s=parse_duration(ro.progressDeadline),

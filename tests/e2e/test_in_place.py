@@ -226,5 +226,8 @@ def _run_late_bootstrap(cluster, ns, procs) -> None:
         ready_at = time.monotonic()
         wait_for(lambda: [w for w in get_json(gateway + "/workers")["workers"] if w.get("worker_type") == "prefill"],
                  timeout=30, what="smg to register the prefill")
+        registered_at = time.monotonic()
         assert ready_at >= opened_at
+        print(f"prefill Ready at most {ready_at - opened_at:.1f}s after its bootstrap port opened; "
+              f"smg registered it {registered_at - ready_at:.1f}s after that")
         wait_for(lambda: _ready(cluster, ns), timeout=30, what="the PDDeployment Ready")

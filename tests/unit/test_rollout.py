@@ -131,7 +131,7 @@ def test_random_edit_sequences_never_serve_an_unready_group_over_a_ready_one(ste
 
 # --------------------------------------------------------------------------- in place
 def test_in_place_update_is_updating_not_creating_the_first_group():
-    served = RolloutStatus(target_key="aaa", phase="Complete", phase_started=0)
+    served = RolloutStatus(target_key="aaa", phase="Complete", phase_started=0, completed=True)
     updating = GroupState("aaa", ready=False, updating=("prefill 1/1 updated, 2 pods",))
     d = decide(target="aaa", serving="aaa", groups={"aaa": updating}, previous=served, settings=S, target_gpus=12, now=50)
     assert d.phase == "Updating" and d.serving_key == "aaa" and d.apply_target and not d.target_to_zero
@@ -144,6 +144,11 @@ def test_in_place_update_is_updating_not_creating_the_first_group():
     recovering = decide(target="aaa", serving="aaa", groups={"aaa": GroupState("aaa", ready=False)}, previous=served,
                         settings=S, target_gpus=12, now=70)
     assert recovering.message == "group aaa is not Ready yet"
+    # the first group is the first group on every reconcile until it completes
+    starting = decide(target="aaa", serving="aaa", groups={"aaa": GroupState("aaa", ready=False)},
+                      previous=RolloutStatus(target_key="aaa", phase="Surging", phase_started=0), settings=S,
+                      target_gpus=12, now=5)
+    assert starting.message == "creating the first group"
 
 
 def test_in_place_update_that_stalls_past_the_deadline_fails_and_keeps_serving():
