@@ -25,7 +25,6 @@ from opkit import OperatorProcess, condition, kapply, kget, pods, wait_for
 from simkit import (
     KWOK_READY,
     Prober,
-    Processes,
     answers,
     get_json,
     probe_policy,
@@ -46,13 +45,6 @@ def operator(cluster, crds, tmp_path):
     op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=tmp_path / "operator.log").start()
     yield op
     op.stop()
-
-
-@pytest.fixture
-def procs(tmp_path):
-    p = Processes(tmp_path)
-    yield p
-    p.stop_all()
 
 
 def _doc(ns: str, *, example=None, rollout=None, **roles) -> dict:
