@@ -137,6 +137,28 @@ def ib_devices_flag(transfer: TransferPlan | None) -> str | None:
     return transfer.flag if transfer is not None else None
 
 
+#: Main KV layouts whose compressed caches follow SGLANG_DSV4_COMPRESSED_KV_LAYOUT.
+COMPRESSED_OPTION_LAYOUTS = ("v41", "v41_new")
+
+
+def effective_compressed_option(requested: str, layout: LayoutPrediction | None) -> str:
+    """The SGLANG_DSV4_COMPRESSED_KV_LAYOUT value a role's pods get: ``requested``, or ``auto``
+    where SGLang ignores the option.
+
+    SGLang reads the option only next to a V4.1 main layout: ``select_dsv4_kv_layout``
+    (sglang 0.5.23 mem_cache/deepseek_v4_memory_pool.py) drops it when ``auto`` resolves
+    to v4 (H200, MI300), trtllm builds uniform FP8 pools, and ``resolve_compressed_kv_layout``
+    pairs a v4 main cache only with v4 caches. Rendering the ignored value would change
+    the pod template (and restart every engine) for a change SGLang never sees, so the
+    pods get SGLang's default instead (the ``kv-layout-not-built`` warning names the
+    field). With no prediction (``layout`` None: the plan is refused) the requested value
+    is kept, for the SGLang oracle to judge.
+    """
+    if layout is None or layout.main_layout in COMPRESSED_OPTION_LAYOUTS:
+        return requested
+    return "auto"
+
+
 def build_engine_command(
     *,
     spec: PDDeploymentSpec,
@@ -237,7 +259,7 @@ def build_engine_command(
     if role.is_deepseek_v4:
         env += [
             ("SGLANG_DSV4_KV_LAYOUT", role.kv_layout.layout),
-            ("SGLANG_DSV4_COMPRESSED_KV_LAYOUT", role.kv_layout.compressed),
+            ("SGLANG_DSV4_COMPRESSED_KV_LAYOUT", effective_compressed_option(role.kv_layout.compressed, layout)),
         ]
     if spec.engram is not None:
         if spec.engram.placement == "host":

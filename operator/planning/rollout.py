@@ -1,8 +1,10 @@
 """Paired rollouts: decide, from what exists, which compat group serves and which groups go (pure).
 
 Every prefill, decode and gateway object of one compat key forms a *group*. A change
-that keeps the key updates the group in place; a change of the key starts a new group
-beside the serving one. Only when the new group's prefill, decode and gateway are all
+that keeps the key updates the group in place (phase Updating while older pods run;
+each role surges one pod within the GPU budget, :func:`in_place_strategies`, and the
+Deployments' own progress deadline fails an update that stalls); a change of the key
+starts a new group beside the serving one. Only when the new group's prefill, decode and gateway are all
 Ready does the user-facing Service move to the new gateway (cutover); the old group then
 drains for ``drainGracePeriod`` and is deleted. Each gateway selects exactly one key,
 so no moment exists where a gateway pairs pods of two keys (the failure mode of
@@ -17,9 +19,15 @@ names derive from the key).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-Phase = Literal["Surging", "Cutover", "Draining", "Complete", "Failed", "WaitingForCapacity"]
+from ..api.v1alpha1 import parse_duration
+
+if TYPE_CHECKING:  # types only: this module imports nothing of the planner at run time
+    from ..api.v1alpha1 import PDDeploymentSpec
+    from .structs import RolePlan
+
+Phase = Literal["Surging", "Updating", "Cutover", "Draining", "Complete", "Failed", "WaitingForCapacity"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +36,10 @@ class GroupState:
 
     ``ready``: prefill, decode and gateway Deployments exist and all replicas are
     available at their current pod template; ``gpus``: GPUs its pods request in total;
-    ``unschedulable``: pods of the group wait for capacity (PodScheduled=False).
+    ``unschedulable``: pods of the group wait for capacity (PodScheduled=False);
+    ``updating``: one line per Deployment whose older pods still run beside the current
+    template's (an in-place update), e.g. ``prefill 1/1 updated, 2 pods``; ``stalled``:
+    one line per Deployment whose controller reports ProgressDeadlineExceeded.
     """
 
     key: str
@@ -36,6 +47,8 @@ class GroupState:
     gpus: int = 0
     unschedulable: int = 0
     unschedulable_reason: str = ""
+    updating: tuple[str, ...] = ()
+    stalled: tuple[str, ...] = ()
 
     def waiting(self) -> str:
         """`` (N pods cannot be scheduled: <scheduler's reason>)`` or ``""``."""
@@ -50,8 +63,8 @@ class RolloutStatus:
     """What the previous reconcile recorded in ``status.rollout`` (all optional).
 
     ``completed``: the group of ``target_key`` has been Complete before (its
-    ``phaseTransitions`` hold ``Complete``), so its turning Complete again is a recovery,
-    not a finished rollout.
+    ``phaseTransitions`` hold ``Complete``): it is no first group any more, and its turning
+    Complete again is a recovery, not a finished rollout (unless it was ``Updating``).
     """
 
     target_key: str | None = None
@@ -95,6 +108,34 @@ class RolloutDecision:
     drain_started: float | None
     message: str
     events: tuple[tuple[str, str], ...] = field(default=())
+
+
+def _in_place_failed(
+    *, target: str, state: GroupState, previous: RolloutStatus, others: list[str], now: float
+) -> RolloutDecision:
+    """The serving group's own Deployments stopped progressing (an in-place update or a first
+    group past ``progressDeadlineSeconds``): Failed, and never scaled to zero, since its
+    remaining pods are all that serves. Clears once the Deployments progress again (a new
+    pod template restarts their deadline)."""
+    events: tuple[tuple[str, str], ...] = ()
+    if previous.phase != "Failed" or previous.target_key != target:
+        events = (("ProgressDeadlineExceeded", f"group {target[:6]} made no progress within the progress deadline: "
+                   + "; ".join(state.stalled)),)
+    started = previous.phase_started if previous.phase == "Failed" and previous.target_key == target and previous.phase_started else now
+    kept = "; its older pods keep serving" if state.updating else ""
+    return RolloutDecision(
+        serving_key=target,
+        apply_target=True,
+        target_to_zero=False,
+        delete_keys=tuple(sorted(others)),
+        phase="Failed",
+        phase_started=started,
+        draining_key=None,
+        drain_started=None,
+        message=f"group {target[:6]} did not become Ready within the progress deadline ({'; '.join(state.stalled)})"
+        f"{state.waiting()}{kept}",
+        events=events,
+    )
 
 
 def _pick_serving(target: str, serving: str | None, groups: dict[str, GroupState]) -> str:
@@ -145,21 +186,30 @@ def decide(
                 drain_started=previous.drain_started,
                 message=f"group {draining[:6]} drains for {left:.0f}s more before it is deleted",
             )
-        ready = target in groups and groups[target].ready
-        phase: Phase = "Complete" if ready else "Surging"
+        state = groups.get(target)
+        ready = state is not None and state.ready
+        if state is not None and not ready and state.stalled:
+            return _in_place_failed(target=target, state=state, previous=previous, others=others, now=now)
+        phase: Phase = "Complete" if ready else ("Updating" if state is not None and state.updating else "Surging")
         # an event only for a rollout that finished: not when a pod of a group that was Complete recovers
-        if phase == "Complete" and previous.phase not in (None, "Complete") and not (same_rollout and previous.completed):
-            events.append(("RolloutComplete", f"group {target[:6]} serves" + ("; old groups deleted" if others else "")))
+        if phase == "Complete" and previous.phase not in (None, "Complete"):
+            if previous.phase == "Updating":
+                events.append(("RolloutComplete", f"group {target[:6]} serves; updated in place"))
+            elif not (same_rollout and previous.completed):
+                events.append(("RolloutComplete", f"group {target[:6]} serves" + ("; old groups deleted" if others else "")))
+        if phase == "Updating" and previous.phase != "Updating":
+            events.append(("Updating", f"group {target[:6]} updates in place: {'; '.join(state.updating)}"))
         if others and draining is not None:
             events.append(("Drained", f"group {draining[:6]} deleted after its grace period"))
         started = previous.phase_started if (same_rollout and previous.phase == phase and previous.phase_started is not None) else now
-        pending = groups[target].waiting() if target in groups else ""
-        message = (
-            f"group {target[:6]} serves"
-            if ready
-            else ("creating the first group" if first_deploy or not others else f"group {target[:6]} is not Ready yet")
-            + pending
-        )
+        pending = state.waiting() if state is not None else ""
+        first = first_deploy or not (others or (same_rollout and previous.completed))
+        if ready:
+            message = f"group {target[:6]} serves"
+        elif phase == "Updating":
+            message = f"group {target[:6]} updates in place, its older pods serve until the new ones are Ready ({'; '.join(state.updating)})" + pending
+        else:
+            message = ("creating the first group" if first else f"group {target[:6]} is not Ready yet") + pending
         return RolloutDecision(
             serving_key=target,
             apply_target=True,
@@ -247,3 +297,73 @@ def decide(
         message=f"group {target[:6]} is starting beside serving group {serving[:6]}{waiting}",
         events=tuple(events),
     )
+
+
+# --------------------------------------------------------------------------- in place
+@dataclass(frozen=True)
+class InPlaceStrategy:
+    """How one role's Deployment replaces its pods when its key is unchanged (an in-place update).
+
+    ``surge``: one extra pod starts first and an old pod stops only once it is Ready
+    (maxSurge 1, maxUnavailable 0), so the role never loses its last ready pod to a
+    replacement that cannot schedule or start. Without it (maxSurge 0, maxUnavailable 1)
+    ``reason`` says why, for status and ``check``.
+    """
+
+    surge: bool
+    reason: str = ""
+
+    def rolling_update(self) -> dict[str, int]:
+        """The Deployment's ``strategy.rollingUpdate``."""
+        return {"maxSurge": 1, "maxUnavailable": 0} if self.surge else {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def in_place_strategies(
+    *, gpus_per_pod: dict[str, int], replicas: dict[str, int | None], max_surge_gpus: int | None
+) -> dict[str, InPlaceStrategy]:
+    """Per role (``prefill`` then ``decode``), whether its in-place updates surge within the GPU budget.
+
+    ``gpus_per_pod``: GPUs one pod of the role requests; ``replicas``: the role's spec
+    replicas (None: an autoscaler owns them); ``max_surge_gpus``: spec.rollout.maxSurgeGPUs
+    (None: no limit). A surge pod holds its GPUs beside the old pod, so the roles are
+    charged in order and both at once (one change can update both). A role that does not
+    fit is replaced one pod at a time; with one replica that leaves it without a ready pod
+    until the replacement is Ready, which ``reason`` says with the budget that would avoid it.
+    """
+    left = max_surge_gpus
+    out: dict[str, InPlaceStrategy] = {}
+    for role in ("prefill", "decode"):
+        need = gpus_per_pod.get(role, 0)
+        if left is None or need <= left:
+            out[role] = InPlaceStrategy(surge=True)
+            left = None if left is None else left - need
+            continue
+        single = replicas.get(role) == 1
+        gap = (
+            "its only pod stops before the replacement is Ready (the role serves nothing meanwhile)"
+            if single
+            else "pods are replaced one at a time, one fewer ready pod meanwhile"
+        )
+        out[role] = InPlaceStrategy(
+            surge=False,
+            reason=f"{role} updates in place without a surge pod: one needs {need} GPUs and "
+            f"rollout.maxSurgeGPUs ({max_surge_gpus}) leaves {left}; {gap}",
+        )
+    return out
+
+
+def role_strategies(*, spec: "PDDeploymentSpec", prefill: "RolePlan", decode: "RolePlan") -> dict[str, InPlaceStrategy]:
+    """``in_place_strategies`` for the plan's two roles (GPUs per pod and replicas from their inputs)."""
+    roles = {"prefill": prefill, "decode": decode}
+    return in_place_strategies(
+        gpus_per_pod={r: p.inputs.gpus_per_replica for r, p in roles.items()},
+        replicas={r: p.inputs.spec.replicas for r, p in roles.items()},
+        max_surge_gpus=spec.rollout.maxSurgeGPUs,
+    )
+
+
+def progress_deadline_seconds(spec: "PDDeploymentSpec") -> int:
+    """spec.rollout.progressDeadline in whole seconds (at least 1): every group Deployment's
+    ``progressDeadlineSeconds``, so the Deployment controller reports an in-place update that
+    stops progressing (condition Progressing=False, ProgressDeadlineExceeded)."""
+    return max(1, int(parse_duration(spec.rollout.progressDeadline)))

@@ -19,7 +19,13 @@ COMPONENTS = ("prefill", "decode", L.ROLE_GATEWAY)
 
 @dataclass(frozen=True)
 class WorkloadState:
-    """One Deployment of a group: desired, ready, updated and available replicas, and whether it has settled."""
+    """One Deployment of a group: desired, ready, updated and available replicas, and whether it has settled.
+
+    ``total``: pods of every template (status.replicas; a surge pod and the old pod it
+    replaces both count); ``stalled``: the Deployment controller's message once the rollout
+    made no progress within ``progressDeadlineSeconds`` (its condition Progressing=False,
+    ProgressDeadlineExceeded), else "".
+    """
 
     name: str
     desired: int
@@ -28,11 +34,20 @@ class WorkloadState:
     available: int
     settled: bool
     gpus_per_pod: int = 0
+    total: int | None = None
+    stalled: str = ""
 
     @property
     def ready_all(self) -> bool:
-        """Every desired replica is updated, ready and available at the current spec, and there is at least one."""
-        return self.settled and self.desired > 0 and self.desired == self.ready == self.updated == self.available
+        """Every desired replica is updated, ready and available at the current spec, no pod of an
+        older template is left (a surge's old pod counts as ready), and there is at least one."""
+        no_old = self.total is None or self.total == self.desired
+        return self.settled and no_old and self.desired > 0 and self.desired == self.ready == self.updated == self.available
+
+    @property
+    def updating(self) -> bool:
+        """Pods of an older pod template still run beside the current one's (an in-place update)."""
+        return self.total is not None and self.total > self.updated
 
 
 @dataclass(frozen=True)
@@ -57,12 +72,15 @@ class ObservedGroup:
 
     def state(self) -> GroupState:
         """The pure view used by the rollout decision."""
+        ordered = [(c, self.workloads[c]) for c in COMPONENTS if c in self.workloads]
         return GroupState(
             key=self.key,
             ready=self.ready,
             gpus=self.gpus,
             unschedulable=self.unschedulable,
             unschedulable_reason=self.unschedulable_reason,
+            updating=tuple(f"{c} {w.updated}/{w.desired} updated, {w.total} pods" for c, w in ordered if w.updating),
+            stalled=tuple(f"{c}: {w.stalled}" for c, w in ordered if w.stalled),
         )
 
 
@@ -95,6 +113,11 @@ def workload_state(deployment: dict[str, Any]) -> WorkloadState:
     spec, status, meta = deployment.get("spec", {}), deployment.get("status") or {}, deployment["metadata"]
     desired = int(spec.get("replicas", 1))
     settled = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+    stalled = next(
+        (str(c.get("message") or "progress deadline exceeded") for c in status.get("conditions") or []
+         if c.get("type") == "Progressing" and c.get("status") == "False" and c.get("reason") == "ProgressDeadlineExceeded"),
+        "",
+    )  # fmt: skip
     return WorkloadState(
         name=meta["name"],
         desired=desired,
@@ -103,6 +126,8 @@ def workload_state(deployment: dict[str, Any]) -> WorkloadState:
         available=int(status.get("availableReplicas") or 0),
         settled=settled,
         gpus_per_pod=_gpus(deployment),
+        total=int(status.get("replicas") or 0),
+        stalled=stalled if settled else "",
     )
 
 

@@ -22,7 +22,9 @@ from ..planning.hicache import FILE_STORAGE_MOUNT, LOCAL_HOSTNAME_ENV, hicache_s
 from ..planning.memory import gib, quantity_bytes
 from ..planning.structs import Plan, RolePlan
 from ..planning.sglang_flags import flag_table
+from ..planning.rollout import progress_deadline_seconds, role_strategies
 from . import labels as L
+from .probes import http_probe, readiness_probe
 
 CONFIG_DIR = "/etc/sglang"
 CONFIG_FILE = "config.yaml"
@@ -161,15 +163,6 @@ def _env(plan: Plan, role: RolePlan) -> list[dict[str, Any]]:
     return env
 
 
-def _probe(path: str, *, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
-    return {
-        "httpGet": {"path": path, "port": "http"},
-        "periodSeconds": period,
-        "failureThreshold": failures,
-        "timeoutSeconds": timeout,
-    }
-
-
 def _tolerations(role: RolePlan) -> list[dict[str, Any]]:
     acc = role.inputs.accelerator
     assert acc is not None
@@ -231,9 +224,9 @@ def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> lis
         "env": _env(plan, role),
         "ports": ports,
         "resources": _resources(plan, role),
-        "startupProbe": _probe("/health", period=STARTUP_PROBE_PERIOD_S, failures=STARTUP_PROBE_FAILURES),
-        "readinessProbe": _probe("/health", period=5, failures=3),
-        "livenessProbe": _probe("/health", period=15, failures=4),
+        "startupProbe": http_probe("/health", period=STARTUP_PROBE_PERIOD_S, failures=STARTUP_PROBE_FAILURES),
+        "readinessProbe": readiness_probe(component, bootstrap_port=plan.spec.disaggregation.bootstrapPort),
+        "livenessProbe": http_probe("/health", period=15, failures=4),
         "volumeMounts": mounts,
     }
     if uses_rdma(plan):
@@ -241,7 +234,12 @@ def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> lis
     replicas = role.inputs.spec.replicas
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": L.selector_labels(name, component, key)},
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+        # in place (same key): surge one pod within rollout.maxSurgeGPUs, so the last ready pod
+        # of a role stops only once its replacement is Ready; the Deployment's own progress
+        # deadline reports a replacement that never gets there (observe.py reads it)
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": role_strategies(
+            spec=plan.spec, prefill=plan.prefill, decode=plan.decode)[component].rolling_update()},
+        "progressDeadlineSeconds": progress_deadline_seconds(plan.spec),
         "template": {
             "metadata": {"labels": labels, "annotations": pod_annotations},
             "spec": {

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..planning.engine_args import ENGINE_PORT
+from ..planning.rollout import progress_deadline_seconds
 from ..planning.structs import Plan
 from . import labels as L
 
@@ -76,6 +77,7 @@ def render_gateway_group(plan: Plan, *, owner: dict | None = None) -> list[dict[
     spec: dict[str, Any] = {
         "replicas": 1 if gw.replicas is None else gw.replicas,
         "selector": {"matchLabels": L.selector_labels(name, L.ROLE_GATEWAY, key)},
+        "progressDeadlineSeconds": progress_deadline_seconds(plan.spec),
         "template": {
             "metadata": {"labels": labels},
             "spec": {"serviceAccountName": service_account_name(name), "containers": [container]},

@@ -99,3 +99,13 @@ def ns(cluster, crds, request) -> Iterator[str]:
     wait_for(lambda: not pods(cluster, name, "pd.sglang-operator.io/deployment"), timeout=90, what=f"pods of {name} gone")
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
     cluster.kubectl("delete", "pv", f"model-store-{name}", "--wait=false", check=False)
+
+
+@pytest.fixture
+def procs(tmp_path):
+    """Engine simulators and smg started by one test (``simkit.Processes``), all stopped afterwards."""
+    from simkit import Processes
+
+    p = Processes(tmp_path)
+    yield p
+    p.stop_all()

@@ -5,6 +5,11 @@ reached exactly as the real engine would be: by smg's Kubernetes discovery (pod 
 ``--service-discovery-port``, bootstrap port from the pod annotation) and by the
 operator's scraper (pod IP:30000/metrics, gateway pod IP:29000/metrics). Every process
 started here is stopped by :meth:`Processes.stop_all` (the test fixture calls it).
+
+kwok runs no probes: its stages make a pod Ready at once. A test that needs readiness
+decided by the rendered probes installs :func:`probe_policy` (a MutatingAdmissionPolicy
+that starts the chosen pods NotReady) and runs a :class:`Prober`, which plays the
+kubelet's prober against the simulators and writes its verdict where kwok reads it.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -162,3 +169,158 @@ def start_smg(procs: Processes, args: list[str], *, kubeconfig: Path, name: str 
     smg = smg_binary()
     assert smg is not None
     procs.start(name, [smg, "launch", *args], env={"KUBECONFIG": str(kubeconfig)})
+
+
+# --------------------------------------------------------------------------- readiness
+KWOK_READY = "pd.sglang-operator.io/kwok-ready"
+#: The address an exec probe names for "this pod": inside a pod it is the pod's own loopback.
+POD_LOOPBACK = "127.0.0.1"
+
+
+def probe_policy(namespace: str, *, role: str = "prefill") -> list[dict[str, Any]]:
+    """A MutatingAdmissionPolicy and its binding: pods of ``role`` created in ``namespace`` get
+    ``pd.sglang-operator.io/kwok-ready: "false"``, so kwok starts them Running but NotReady
+    and leaves their readiness to a :class:`Prober` (the kubelet's part). Cluster-scoped
+    objects named after the namespace; delete them after the test."""
+    name = f"kwok-probe-{namespace}"
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "matchConstraints": {"resourceRules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]},
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": "Never",
+                "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {
+                    "expression": 'Object{metadata: Object.metadata{annotations: {"%s": "false"}}}' % KWOK_READY}}],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                    "objectSelector": {"matchLabels": {"pd.sglang-operator.io/role": role}},
+                },
+            },
+        },
+    ]
+
+
+def run_probe(pod: dict[str, Any], container: dict[str, Any], probe: dict[str, Any]) -> tuple[bool, str]:
+    """Run one Kubernetes probe of ``container`` against the pod as the kubelet would; (passed, message).
+
+    exec: the command with the container's literal env, ``python3`` being this
+    interpreter, and 127.0.0.1 (the pod's loopback inside its network namespace) replaced
+    by the pod IP, since kwok pods share this machine's loopback and the simulator binds the
+    pod IP; killed after ``timeoutSeconds``. httpGet: GET on the pod IP (named ports
+    resolved from the container), 200-399 passes. tcpSocket: a connect.
+    """
+    ip = pod["status"]["podIP"]
+    timeout = float(probe.get("timeoutSeconds", 1))
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports") or [] if p.get("name")}
+    if "exec" in probe:
+        argv = [ip if a == POD_LOOPBACK else a for a in probe["exec"]["command"]]
+        if argv and argv[0] in ("python3", "python"):
+            argv[0] = sys.executable
+        env = {**os.environ, **{e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}}
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return False, f"exec timed out after {timeout:.0f}s"
+        return res.returncode == 0, (res.stdout + res.stderr).strip()
+    if "httpGet" in probe:
+        h = probe["httpGet"]
+        port = ports.get(h["port"], h["port"])
+        try:
+            with urllib.request.urlopen(f"http://{ip}:{port}{h.get('path', '/')}", timeout=timeout) as resp:
+                return 200 <= resp.status < 400, f"HTTP {resp.status}"
+        except urllib.error.HTTPError as err:
+            return False, f"HTTP {err.code}"
+        except (urllib.error.URLError, ConnectionError, OSError) as err:
+            return False, str(err)
+    if "tcpSocket" in probe:
+        port = probe["tcpSocket"]["port"]
+        try:
+            socket.create_connection((ip, int(ports.get(port, port))), timeout=timeout).close()
+            return True, "connected"
+        except OSError as err:
+            return False, str(err)
+    return True, "no handler"
+
+
+class Prober:
+    """The kubelet's prober for kwok pods whose readiness a test hands over (see :func:`probe_policy`).
+
+    A thread lists the namespace's pods carrying the ``kwok-ready`` annotation every 0.2 s
+    and, per container, runs the rendered startupProbe until it passes, then the
+    readinessProbe every ``periodSeconds``, with ``successThreshold`` /
+    ``failureThreshold`` as the kubelet counts them. The verdict becomes the annotation
+    (``"true"`` / ``"false"``), which kwok's stages (hack/cluster/kwok) turn into the pod's
+    Ready condition, so the API server, the operator and smg see exactly what the rendered
+    probe decided. ``history``: (monotonic time, pod, probe kind, passed, message).
+    """
+
+    def __init__(self, api, namespace: str) -> None:
+        from kubernetes import client as k8s
+
+        self.core = k8s.CoreV1Api(api)
+        self.namespace = namespace
+        self.history: list[tuple[float, str, str, bool, str]] = []
+        self._state: dict[tuple[str, str], dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Prober":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                pods = self.core.list_namespaced_pod(self.namespace, _request_timeout=10).items
+            except Exception:  # noqa: BLE001 - the API server can be busy; try again next tick
+                pods = []
+            for pod in pods:
+                ann = pod.metadata.annotations or {}
+                if KWOK_READY not in ann or pod.metadata.deletion_timestamp or not pod.status.pod_ip:
+                    continue
+                self._probe_pod(self.core.api_client.sanitize_for_serialization(pod))
+            self._stop.wait(0.2)
+
+    def _probe_pod(self, pod: dict[str, Any]) -> None:
+        name, now = pod["metadata"]["name"], time.monotonic()
+        verdicts = []
+        for c in pod["spec"]["containers"]:
+            st = self._state.setdefault((name, c["name"]), {"started": "startupProbe" not in c, "next": 0.0,
+                                                             "ok": 0, "fail": 0, "ready": False})
+            kind = "readinessProbe" if st["started"] else "startupProbe"
+            probe = c.get(kind)
+            if probe is None:
+                st["ready"] = st["started"] = True
+            elif now >= st["next"]:
+                st["next"] = now + float(probe.get("periodSeconds", 10))
+                passed, message = run_probe(pod, c, probe)
+                self.history.append((time.monotonic(), name, kind, passed, message))
+                if kind == "startupProbe":
+                    if passed:
+                        st["started"], st["next"] = True, 0.0
+                else:
+                    st["ok"], st["fail"] = (st["ok"] + 1, 0) if passed else (0, st["fail"] + 1)
+                    if st["ok"] >= int(probe.get("successThreshold", 1)):
+                        st["ready"] = True
+                    elif st["fail"] >= int(probe.get("failureThreshold", 3)) or not st["ready"]:
+                        st["ready"] = False
+            verdicts.append(st["ready"])
+        want = "true" if verdicts and all(verdicts) else "false"
+        if pod["metadata"]["annotations"].get(KWOK_READY) != want:
+            self.core.patch_namespaced_pod(name, self.namespace, {"metadata": {"annotations": {KWOK_READY: want}}})

@@ -24,7 +24,6 @@ from helpers import EXAMPLES, load_example
 from opkit import OperatorProcess, condition, kapply, kget, pods, wait_for
 from simkit import (
     BOOTSTRAP_ANNOTATION,
-    Processes,
     get_json,
     post_json,
     smg_binary,
@@ -44,13 +43,6 @@ def smg():
     if path is None:
         pytest.skip("the smg binary (smg==1.13.0) is not installed: PATH, $SMG_BIN, .venv/bin, /tmp/contract-venv/bin")
     return path
-
-
-@pytest.fixture
-def procs(tmp_path):
-    p = Processes(tmp_path)
-    yield p
-    p.stop_all()
 
 
 def _doc(ns: str, name: str, example: str) -> dict:

@@ -38,7 +38,6 @@ from opkit import OperatorProcess, condition, kapply, kget, pods, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from simkit import (
     LOADGEN,
-    Processes,
     get_json,
     post_json,
     smg_binary,
@@ -64,13 +63,6 @@ SLOW_FACTOR = 5.0
 # measures beyond the engine on this loopback path, generous for a loaded 2-core machine.
 HOP_S = 0.05      # TTFT: smg + client, one way, before the first token reaches the client
 JITTER_S = 0.003  # ITL: per-gap timing noise of smg's forwarding and the client's read loop
-
-
-@pytest.fixture
-def procs(tmp_path):
-    p = Processes(tmp_path)
-    yield p
-    p.stop_all()
 
 
 def _pdd(cluster, ns):

@@ -108,3 +108,64 @@ def test_omitted_replicas_are_left_to_an_autoscaler(gb300_doc, catalog):
     del gb300_doc["spec"]["decode"]["replicas"]
     plan, objs = _objs(gb300_doc, catalog)
     assert "replicas" not in objs[("Deployment", f"dsv41-flash-{plan.compat_key[:6]}-decode")]["spec"]
+
+
+def _deployment(objs, plan, role):
+    return objs[("Deployment", f"{plan.name}-{plan.compat_key[:6]}-{role}")]
+
+
+def test_in_place_updates_surge_within_the_gpu_budget(gb300_doc, catalog):
+    plan, objs = _objs(gb300_doc, catalog)
+    for role in ("prefill", "decode"):
+        spec = _deployment(objs, plan, role)["spec"]
+        assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}, role
+        assert spec["progressDeadlineSeconds"] == 1800  # rollout.progressDeadline 30m: the Deployment reports a stall
+    assert _deployment(objs, plan, "gateway")["spec"]["progressDeadlineSeconds"] == 1800
+    gb300_doc["spec"]["rollout"] = {"maxSurgeGPUs": 4, "progressDeadline": "90s"}  # one 4-GPU pod: prefill fits, decode not
+    plan, objs = _objs(gb300_doc, catalog)
+    assert _deployment(objs, plan, "prefill")["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert _deployment(objs, plan, "decode")["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert _deployment(objs, plan, "decode")["spec"]["progressDeadlineSeconds"] == 90
+    (warn,) = [p for p in plan.problems if p.rule == "in_place_update_surges"]
+    assert warn.field == "spec.rollout.maxSurgeGPUs" and warn.severity == "warning"
+    assert "decode updates in place without a surge pod: one needs 4 GPUs and rollout.maxSurgeGPUs (4) leaves 0" in warn.message
+    assert "set rollout.maxSurgeGPUs to at least 8" in warn.fix
+
+
+def test_prefill_readiness_covers_the_bootstrap_port_in_one_probe(gb300_doc, catalog):
+    plan, objs = _objs(gb300_doc, catalog)
+    prefill = _deployment(objs, plan, "prefill")["spec"]["template"]["spec"]["containers"][0]
+    decode = _deployment(objs, plan, "decode")["spec"]["template"]["spec"]["containers"][0]
+    probe = prefill["readinessProbe"]
+    assert set(probe) == {"exec", "periodSeconds", "failureThreshold", "timeoutSeconds"}
+    argv = probe["exec"]["command"]
+    assert argv[:4] == ["python3", "-I", "-S", "-c"] and argv[5:] == ["127.0.0.1", "8998", "1", "30000", "5"]
+    assert probe["timeoutSeconds"] > int(argv[-1])  # the script's own deadline ends first
+    assert decode["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    for c in (prefill, decode):
+        assert c["startupProbe"]["httpGet"]["path"] == c["livenessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_a_compressed_option_sglang_ignores_changes_no_pod_template(catalog):
+    from helpers import EXAMPLES, load_example
+
+    doc = load_example(EXAMPLES / "dsv41-flash-h200-flashmla.yaml")
+    plan, objs = _objs(doc, catalog)
+    doc["spec"]["kvLayout"]["compressed"] = "fp4"  # H200: layout auto resolves to v4, which drops the option
+    plan2, objs2 = _objs(doc, catalog)
+    assert plan2.compat_key == plan.compat_key
+    for role in ("prefill", "decode"):
+        before, after = _deployment(objs, plan, role), _deployment(objs2, plan2, role)
+        assert after["spec"]["template"] == before["spec"]["template"], role
+        env = {e["name"]: e.get("value") for e in after["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["SGLANG_DSV4_COMPRESSED_KV_LAYOUT"] == "auto"
+    assert any(p.rule == "kv_layout_overridden" and p.field == "spec.kvLayout.compressed" for p in plan2.problems)
+
+
+def test_a_compressed_option_sglang_reads_still_rolls_the_pods(gb300_doc, catalog):
+    plan, objs = _objs(gb300_doc, catalog)
+    gb300_doc["spec"]["kvLayout"]["compressed"] = "fp8"  # GB300, V4.1 main: fp8 changes the c1/c2 caches
+    plan2, objs2 = _objs(gb300_doc, catalog)
+    assert plan2.compat_key != plan.compat_key  # the PD layout string changed: a new group
+    env = {e["name"]: e.get("value") for e in _deployment(objs2, plan2, "decode")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["SGLANG_DSV4_COMPRESSED_KV_LAYOUT"] == "fp8"

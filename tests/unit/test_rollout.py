@@ -127,3 +127,82 @@ def test_random_edit_sequences_never_serve_an_unready_group_over_a_ready_one(ste
             groups.pop(k, None)
         serving, previous = d.serving_key, _status(d, steps[-1][0])
     assert serving == steps[-1][0] and set(groups) == {serving} and d.phase == "Complete"
+
+
+# --------------------------------------------------------------------------- in place
+def test_in_place_update_is_updating_not_creating_the_first_group():
+    served = RolloutStatus(target_key="aaa", phase="Complete", phase_started=0, completed=True)
+    updating = GroupState("aaa", ready=False, updating=("prefill 1/1 updated, 2 pods",))
+    d = decide(target="aaa", serving="aaa", groups={"aaa": updating}, previous=served, settings=S, target_gpus=12, now=50)
+    assert d.phase == "Updating" and d.serving_key == "aaa" and d.apply_target and not d.target_to_zero
+    assert "creating the first group" not in d.message
+    assert "updates in place" in d.message and "prefill 1/1 updated, 2 pods" in d.message
+    assert [e[0] for e in d.events] == ["Updating"]
+    again = decide(target="aaa", serving="aaa", groups={"aaa": updating}, previous=_status(d, "aaa"), settings=S, target_gpus=12, now=60)
+    assert again.phase_started == 50 and again.events == ()
+    # a group that served before and only lost a pod is not Ready yet, not a first group
+    recovering = decide(target="aaa", serving="aaa", groups={"aaa": GroupState("aaa", ready=False)}, previous=served,
+                        settings=S, target_gpus=12, now=70)
+    assert recovering.message == "group aaa is not Ready yet"
+    # the first group is the first group on every reconcile until it completes
+    starting = decide(target="aaa", serving="aaa", groups={"aaa": GroupState("aaa", ready=False)},
+                      previous=RolloutStatus(target_key="aaa", phase="Surging", phase_started=0), settings=S,
+                      target_gpus=12, now=5)
+    assert starting.message == "creating the first group"
+
+
+def test_in_place_update_that_stalls_past_the_deadline_fails_and_keeps_serving():
+    served = RolloutStatus(target_key="aaa", phase="Updating", phase_started=0)
+    why = "0/14 nodes are available: 14 node(s) didn't match Pod's node affinity/selector."
+    stuck = GroupState("aaa", ready=False, unschedulable=1, unschedulable_reason=why,
+                       updating=("prefill 1/1 updated, 2 pods",),
+                       stalled=('prefill: ReplicaSet "x-prefill-5f" has timed out progressing.',))
+    zero = RolloutSettings(progress_deadline_s=10, scale_failed_to_zero=True)
+    d = decide(target="aaa", serving="aaa", groups={"aaa": stuck}, previous=served, settings=zero, target_gpus=12, now=20)
+    assert d.phase == "Failed" and d.serving_key == "aaa" and d.delete_keys == ()
+    assert d.apply_target and not d.target_to_zero  # the serving group's older pods are all that serves
+    assert "has timed out progressing" in d.message and "1 pods cannot be scheduled" in d.message
+    assert d.message.endswith("its older pods keep serving")
+    assert [e[0] for e in d.events] == ["ProgressDeadlineExceeded"]
+    again = decide(target="aaa", serving="aaa", groups={"aaa": stuck}, previous=_status(d, "aaa"), settings=zero, target_gpus=12, now=30)
+    assert again.phase == "Failed" and again.events == () and again.phase_started == 20
+    fixed = decide(target="aaa", serving="aaa", groups={"aaa": GroupState("aaa", ready=True)}, previous=_status(again, "aaa"),
+                   settings=zero, target_gpus=12, now=40)
+    assert fixed.phase == "Complete"
+
+
+def test_in_place_surge_is_charged_to_the_gpu_budget_in_role_order():
+    from sglang_pd_operator.planning.rollout import in_place_strategies
+
+    gpus, one = {"prefill": 4, "decode": 8}, {"prefill": 1, "decode": 1}
+    unlimited = in_place_strategies(gpus_per_pod=gpus, replicas=one, max_surge_gpus=None)
+    assert all(s.surge and s.reason == "" for s in unlimited.values())
+    assert unlimited["prefill"].rolling_update() == {"maxSurge": 1, "maxUnavailable": 0}
+    tight = in_place_strategies(gpus_per_pod=gpus, replicas={"prefill": 1, "decode": 3}, max_surge_gpus=10)
+    assert tight["prefill"].surge and not tight["decode"].surge
+    assert tight["decode"].rolling_update() == {"maxSurge": 0, "maxUnavailable": 1}
+    assert "one needs 8 GPUs and rollout.maxSurgeGPUs (10) leaves 6" in tight["decode"].reason
+    assert "one at a time" in tight["decode"].reason
+    none = in_place_strategies(gpus_per_pod=gpus, replicas=one, max_surge_gpus=0)
+    assert not none["prefill"].surge and "its only pod stops before the replacement is Ready" in none["prefill"].reason
+
+
+def test_workload_state_sees_old_pods_and_a_stalled_rollout():
+    from sglang_pd_operator.reconcilers.observe import workload_state
+
+    dep = {
+        "metadata": {"name": "x-prefill", "generation": 2},
+        "spec": {"replicas": 1},
+        "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1, "readyReplicas": 1,
+                   "availableReplicas": 1,
+                   "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                                   "message": 'ReplicaSet "x-prefill-5f" has timed out progressing.'}]},
+    }
+    w = workload_state(dep)
+    assert w.updating and not w.ready_all  # the surge's old pod is the ready one
+    assert w.stalled == 'ReplicaSet "x-prefill-5f" has timed out progressing.'
+    dep["metadata"]["generation"] = 3  # a new template: the old verdict is not about it
+    assert workload_state(dep).stalled == ""
+    done = {**dep, "metadata": {"name": "x-prefill", "generation": 3},
+            "status": {"observedGeneration": 3, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}}
+    assert workload_state(done).ready_all and not workload_state(done).updating

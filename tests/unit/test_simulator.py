@@ -8,6 +8,7 @@ when it first imports prometheus_client.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -145,7 +146,7 @@ def test_command_line_round_trips_the_config():
                     bootstrap_port=0, ttft=LogNormal(0.25, 0.4), prefill=LogNormal(0.07, 0.0),
                     itl=LogNormal(0.013, 0.21), kv_transfer_ms=LogNormal(9.5, 0.1), default_max_tokens=7,
                     max_output_tokens=99, slow_factor=3.5, seed=11, dp_size=4, tp_size=2,
-                    spec_accept_length=2.5, mode=MODES[-1])
+                    spec_accept_length=2.5, mode=MODES[-1], bootstrap_delay=1.5)
     assert parse_args(config_to_argv(cfg)) == cfg
     assert parse_args(config_to_argv(SimConfig())) == SimConfig()
 
@@ -168,6 +169,27 @@ def test_prefill_answers_one_token_and_records_no_ttft():
         assert ex.TTFT not in scrape.histograms and ex.ITL not in scrape.histograms
         assert scrape.histograms[ex.KV_TRANSFER_LATENCY_MS].total == 1
         assert scrape.histograms[ex.E2E].total == 1
+    run(main())
+
+
+def test_prefill_can_open_its_bootstrap_port_late():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
+    async def main():
+        sim = await start_process(dataclasses.replace(config("prefill", bootstrap_delay=1.5), bootstrap_port=port))
+        try:
+            async with aiohttp.ClientSession() as s:
+                assert (await s.get(sim.url + "/health")).status == 200  # the engine answers at once
+                with pytest.raises(aiohttp.ClientConnectorError):
+                    await s.get(f"http://127.0.0.1:{port}/health")
+                await asyncio.sleep(2.5)
+                assert (await s.get(f"http://127.0.0.1:{port}/health")).status == 200
+        finally:
+            await sim.close()
     run(main())
 
 

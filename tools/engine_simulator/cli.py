@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap-port", type=int, default=8998,
                    help="prefill: bootstrap port to listen on (-1: do not listen; 0: any free port); "
                         "reported in /server_info")
+    p.add_argument("--bootstrap-delay", type=float, default=0.0,
+                   help="prefill: open the bootstrap port this many seconds after the HTTP port "
+                        "(/health answers meanwhile, as SGLang's does)")
     p.add_argument("--ttft-median", type=float, default=0.15, help="decode/aggregated TTFT median, s")
     p.add_argument("--ttft-sigma", type=float, default=0.3, help="lognormal sigma of TTFT")
     p.add_argument("--prefill-median", type=float, default=0.1, help="prefill time median on a prefill server, s")
@@ -54,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         kv_transfer_ms=LogNormal(a.kv_transfer_ms_median, a.kv_transfer_ms_sigma),
         default_max_tokens=a.default_max_tokens, max_output_tokens=a.max_output_tokens,
         slow_factor=a.slow_factor, seed=a.seed, dp_size=a.dp_size, tp_size=a.tp_size,
-        spec_accept_length=a.spec_accept_length, mode=a.mode,
+        spec_accept_length=a.spec_accept_length, mode=a.mode, bootstrap_delay=a.bootstrap_delay,
     )
 
 
@@ -71,7 +74,7 @@ def config_to_argv(c: SimConfig) -> list[str]:
             "--default-max-tokens", str(c.default_max_tokens), "--max-output-tokens", str(c.max_output_tokens),
             "--slow-factor", repr(c.slow_factor), "--mode", c.mode, "--seed", str(c.seed),
             "--dp-size", str(c.dp_size), "--tp-size", str(c.tp_size),
-            "--spec-accept-length", repr(c.spec_accept_length)]
+            "--spec-accept-length", repr(c.spec_accept_length), "--bootstrap-delay", repr(c.bootstrap_delay)]
     if c.served_model_name is not None:
         argv += ["--served-model-name", c.served_model_name]
     return argv

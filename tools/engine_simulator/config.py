@@ -40,6 +40,8 @@ class SimConfig:
     ``default_max_tokens``: output length when the request does not say;
     ``max_output_tokens`` caps it. ``kv_transfer_ms``: KV transfer latency the prefill
     records. ``slow_factor``: latency multiplier in slow mode. ``seed``: RNG seed.
+    ``bootstrap_delay``: seconds after the HTTP server starts before a prefill opens its
+    bootstrap port (a real prefill starts its bootstrap server separately; sglang #23430).
     """
 
     role: str = "aggregated"
@@ -61,6 +63,7 @@ class SimConfig:
     context_length: int = 32768
     spec_accept_length: float = 0.0
     mode: str = "normal"
+    bootstrap_delay: float = 0.0
 
     @property
     def name(self) -> str:

@@ -425,9 +425,12 @@ class RunningSimulator:
     runner: web.AppRunner
     url: str
     bootstrap_runner: web.AppRunner | None = None
+    bootstrap_task: asyncio.Task | None = None
 
     async def close(self) -> None:
-        """Stop serving and release the ports."""
+        """Stop serving and release the ports (a bootstrap port still waiting to open never opens)."""
+        if self.bootstrap_task is not None:
+            self.bootstrap_task.cancel()
         await self.runner.cleanup()
         if self.bootstrap_runner is not None:
             await self.bootstrap_runner.cleanup()
@@ -437,8 +440,10 @@ async def serve(config: SimConfig) -> RunningSimulator:
     """Start a simulator on ``config.host:config.port`` inside the running event loop.
 
     A prefill simulator also listens on ``config.bootstrap_port`` (see
-    :func:`bootstrap_app`; a negative port turns that off). Port 0 picks a free port; the
-    chosen ones are written back into ``config``.
+    :func:`bootstrap_app`; a negative port turns that off), ``config.bootstrap_delay``
+    seconds after the HTTP port when that is set (it then prints a JSON line
+    ``{"simulator": "bootstrap", "port": ...}``). Port 0 picks a free port; the chosen ones
+    are written back into ``config`` (a late bootstrap port once it opens).
     """
     sim = EngineSimulator(config)
     runner = web.AppRunner(sim.app(), access_log=None)
@@ -451,6 +456,18 @@ async def serve(config: SimConfig) -> RunningSimulator:
         boot = web.AppRunner(bootstrap_app(), access_log=None)
         await boot.setup()
         boot_site = web.TCPSite(boot, config.host, config.bootstrap_port)
+        if config.bootstrap_delay > 0:
+            running = RunningSimulator(simulator=sim, runner=runner, url=f"http://{config.host}:{config.port}",
+                                       bootstrap_runner=boot)
+
+            async def open_late() -> None:
+                await asyncio.sleep(config.bootstrap_delay)
+                await boot_site.start()
+                config.bootstrap_port = _bound_port(boot_site, config.bootstrap_port)
+                print(json.dumps({"simulator": "bootstrap", "port": config.bootstrap_port}), flush=True)
+
+            running.bootstrap_task = asyncio.get_running_loop().create_task(open_late())
+            return running
         try:
             await boot_site.start()
         except BaseException:

@@ -13,7 +13,7 @@ from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..structs import RolePlan
 from ..problems import Problem
-from . import args, deepseek_v4, engram, handshake, kv, kvcache, moe, paged_experts, parallel, placement, plugins, speculative, transfer
+from . import args, deepseek_v4, engram, handshake, kv, kvcache, moe, paged_experts, parallel, placement, plugins, speculative, transfer, updates
 
 ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     placement.accelerator_known,
@@ -76,6 +76,7 @@ PAIR_RULES: tuple[Callable[..., list[Problem]], ...] = (
     *speculative.PAIR_RULES,
     *moe.PAIR_RULES,
     *parallel.PAIR_RULES,
+    updates.in_place_update_surges,
 )
 
 

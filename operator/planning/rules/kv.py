@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 
 from ...catalog import Catalog
+from ..engine_args import effective_compressed_option
 from ..structs import RolePlan
 from ..problems import Problem
 from ...api.v1alpha1 import PDDeploymentSpec
@@ -123,8 +124,9 @@ def kv_layout_overridden(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: R
     uniform FP8 pools; layout auto off SM100/SM103 and gfx950 returns a v4 main cache and
     drops the compressed option, and ``resolve_compressed_kv_layout`` (same file) pairs a
     v4 main cache only with v4 caches (compressed fp4 with layout auto on H200 builds v4).
-    SGLang serves the role, so this is a warning; the operator still renders the value
-    asked (the env is what the user wrote) and SGLang ignores it. ``auto`` never warns, nor
+    SGLang serves the role, so this is a warning; the operator renders the layout asked
+    (SGLang ignores it) and, for a compressed option SGLang drops, SGLang's default
+    (``engine_args.effective_compressed_option``: a change SGLang ignores restarts no pod). ``auto`` never warns, nor
     does a value SGLang keeps; a role SGLang refuses (no prediction) is left to
     kv_layout_servable. The roles are compared only to report a finding they share on one
     field once ("prefill and decode ...").
@@ -147,7 +149,7 @@ def kv_layout_overridden(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: R
                 why = f"SGLang resolves it for --dsv4-attn-backend {backend} on {acc.isa}"
             change = "another accelerator" if backend in ("flashmla", "auto") else "attentionBackend flashmla"
             fix = f"set layout: {main} (what SGLang uses) or auto, or use {change} to get layout {kv.layout}"
-            asked.append(("layout", kv.layout, "SGLANG_DSV4_KV_LAYOUT", f"a {main} main KV cache", why, fix))
+            asked.append(("layout", kv.layout, "SGLANG_DSV4_KV_LAYOUT", kv.layout, f"a {main} main KV cache", why, fix))
         if kv.compressed != "auto" and any(("fp4" in c) != (kv.compressed == "fp4") for c in caches):
             if main == "v4":
                 why = (
@@ -160,12 +162,17 @@ def kv_layout_overridden(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: R
                 why = f"SGLang resolves it for --dsv4-attn-backend {backend} with a {main} main cache"
                 fix = "set compressed: auto"
             builds = "compressed caches " + ",".join(caches)
-            asked.append(("compressed", kv.compressed, "SGLANG_DSV4_COMPRESSED_KV_LAYOUT", builds, why, fix))
-        for name, value, env, builds, why, fix in asked:
+            rendered = effective_compressed_option(kv.compressed, layout)
+            asked.append(("compressed", kv.compressed, "SGLANG_DSV4_COMPRESSED_KV_LAYOUT", rendered, builds, why, fix))
+        for name, value, env, rendered, builds, why, fix in asked:
+            renders = (
+                f"the operator renders {env}={value} as asked; SGLang ignores it"
+                if rendered == value
+                else f"the operator renders {env}={rendered}, SGLang's default, so this value restarts no engine"
+            )
             body = (
                 f"on {role.inputs.accelerator_name} ({acc.isa}): {name} {value} is set, but SGLang 0.5.23 builds "
-                f"{builds} (PD layout {layout.pd_string}): {why} (the operator renders {env}={value} as asked; "
-                "SGLang ignores it)"
+                f"{builds} (PD layout {layout.pd_string}): {why} ({renders})"
             )
             found.setdefault((f"{role.inputs.kv_layout_field}.{name}", body, fix), []).append(role.role)
     return [
