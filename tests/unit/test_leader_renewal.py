@@ -12,27 +12,19 @@ import time
 from sglang_pd_operator.leader import LeaderSettings, RenewWatchdog, default_identity, default_lease_namespace
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_watchdog_fires_once_when_no_renewal_was_sent_within_the_deadline():
-    clock, fired = Clock(), []
-    dog = RenewWatchdog(deadline=10, on_expired=lambda: fired.append(clock.t), clock=clock)
+    now, fired = {"t": 0.0}, []
+    dog = RenewWatchdog(deadline=10, on_expired=lambda: fired.append(now["t"]), clock=lambda: now["t"])
     assert not dog.check() and dog.age() is None  # not leading yet: nothing to expire
     dog.renewed(0.0)
-    clock.t = 8.0
+    now["t"] = 8.0
     dog.renewed(6.0)  # a renewal sent at 6 s answered at 8 s
     dog.renewed(2.0)  # an older answer arriving late does not move the clock back
-    clock.t = 16.0
+    now["t"] = 16.0
     assert not dog.check()
-    clock.t = 16.5  # 10.5 s since the last successful renewal was sent
+    now["t"] = 16.5  # 10.5 s since the last successful renewal was sent
     assert dog.check() and fired == [16.5]
-    clock.t = 30.0
+    now["t"] = 30.0
     assert dog.check() and fired == [16.5]  # once
 
 
