@@ -7,6 +7,7 @@ that must keep moving registers a :class:`Heartbeats` entry and beats it as it g
 
 - ``event-loop``: a ticker task on kopf's asyncio loop (a blocked loop stops it);
 - ``resync``: the resync loop, once per PDDeployment it reconciles and once per sleep;
+- ``kernelbuild-resync``: the KernelBuild resync loop, likewise;
 - ``slo-scraper``: the SLO scraper, once per pass (failed passes count: it moves);
 - ``leader-election``: every read of the Lease, leader or follower;
 

@@ -80,3 +80,27 @@ def test_metrics_port_serves_metrics_and_healthz_that_fails_when_a_loop_is_stuck
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(f"{base}/healthz", timeout=5)
     assert err.value.code == 503 and b"resync: no heartbeat for 11s" in err.value.read()
+
+
+def test_a_reconcile_is_in_flight_while_it_runs_and_stuck_past_the_bound(monkeypatch):
+    """Runtime marks each reconcile busy in its heartbeats (what /healthz reads)."""
+    from sglang_pd_operator.reconcilers import runtime as R
+
+    clock = Clock()
+    hb = Heartbeats(clock=clock)
+    seen = []
+
+    def slow_reconcile(**_):
+        clock.t += 200  # a reconcile that took 200 s
+        seen.append(hb.problems())
+
+    class NoKube:
+        api_client = None
+
+    monkeypatch.setattr(R, "reconcile", slow_reconcile)
+    rt = R.Runtime(kube=NoKube(), heartbeats=hb, stuck_after_s=180)
+    rt.monitoring_available = lambda: False
+    rt.catalog = lambda: None
+    rt.reconcile_body({"metadata": {"namespace": "ns", "name": "d"}})
+    assert seen == [["reconcile ns/d: in flight for 200s (bound 180s)"]]
+    assert hb.problems() == []  # it returned
