@@ -7,6 +7,8 @@ The SLO scraper (``metrics/scraper.py``) stores each deployment's latest
 :class:`~sglang_pd_operator.metrics.scraper.Health` here (:meth:`Runtime.set_health`);
 the reconcile reads it back to write status. Whether the cluster serves the Prometheus
 Operator's kinds is checked here too, at most every ``monitoring_check_ttl_s``.
+Each reconcile is in flight in :attr:`Runtime.heartbeats` (``liveness.py``) while it holds
+its lock, so a frozen one turns ``/healthz`` to 503 after ``stuck_after_s``.
 """
 
 from __future__ import annotations
