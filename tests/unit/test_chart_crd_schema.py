@@ -127,7 +127,8 @@ def test_leader_election_timing_is_validated(timing, ok, tmp_path):
         assert result.exit_code == 2 and "--leader-elect-timing" in result.output, result.output
 
 
-def test_leader_election_without_operator_namespace_uses_the_kubeconfig_namespace_else_default(tmp_path, caplog):
+def test_leader_election_without_operator_namespace_uses_the_kubeconfig_namespace_else_default(tmp_path, caplog,
+                                                                                               monkeypatch):
     """Leader election is on by default; with no --operator-namespace the Lease goes to the
     kubeconfig context's namespace, else ``default``, and the log says which and why."""
     import logging
@@ -135,6 +136,7 @@ def test_leader_election_without_operator_namespace_uses_the_kubeconfig_namespac
     import yaml
     from click.testing import CliRunner
 
+    from sglang_pd_operator import operator_main
     from sglang_pd_operator.cli import main
 
     for ns, expect in ((None, "default"), ("ops", "ops")):
@@ -146,8 +148,11 @@ def test_leader_election_without_operator_namespace_uses_the_kubeconfig_namespac
             "users": [{"name": "u", "user": {"token": "t"}}],
             "contexts": [{"name": "x", "context": context}]}))
         caplog.clear()
+        seen = {}
+        monkeypatch.setattr(operator_main, "run_operator", lambda **kw: seen.update(kw))  # no cluster here
         with caplog.at_level(logging.INFO, logger="sglang_pd_operator"):
-            CliRunner().invoke(main, ["run", "--kubeconfig", str(kubeconfig), "--crds", "skip", "--metrics-port", "0",
-                                      "--api-timeout", "0.5,0.5", "--leader-elect-timing", "3,2,1"],
-                               env={"POD_NAMESPACE": ""})
+            result = CliRunner().invoke(main, ["run", "--kubeconfig", str(kubeconfig), "--crds", "skip",
+                                               "--metrics-port", "0"], env={"POD_NAMESPACE": ""})
+        assert result.exit_code == 0, result.output
         assert f"leader lease in namespace {expect} (" in caplog.text, caplog.text
+        assert seen["leader"].namespace == expect and seen["unelected_lease"] is None
