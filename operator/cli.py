@@ -326,16 +326,27 @@ def crds(out_dir: str | None, check_only: bool) -> None:
 @click.option("--operator-namespace", envvar="POD_NAMESPACE", default=None, help="Where the catalog ConfigMap and the leader Lease live.")
 @click.option("--resync", default=15.0, show_default=True, help="Seconds between full resyncs.")
 @click.option("--metrics-port", default=8080, show_default=True, help="Port of /metrics (0: off).")
-@click.option("--liveness-port", default=8081, show_default=True, help="Port of kopf's /healthz (0: off).")
+@click.option("--liveness-port", default=0, show_default=True,
+              help="Port of kopf's own /healthz (0: off). The liveness endpoint is /healthz on --metrics-port: "
+                   "it also fails when the resync loop, a reconcile or the SLO scraper is stuck.")
 @click.option("--crds", "crd_policy", type=click.Choice(["check", "apply", "skip"]), default="check", show_default=True,
               help="At start: refuse to run when our CRDs are missing or older than this operator (check); "
                    "server-side apply them first when missing or older (apply); no CRD access (skip).")
-@click.option("--leader-elect/--no-leader-elect", default=False, show_default=True,
-              help="Reconcile only while holding a coordination.k8s.io Lease (run several replicas).")
+@click.option("--leader-elect/--no-leader-elect", default=True, show_default=True,
+              help="Reconcile only while holding a coordination.k8s.io Lease, so that two operator processes on "
+                   "one cluster never both reconcile. --no-leader-elect: only for a single process you know is "
+                   "alone (it refuses to start while another process holds the Lease).")
 @click.option("--leader-elect-lease", default="sglang-pd-operator", show_default=True,
-              help="Name of the Lease, in --operator-namespace.")
+              help="Name of the Lease, in --operator-namespace (default: the pod's namespace, else the "
+                   "kubeconfig context's, else 'default').")
 @click.option("--leader-elect-timing", default="15,10,2", show_default=True, metavar="LEASE,RENEW,RETRY",
               help="Lease duration, renew deadline and retry period, whole seconds.")
+@click.option("--api-timeout", default="5,30", show_default=True, metavar="CONNECT,READ",
+              help="Seconds to wait for a connection to the API server and for each read of an answer, "
+                   "on every API call.")
+@click.option("--stuck-after", default=180.0, show_default=True,
+              help="Seconds after which a reconcile, the resync loop or the SLO scraper counts as stuck: "
+                   "/healthz answers 503 (the liveness probe restarts the pod).")
 @click.option("--slo-interval", default=15.0, show_default=True,
               help="Seconds between scrapes of the engine and gateway pods' /metrics (SLOs, health; 0: off).")
 def run(
@@ -349,27 +360,41 @@ def run(
     leader_elect: bool,
     leader_elect_lease: str,
     leader_elect_timing: str,
+    api_timeout: str,
+    stuck_after: float,
     slo_interval: float,
 ) -> None:
-    """Run the operator (kopf) until interrupted; exits 1 when the CRDs are missing or older, 3 on lost leadership."""
-    from .leader import LeaderSettings, default_identity
+    """Run the operator (kopf) until interrupted; exits 1 when the CRDs are missing or older, 3 on lost leadership.
+
+    Exits 2 with --no-leader-elect while another process holds the Lease.
+    """
+    from .leader import AnotherLeader, LeaderSettings, default_identity, default_lease_namespace
     from .operator_main import run_operator
     from .reconcilers.crds import CRDSchemaError
+    from .reconcilers.kube import ApiTimeouts
 
-    leader = None
-    if leader_elect:
-        if not operator_namespace:
-            raise click.UsageError("--leader-elect needs --operator-namespace (or $POD_NAMESPACE) for the Lease")
-        try:
-            lease, renew, retry = (int(x) for x in leader_elect_timing.split(","))
-        except ValueError:
-            raise click.BadParameter("expected three whole numbers of seconds, e.g. 15,10,2",
-                                     param_hint="--leader-elect-timing") from None
-        if not lease > renew > 1.2 * retry >= 1.2:
-            raise click.BadParameter("need LEASE > RENEW > 1.2 * RETRY >= 1.2", param_hint="--leader-elect-timing")
-        leader = LeaderSettings(lease_name=leader_elect_lease, namespace=operator_namespace,
-                                identity=default_identity(), lease_duration=lease, renew_deadline=renew,
-                                retry_period=retry)
+    try:
+        connect, read = (float(x) for x in api_timeout.split(","))
+    except ValueError:
+        raise click.BadParameter("expected two numbers of seconds, e.g. 5,30", param_hint="--api-timeout") from None
+    if not (connect > 0 and read > 0):
+        raise click.BadParameter("both timeouts must be > 0", param_hint="--api-timeout")
+    if stuck_after <= 0:
+        raise click.BadParameter("must be > 0", param_hint="--stuck-after")
+    try:
+        lease, renew, retry = (int(x) for x in leader_elect_timing.split(","))
+    except ValueError:
+        raise click.BadParameter("expected three whole numbers of seconds, e.g. 15,10,2",
+                                 param_hint="--leader-elect-timing") from None
+    if not lease > renew > 1.2 * retry >= 1.2:
+        raise click.BadParameter("need LEASE > RENEW > 1.2 * RETRY >= 1.2", param_hint="--leader-elect-timing")
+    log = logging.getLogger("sglang_pd_operator")
+    lease_namespace = operator_namespace
+    if not lease_namespace:
+        lease_namespace, why = default_lease_namespace(kubeconfig_namespace=_kubeconfig_namespace(kubeconfig))
+        log.info("leader lease in namespace %s (%s; set --operator-namespace to choose)", lease_namespace, why)
+    settings = LeaderSettings(lease_name=leader_elect_lease, namespace=lease_namespace, identity=default_identity(),
+                              lease_duration=lease, renew_deadline=renew, retry_period=retry)
     try:
         run_operator(
             kubeconfig=kubeconfig,
@@ -379,12 +404,29 @@ def run(
             metrics_port=metrics_port,
             liveness_port=liveness_port,
             crd_policy=crd_policy,
-            leader=leader,
+            leader=settings if leader_elect else None,
+            unelected_lease=None if leader_elect else settings,
             slo_interval=slo_interval,
+            timeouts=ApiTimeouts(connect=connect, read=read),
+            stuck_after=stuck_after,
         )
     except CRDSchemaError as e:
-        logging.getLogger("sglang_pd_operator").error("refusing to run: %s", e)
+        log.error("refusing to run: %s", e)
         sys.exit(1)
+    except AnotherLeader as e:
+        log.error("refusing to run: %s", e)
+        sys.exit(EXIT_UNREADABLE)
+
+
+def _kubeconfig_namespace(kubeconfig: str | None) -> str | None:
+    """The namespace of the kubeconfig's current context, None when there is none (or no kubeconfig)."""
+    from kubernetes import config as k8s_config
+
+    try:
+        _, current = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
+    except Exception:  # noqa: BLE001 - in a pod there is no kubeconfig
+        return None
+    return ((current or {}).get("context") or {}).get("namespace")
 
 
 @main.group()

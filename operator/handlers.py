@@ -10,6 +10,10 @@
   each deployment's figures go into the Runtime, and a deployment whose status-visible
   figures changed is reconciled at once (status follows within one interval).
 
+Liveness (``liveness.py``): the resync loop, the scraper and a ticker on kopf's event
+loop beat ``Runtime.heartbeats``; each reconcile is in flight there while it runs. A
+frozen loop or reconcile turns ``/healthz`` on the metrics port to 503.
+
 Only event handlers are used, never create/update/timer handlers: those make kopf add
 finalizers and bookkeeping annotations to the user's object, which a GitOps replace
 would drop (Dynamo #13495). Nothing here writes to the user's object besides status.
@@ -48,25 +52,45 @@ def _runtime() -> Runtime:
     return RUNTIME
 
 
+#: Seconds a blocked kopf event loop may go without a tick before liveness fails.
+EVENT_LOOP_MAX_AGE_S = 60.0
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """No kopf event posting (handlers log instead); start the resync loop and the SLO scraper."""
+    """No kopf event posting (handlers log instead); start the resync loop, the SLO scraper and the loop ticker.
+
+    kopf's API timeouts are set in ``operator_main.kopf_settings`` (before its first request).
+    """
     settings.posting.enabled = False
-    settings.watching.server_timeout = 300
-    settings.networking.request_timeout = 60
+    rt = _runtime()
     loop = asyncio.get_running_loop()
+    rt.heartbeats.register("event-loop", max_age_s=EVENT_LOOP_MAX_AGE_S)
+    rt.heartbeats.register("resync", max_age_s=RESYNC_SECONDS + rt.stuck_after_s)
+    memo["ticker"] = loop.create_task(_tick(rt))
     memo["resync"] = loop.create_task(_resync_loop())
     if SLO_INTERVAL > 0:
-        memo["scraper"] = loop.create_task(_scraper(_runtime()).run())
+        rt.heartbeats.register("slo-scraper", max_age_s=SLO_INTERVAL + rt.stuck_after_s)
+        memo["scraper"] = loop.create_task(_scraper(rt).run())
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the resync loop and the scraper."""
-    for name in ("resync", "scraper"):
+    """Stop the resync loop, the scraper and the ticker; their heartbeats are no longer expected."""
+    for name in ("resync", "scraper", "ticker"):
         task = memo.get(name)
         if task is not None:
             task.cancel()
+    if RUNTIME is not None:
+        for beat in ("resync", "slo-scraper", "event-loop"):
+            RUNTIME.heartbeats.unregister(beat)
+
+
+async def _tick(rt: Runtime) -> None:
+    """Beat ``event-loop`` every second: a loop blocked by synchronous work stops beating."""
+    while True:
+        rt.heartbeats.beat("event-loop")
+        await asyncio.sleep(1.0)
 
 
 def _scraper(rt: Runtime) -> Scraper:
@@ -87,23 +111,28 @@ def _scraper(rt: Runtime) -> Scraper:
         on_forget=rt.forget_health,
         metrics=METRICS,
         interval=SLO_INTERVAL,
+        on_pass=lambda: rt.heartbeats.beat("slo-scraper"),
     )
 
 
 async def _resync_loop() -> None:
+    """Reconcile every PDDeployment every ``RESYNC_SECONDS``; beats ``resync`` after each step."""
     while True:
         await asyncio.sleep(RESYNC_SECONDS)
         rt = _runtime()
+        rt.heartbeats.beat("resync")
         try:
             keys = await asyncio.to_thread(rt.list_keys, NAMESPACES)
         except Exception as e:  # keep the loop alive across API hiccups
             log.warning("resync: cannot list PDDeployments: %s", e)
             continue
+        rt.heartbeats.beat("resync")
         for ns, name in keys:
             try:
                 await asyncio.to_thread(rt.reconcile_key, ns, name)
             except Exception as e:
                 log.exception("resync: reconcile %s/%s failed: %s", ns, name, e)
+            rt.heartbeats.beat("resync")
 
 
 @kopf.on.event(GROUP, VERSION, "pddeployments")

@@ -131,16 +131,44 @@ def _reconcile(namespace: str | None, name: str | None) -> None:
 
 @kopf.on.startup()
 async def start_kernelbuild_resync(memo: kopf.Memo, **_: Any) -> None:
-    """Start the KernelBuild resync loop (time-based steps: retry backoff, result timeout, retention)."""
+    """Start the KernelBuild resync loop (time-based steps: retry backoff, result timeout, retention).
+
+    It beats the ``kernelbuild-resync`` liveness heartbeat (``liveness.py``) of the
+    PDDeployment runtime, when there is one, after each KernelBuild and each sleep.
+    """
+    beats = _heartbeats()
+    if beats is not None:
+        from . import handlers
+
+        beats.register(HEARTBEAT, max_age_s=_interval() + handlers.RUNTIME.stuck_after_s)
     memo["kernelbuild_resync"] = asyncio.get_running_loop().create_task(_resync_loop())
 
 
 @kopf.on.cleanup()
 async def stop_kernelbuild_resync(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the resync loop."""
+    """Stop the resync loop (its heartbeat is no longer expected)."""
     task = memo.get("kernelbuild_resync")
     if task is not None:
         task.cancel()
+    beats = _heartbeats()
+    if beats is not None:
+        beats.unregister(HEARTBEAT)
+
+
+HEARTBEAT = "kernelbuild-resync"
+
+
+def _heartbeats():
+    """The operator process's ``liveness.Heartbeats`` (None outside ``run``)."""
+    from . import handlers
+
+    return handlers.RUNTIME.heartbeats if handlers.RUNTIME is not None else None
+
+
+def _beat() -> None:
+    beats = _heartbeats()
+    if beats is not None:
+        beats.beat(HEARTBEAT)
 
 
 def _interval() -> float:
@@ -154,6 +182,7 @@ def _interval() -> float:
 async def _resync_loop() -> None:
     while True:
         await asyncio.sleep(_interval())
+        _beat()
         try:
             rt = _runtime()
             keys = await asyncio.to_thread(rt.list_keys)
@@ -165,6 +194,7 @@ async def _resync_loop() -> None:
                 await asyncio.to_thread(_reconcile, ns, name)
             except Exception as e:
                 log.exception("kernelbuild resync: reconcile %s/%s failed: %s", ns, name, e)
+            _beat()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

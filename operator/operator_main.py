@@ -1,11 +1,15 @@
 """Start the operator process: API client, metrics endpoint, CRD check, leader election, then kopf's loop.
 
-Order matters: ``/metrics`` is served from the start (a standby replica answers its
-liveness probe too); the CRD check (``reconcilers.crds``) refuses an older installed
+Order matters: ``/metrics`` and ``/healthz`` (``liveness.py``) are served from the start
+on the metrics port (a standby replica answers its liveness probe too); the CRD check (``reconcilers.crds``) refuses an older installed
 schema before anything reconciles; with leader election (``leader``) kopf, and with it
 every handler and the resync loop, starts only in the replica holding the Lease. kopf's
 resource scanning is off: it would list and watch every CRD and namespace, which the
 chart's least-privilege RBAC does not grant (the CRD check makes sure ours exists).
+
+Every API call has a timeout: our client's through ``reconcilers.kube.with_timeouts``,
+kopf's through :func:`kopf_settings` (connect, request and watch timeouts; a watch
+stream silent for longer than kopf's inactivity timeout is reconnected).
 
 Kept apart from ``cli`` so that importing the command line does not import kopf's
 handlers (``check`` and ``render`` must work without a cluster).
@@ -20,20 +24,44 @@ import os
 import kopf
 
 from . import handlers
-from .leader import LeaderSettings, run_when_leading
+from .leader import LeaderSettings, refuse_if_led, run_when_leading
+from .liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
 from .metrics.operator_metrics import OperatorMetrics
 from .reconcilers.crds import ensure_crds
-from .reconcilers.kube import Kube
+from .reconcilers.kube import ApiTimeouts, Kube
 from .reconcilers.runtime import Hooks, Runtime, api_client_from_env
 
 log = logging.getLogger(__name__)
 
+#: Seconds the API server keeps one watch request open (kopf asks for it; it then reconnects).
+WATCH_SERVER_TIMEOUT_S = 300
 
-def _metrics_hooks(metrics: OperatorMetrics, port: int) -> Hooks:
-    """Serve the operator's Prometheus metrics on ``port`` (0: no server) and return the hooks that feed them."""
+
+def _metrics_hooks(metrics: OperatorMetrics, port: int, heartbeats: Heartbeats) -> Hooks:
+    """Serve ``/metrics`` and ``/healthz`` on ``port`` (0: no server) and return the hooks that feed the metrics."""
     if port:
-        metrics.serve(port)
+        metrics.serve(port, heartbeats=heartbeats)
     return Hooks(on_write=metrics.record_write, on_reconcile=metrics.record_reconcile)
+
+
+def kopf_settings(timeouts: ApiTimeouts) -> kopf.OperatorSettings:
+    """kopf's settings: no resource scanning, and a timeout on every request kopf sends.
+
+    - ``networking.connect_timeout`` = ``timeouts.connect`` (TCP and TLS handshake) and
+      ``request_timeout`` = 60 s for a whole request (the API server's own limit);
+    - watch streams: the server ends each after ``WATCH_SERVER_TIMEOUT_S``; the client
+      gives up 30 s after that (``watching.client_timeout``), and kopf reconnects a stream
+      with no event and no bookmark for ``watching.inactivity_timeout`` (70 s; the server
+      sends a bookmark every minute), so a stalled watch is replaced within about a minute.
+    """
+    settings = kopf.OperatorSettings()
+    settings.scanning.disabled = True
+    settings.networking.connect_timeout = timeouts.connect
+    settings.networking.request_timeout = 60
+    settings.watching.connect_timeout = timeouts.connect
+    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_S
+    settings.watching.client_timeout = WATCH_SERVER_TIMEOUT_S + 30
+    return settings
 
 
 def run_operator(
@@ -46,32 +74,42 @@ def run_operator(
     liveness_port: int,
     crd_policy: str = "check",
     leader: LeaderSettings | None = None,
+    unelected_lease: LeaderSettings | None = None,
     slo_interval: float = 15.0,
+    timeouts: ApiTimeouts | None = None,
+    stuck_after: float = DEFAULT_STUCK_AFTER_S,
 ) -> None:
     """Run until interrupted. Watches ``namespaces`` (None: the whole cluster).
 
     ``crd_policy``: check | apply | skip (see ``reconcilers.crds``); raises
     ``CRDSchemaError`` when the installed CRDs are missing or older. ``leader``: run
-    kopf only while holding that Lease (None: no election, a single replica).
+    kopf only while holding that Lease (None: no election, a single replica; then
+    ``unelected_lease``, when given, is checked first and ``leader.AnotherLeader`` raised
+    while another process holds it).
     ``slo_interval``: seconds between SLO scrapes (``metrics/scraper.py``; 0: off).
+    ``timeouts``: connect/read timeouts of every API call (default ``ApiTimeouts()``).
+    ``stuck_after``: seconds after which a reconcile or a loop step counts as stuck and
+    ``/healthz`` answers 503.
     """
     if kubeconfig:
         # kopf logs in on its own (the kubernetes client's default loader), which reads
         # $KUBECONFIG, not our option: point it at the same file as our client
         os.environ["KUBECONFIG"] = kubeconfig
+    timeouts = timeouts or ApiTimeouts()
     metrics = OperatorMetrics()
-    hooks = _metrics_hooks(metrics, metrics_port)
-    api_client = api_client_from_env(kubeconfig)
+    heartbeats = Heartbeats()
+    hooks = _metrics_hooks(metrics, metrics_port, heartbeats)
+    api_client = api_client_from_env(kubeconfig, timeouts=timeouts)
     kube = Kube(api_client, on_write=hooks.on_write)
     ensure_crds(kube=kube, policy=crd_policy)
-    handlers.RUNTIME = Runtime(kube=kube, operator_namespace=operator_namespace, hooks=hooks)
+    handlers.RUNTIME = Runtime(kube=kube, operator_namespace=operator_namespace, hooks=hooks,
+                               heartbeats=heartbeats, stuck_after_s=stuck_after)
     handlers.RESYNC_SECONDS = resync
     handlers.NAMESPACES = namespaces
     handlers.SLO_INTERVAL = slo_interval
     handlers.METRICS = metrics
     log.info("sglang-pd-operator starting (namespaces: %s)", namespaces or "all")
-    settings = kopf.OperatorSettings()
-    settings.scanning.disabled = True
+    settings = kopf_settings(timeouts)
 
     def run_kopf() -> None:
         asyncio.run(
@@ -85,6 +123,15 @@ def run_operator(
         )
 
     if leader is None:
+        if unelected_lease is not None:
+            refuse_if_led(api_client=api_client, settings=unelected_lease)
+        log.warning("leader election is off (--no-leader-elect): this process reconciles as if it were the only "
+                    "operator of the cluster; a second one would reconcile every object too")
         run_kopf()
     else:
-        run_when_leading(api_client=api_client, settings=leader, run=run_kopf)
+        heartbeats.register("leader-election", max_age_s=stuck_after)
+        # its own client (own connection pool): a renewal never waits behind, or on a
+        # connection left half-open by, a reconcile's calls
+        lease_client = api_client_from_env(kubeconfig, timeouts=timeouts)
+        run_when_leading(api_client=lease_client, settings=leader, run=run_kopf,
+                         on_read=lambda: heartbeats.beat("leader-election"))

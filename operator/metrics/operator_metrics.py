@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from sglang_pd_operator.liveness import Heartbeats, healthz
 from sglang_pd_operator.metrics.kvstore import KVStoreCollector
 from sglang_pd_operator.metrics.slo import UNIT_SECONDS, SLOResult, format_duration
 
@@ -209,11 +210,35 @@ class OperatorMetrics:
         if not ok:
             self.reconcile_errors.labels(kind="PDDeployment", reason="Exception").inc()
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Serve this registry on ``http://addr:port/metrics`` from a daemon thread."""
-        from prometheus_client import start_http_server
+    def serve(self, port: int, addr: str = "0.0.0.0", *, heartbeats: Heartbeats | None = None) -> int:
+        """Serve ``/metrics`` (and, with ``heartbeats``, ``/healthz``) on ``addr:port`` from a daemon thread.
 
-        start_http_server(port, addr=addr, registry=self.registry)
+        ``/healthz`` is :func:`sglang_pd_operator.liveness.healthz`: 200, or 503 naming each
+        stuck loop. Returns the bound port (``port`` 0 picks a free one). Raises
+        ``OSError`` when the port is taken.
+        """
+        from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+        from prometheus_client import make_wsgi_app
+        from prometheus_client.exposition import ThreadingWSGIServer
+
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ, start_response):
+            if heartbeats is not None and environ.get("PATH_INFO") == "/healthz":
+                code, body = healthz(heartbeats)
+                start_response(f"{code} {'OK' if code == 200 else 'Service Unavailable'}",
+                               [("Content-Type", "text/plain; charset=utf-8")])
+                return [body.encode()]
+            return metrics_app(environ, start_response)
+
+        class Quiet(WSGIRequestHandler):
+            def log_message(self, format, *args):  # noqa: A002 - the base class's name
+                pass
+
+        server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=Quiet)
+        threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+        return server.server_port
 
     def publish(self, result: SLOResult) -> None:
         """Make ``result`` the exported SLO state of its deployment (replaces the previous)."""

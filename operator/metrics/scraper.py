@@ -299,6 +299,7 @@ class Scraper:
     ``on_forget(key)`` is called for a deployment that disappeared. ``interval``,
     ``timeout`` (default ``min(5, 0.8 * interval)``) in seconds; ``concurrency``: most
     scrapes in flight. ``ports``: ``/metrics`` port per role. ``clock``: Unix time source.
+    ``on_pass()`` is called after every pass, failed or not (the liveness heartbeat).
     """
 
     def __init__(
@@ -315,6 +316,7 @@ class Scraper:
         concurrency: int = DEFAULT_CONCURRENCY,
         ports: Mapping[str, int] = METRICS_PORTS,
         clock: Callable[[], float] = time.time,
+        on_pass: Callable[[], None] | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError("interval must be > 0")
@@ -333,6 +335,7 @@ class Scraper:
         self.concurrency = concurrency
         self.ports = dict(ports)
         self.clock = clock
+        self.on_pass = on_pass
         self._names: dict[str, dict[str, tuple[str, ...]]] = {}   # key -> role -> asked sample names
         # (key, role, pod name) -> (pod UID, URL, FILTER_*): how that pod answers ?name[]=
         self._filter: dict[tuple[str, str, str], tuple[str | None, str, str]] = {}
@@ -353,6 +356,8 @@ class Scraper:
                 raise
             except Exception:
                 log.exception("SLO scrape pass failed")
+            if self.on_pass is not None:
+                self.on_pass()
             next_at += self.interval
             delay = next_at - loop.time()
             if delay < 0:

@@ -5,22 +5,88 @@ write is counted (``writes``, and an optional ``on_write`` callback for the metr
 tests and benchmarks can prove that a reconcile of an unchanged spec writes nothing.
 Server-side apply always uses one field manager and forces conflicts: the operator owns
 the fields it renders.
+
+No call waits forever: :func:`with_timeouts` gives every request of an ``ApiClient`` a
+connect and a read timeout (:class:`ApiTimeouts`) unless the caller passes its own
+``_request_timeout``. The official client sends ``timeout=None`` to urllib3 otherwise,
+and a half-open connection (a peer that vanished without a FIN) blocks the calling
+thread, and through the per-object lock every reconcile of that object, for good.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
+import urllib3
 from kubernetes import client as k8s
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 from ..render.labels import FIELD_MANAGER
 from .drift import needs_apply, with_applied_hash
+
+
+@dataclass(frozen=True)
+class ApiTimeouts:
+    """Seconds to wait for a connection (TCP and TLS handshake) and for each read of an answer.
+
+    ``read`` bounds the silence between two reads of one answer, not the whole answer, so a
+    long list that keeps streaming is not cut. The API server ends any request that is not
+    a watch after its own ``--request-timeout`` (60 s by default), so a read silent for
+    longer than that is a dead connection.
+    """
+
+    connect: float = 5.0
+    read: float = 30.0
+
+    def as_request_timeout(self) -> tuple[float, float]:
+        """The ``_request_timeout`` pair the official client takes: (connect, read)."""
+        return (self.connect, self.read)
+
+    def retries(self) -> urllib3.Retry:
+        """urllib3's retries for the client's pool: two connect retries, none after a request was sent.
+
+        With these a call gives up after at most ``3 * connect + read`` seconds (45 s with
+        the defaults) when every attempt hangs. A read that timed out is not retried: the
+        pooled connections share its path and are dropped (see :func:`with_timeouts`), and
+        the caller (a reconcile, the resync loop, the next renewal) tries again anyway. No
+        retry on HTTP status: the reconcile decides what an error means.
+        """
+        return urllib3.Retry(total=2, connect=2, read=0, redirect=2, status=0, other=0)
+
+
+def with_timeouts(api_client: k8s.ApiClient, timeouts: ApiTimeouts) -> k8s.ApiClient:
+    """Make every request of ``api_client`` use ``timeouts`` unless it passes ``_request_timeout``; returns it.
+
+    Wraps the client's REST layer (``api_client.rest_client.request``), which every typed
+    API, the DynamicClient and ``kubernetes.leaderelection`` go through. A timed-out call
+    raises ``urllib3.exceptions.MaxRetryError``/``TimeoutError`` (a ``ReadTimeoutError`` or
+    ``ConnectTimeoutError``) in the caller and its connection is dropped from the pool, so
+    the next call opens a fresh one; so do the other idle pooled connections (the pool is
+    cleared), which share the path that just failed.
+    """
+    rest = api_client.rest_client
+    inner = getattr(rest, "_untimed_request", rest.request)
+    default = timeouts.as_request_timeout()
+
+    def request(method, url, *args, _request_timeout=None, **kwargs):
+        try:
+            return inner(method, url, *args, _request_timeout=_request_timeout or default, **kwargs)
+        except (urllib3.exceptions.MaxRetryError, urllib3.exceptions.TimeoutError):
+            # the path to the API server broke: the other idle pooled connections went the
+            # same way and may be half-open too; drop them so the next calls connect afresh
+            # instead of each waiting out a read timeout on one of them
+            rest.pool_manager.clear()
+            raise
+
+    rest._untimed_request = inner
+    rest.request = request
+    api_client.default_timeouts = timeouts
+    return api_client
 
 
 class Kube:

@@ -7,6 +7,8 @@ The SLO scraper (``metrics/scraper.py``) stores each deployment's latest
 :class:`~sglang_pd_operator.metrics.scraper.Health` here (:meth:`Runtime.set_health`);
 the reconcile reads it back to write status. Whether the cluster serves the Prometheus
 Operator's kinds is checked here too, at most every ``monitoring_check_ttl_s``.
+Each reconcile is in flight in :attr:`Runtime.heartbeats` (``liveness.py``) while it holds
+its lock, so a frozen one turns ``/healthz`` to 503 after ``stuck_after_s``.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from kubernetes import config as k8s_config
 
 from ..api.v1alpha1 import API_VERSION
 from ..catalog import CATALOG_FILES, Catalog, CatalogError, builtin_catalog, load_catalog
+from ..liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
 from ..metrics.monitoring import MONITORING_API_VERSION
 from ..metrics.scraper import Health
 from ..metrics.slo import format_duration
 from ..render.labels import MANAGED_BY
 from . import status as S
-from .kube import Kube
+from .kube import ApiTimeouts, Kube, with_timeouts
 from .pddeployment import Outcome, reconcile
 
 log = logging.getLogger(__name__)
@@ -35,14 +38,20 @@ log = logging.getLogger(__name__)
 CATALOG_CONFIGMAP = "sglang-pd-operator-catalog"
 
 
-def api_client_from_env(kubeconfig: str | None = None) -> k8s.ApiClient:
-    """An ApiClient from ``kubeconfig`` (or $KUBECONFIG / ~/.kube/config), else the in-cluster service account."""
+def api_client_from_env(kubeconfig: str | None = None, *, timeouts: ApiTimeouts | None = None) -> k8s.ApiClient:
+    """An ApiClient from ``kubeconfig`` (or $KUBECONFIG / ~/.kube/config), else the in-cluster service account.
+
+    Every request it sends has ``timeouts`` (default :class:`ApiTimeouts`: 5 s connect,
+    30 s read) unless the call passes its own (see ``kube.with_timeouts``).
+    """
+    timeouts = timeouts or ApiTimeouts()
     configuration = k8s.Configuration()
     try:
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     except (k8s_config.ConfigException, FileNotFoundError, TypeError):
         k8s_config.load_incluster_config(client_configuration=configuration)
-    return k8s.ApiClient(configuration)
+    configuration.retries = timeouts.retries()  # read by the REST client's pool when it is made
+    return with_timeouts(k8s.ApiClient(configuration), timeouts)
 
 
 @dataclass
@@ -75,6 +84,9 @@ class Runtime:
     _monitoring_checked: float = -1e18
     #: Unix time this runtime was made: the age of "no health yet" counts from here.
     started_at: float = field(default_factory=time.time)
+    #: Liveness: each reconcile is in flight here while it holds its lock; stuck after ``stuck_after_s``.
+    heartbeats: Heartbeats = field(default_factory=Heartbeats)
+    stuck_after_s: float = DEFAULT_STUCK_AFTER_S
 
     def set_health(self, health: Health) -> bool:
         """Keep ``health`` as the deployment's latest; True when what status shows of it changed."""
@@ -186,14 +198,15 @@ class Runtime:
         start = time.perf_counter()
         ok = False
         try:
-            outcome = reconcile(
-                kube=self.kube,
-                body=body,
-                catalog=self.catalog(),
-                health=self.health(meta["namespace"], meta["name"]),
-                health_stale=self.health_stale(meta["namespace"], meta["name"]),
-                monitoring=self.monitoring_available(),
-            )
+            with self.heartbeats.busy(f"reconcile {meta['namespace']}/{meta['name']}", max_s=self.stuck_after_s):
+                outcome = reconcile(
+                    kube=self.kube,
+                    body=body,
+                    catalog=self.catalog(),
+                    health=self.health(meta["namespace"], meta["name"]),
+                    health_stale=self.health_stale(meta["namespace"], meta["name"]),
+                    monitoring=self.monitoring_available(),
+                )
             ok = True
             return outcome
         except k8s.ApiException as e:

@@ -249,11 +249,12 @@ def test_invalid_update_leaves_the_serving_group_untouched_and_fixing_it_recover
     assert obj["metadata"]["generation"] > gen
 
 
-def test_restart_mid_reconcile_converges_without_duplicates_and_second_reconcile_writes_nothing(cluster, crds, ns, tmp_path):
+def test_restart_mid_reconcile_converges_without_duplicates_and_second_reconcile_writes_nothing(cluster, operator, ns, tmp_path):
     from sglang_pd_operator.catalog import load_catalog
     from sglang_pd_operator.reconcilers.kube import Kube
     from sglang_pd_operator.reconcilers.pddeployment import reconcile
 
+    operator.stop()  # releases the Lease: op1 leads (else it would wait behind the module's operator)
     op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=tmp_path / "op1.log").start()
     try:
         kapply(cluster, _spec(ns, **{"decode.replicas": 1}))
@@ -261,9 +262,10 @@ def test_restart_mid_reconcile_converges_without_duplicates_and_second_reconcile
         op.kill(signal.SIGKILL)  # mid-reconcile: some children exist, status not yet written
         partial = set(_deployments(cluster, ns))
         op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=tmp_path / "op2.log").start()
-        obj = wait_for(lambda: _ready(cluster, ns), timeout=60, what="Ready after restart")
+        obj = wait_for(lambda: _ready(cluster, ns), timeout=60, what="Ready after restart")  # op2 waits out op1's Lease
     finally:
         op.stop()
+        operator.start()
     key = obj["status"]["compatKey"]
     deps = set(_deployments(cluster, ns))
     assert partial <= deps

@@ -127,11 +127,32 @@ def test_leader_election_timing_is_validated(timing, ok, tmp_path):
         assert result.exit_code == 2 and "--leader-elect-timing" in result.output, result.output
 
 
-def test_leader_election_needs_the_operator_namespace(tmp_path):
+def test_leader_election_without_operator_namespace_uses_the_kubeconfig_namespace_else_default(tmp_path, caplog,
+                                                                                               monkeypatch):
+    """Leader election is on by default; with no --operator-namespace the Lease goes to the
+    kubeconfig context's namespace, else ``default``, and the log says which and why."""
+    import logging
+
+    import yaml
     from click.testing import CliRunner
 
+    from sglang_pd_operator import operator_main
     from sglang_pd_operator.cli import main
 
-    result = CliRunner().invoke(main, ["run", "--leader-elect", "--crds", "skip", "--metrics-port", "0"],
-                                env={"POD_NAMESPACE": ""})
-    assert result.exit_code == 2 and "--operator-namespace" in result.output
+    for ns, expect in ((None, "default"), ("ops", "ops")):
+        kubeconfig = tmp_path / f"kubeconfig-{expect}"
+        context = {"cluster": "c", "user": "u", **({"namespace": ns} if ns else {})}
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "x",
+            "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "x", "context": context}]}))
+        caplog.clear()
+        seen = {}
+        monkeypatch.setattr(operator_main, "run_operator", lambda **kw: seen.update(kw))  # no cluster here
+        with caplog.at_level(logging.INFO, logger="sglang_pd_operator"):
+            result = CliRunner().invoke(main, ["run", "--kubeconfig", str(kubeconfig), "--crds", "skip",
+                                               "--metrics-port", "0"], env={"POD_NAMESPACE": ""})
+        assert result.exit_code == 0, result.output
+        assert f"leader lease in namespace {expect} (" in caplog.text, caplog.text
+        assert seen["leader"].namespace == expect and seen["unelected_lease"] is None

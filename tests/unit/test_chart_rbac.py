@@ -399,10 +399,10 @@ def test_operator_namespace_rules_are_the_lease_and_the_catalog_by_name(recorded
         granted = expand(rules_of(rendered(sets=values), "Role", "-self")[("sglang-system", "pd-sglang-pd-operator-self")],
                          with_names=True)
         assert granted == need, (sorted(granted - need), sorted(need - granted))
-    # without leader election: no Lease rules at all
+    # without leader election: only a read of our Lease (``leader.refuse_if_led`` at start)
     granted = expand(rules_of(rendered(sets=["replicaCount=1", "leaderElection.enabled=false"]), "Role", "-self")[
         ("sglang-system", "pd-sglang-pd-operator-self")], with_names=True)
-    assert granted == own_ns
+    assert granted == own_ns | {("coordination.k8s.io", "leases", "get", lease)}
 
 
 @pytest.mark.parametrize(("policy", "verbs"), [("check", {"get"}), ("apply", {"get", "create", "patch"}), ("skip", None)])
