@@ -21,8 +21,15 @@ DSV4_SPECULATIVE = ("EAGLE", "DSPARK")
 
 
 def dsv4_page_size(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
-    """SGLang forces page size 256 for DeepSeek-V4 models; a different pageSize is overridden (warning)."""
-    if role.role != "prefill" or not role.inputs.is_deepseek_v4 or role.inputs.kv_layout.pageSize == DSV4_PAGE_SIZE:
+    """SGLang forces page size 256 for DeepSeek-V4 models; a different pageSize is overridden (warning).
+
+    Once per field: the spec-wide ``spec.kvLayout`` is reported with the prefill role, a
+    role's own ``kvLayout`` override with that role.
+    """
+    shared = role.inputs.kv_layout_field == "spec.kvLayout"
+    if (shared and role.role != "prefill") or not role.inputs.is_deepseek_v4:
+        return []
+    if role.inputs.kv_layout.pageSize == DSV4_PAGE_SIZE:
         return []
     return [
         Problem(
