@@ -63,6 +63,17 @@ def cluster(tmp_path_factory, cluster_log) -> Iterator[devcluster.Cluster]:
 
 
 @pytest.fixture
+def operator(cluster, crds, tmp_path):
+    """``sglang-pd-operator run`` for one test (default flags), stopped afterwards; a module
+    that shares one operator over its tests overrides this with a module-scoped fixture."""
+    from opkit import OperatorProcess
+
+    op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=tmp_path / "operator.log").start()
+    yield op
+    op.stop()
+
+
+@pytest.fixture
 def namespace(cluster) -> Iterator[str]:
     """A fresh namespace for one test, deleted afterwards (without waiting)."""
     name = f"e2e-{uuid.uuid4().hex[:8]}"

@@ -21,7 +21,7 @@ import time
 
 import pytest
 from helpers import EXAMPLES, load_example
-from opkit import OperatorProcess, condition, kapply, kget, pods, wait_for
+from opkit import condition, kapply, kget, pods, wait_for
 from simkit import (
     KWOK_READY,
     Prober,
@@ -38,13 +38,6 @@ from simkit import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 LBL = "pd.sglang-operator.io"
 NAME = "dsv41-flash"
-
-
-@pytest.fixture
-def operator(cluster, crds, tmp_path):
-    op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=tmp_path / "operator.log").start()
-    yield op
-    op.stop()
 
 
 def _doc(ns: str, *, example=None, rollout=None, **roles) -> dict:

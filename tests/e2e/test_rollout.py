@@ -24,13 +24,6 @@ NAME = "dsv41-flash"
 LBL = "pd.sglang-operator.io"
 
 
-@pytest.fixture
-def operator(cluster, crds, tmp_path):
-    op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=tmp_path / "operator.log").start()
-    yield op
-    op.stop()
-
-
 def _spec(ns_, *, decode=2, rollout=None, **spec):
     doc = load_example()
     doc["metadata"]["namespace"] = ns_
