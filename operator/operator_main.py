@@ -109,6 +109,10 @@ def run_operator(
     (spread over the period); ``workers``: reconcile threads; ``slo_status_period``: least
     seconds between status writes that only move SLO figures (see ``controller.py``).
     """
+    if not log.isEnabledFor(logging.DEBUG):
+        # kopf logs every handler call at INFO ("Handler 'observe-pods' succeeded."): one line
+        # per watch event of every child is noise and CPU at scale; its warnings and errors stay
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if kubeconfig:
         # kopf logs in on its own (the kubernetes client's default loader), which reads
         # $KUBECONFIG, not our option: point it at the same file as our client

@@ -268,10 +268,13 @@ class Kube:
                 query.append(("labelSelector", watched.label_selector))
             if token:
                 query.append(("continue", token))
-            response = self.api_client.call_api(
-                path, "GET", query_params=query, header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
-            )
+            request = self.api_client.param_serialize(
+                "GET", path, query_params=query, header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"])
+            response = self.api_client.call_api(*request)
+            response.read()
+            if not 200 <= response.status < 300:
+                raise k8s.ApiException(http_resp=response)
             page = json.loads(response.data)
             for item in page.get("items") or []:
                 item.setdefault("apiVersion", watched.api_version)
