@@ -303,6 +303,7 @@ class Controller:
                 self.heartbeats.beat("workqueue")
             if self.metrics is not None:
                 self.metrics.record_queue(stats, resync_pass_s=self._last_pass_s)
+                self.metrics.record_cache({w.kind: self.cache.count(w.api_version, w.kind) for w in WATCHED})
             previous = now
 
     def _resync_due(self, previous: float, now: float, period: float) -> None:

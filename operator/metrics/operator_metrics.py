@@ -162,6 +162,8 @@ class OperatorMetrics:
       for a reconcile and waiting for a worker; ``..._queue_delayed`` keys waiting for their time
       (a retry, a drain grace period); ``..._queue_oldest_age_seconds`` how long the oldest
       ready key has waited; ``..._queue_retries_total{kind}`` failed reconciles queued again.
+    - ``sglang_pd_operator_cache_objects{kind}`` gauge: objects of each watched kind in the
+      operator's in-memory view (only what the label selectors let through).
     - ``sglang_pd_operator_resync_pass_seconds`` gauge: how long the last resync period took
       from its start until every key it queued was reconciled (about the period when the
       loop keeps up; more means it falls behind).
@@ -192,6 +194,9 @@ class OperatorMetrics:
             registry=self.registry)
         self.queue_retries = Counter(
             f"{PREFIX}_queue_retries_total", "Failed reconciles queued again with backoff.", ["kind"],
+            registry=self.registry)
+        self.cache_objects = Gauge(
+            f"{PREFIX}_cache_objects", "Objects of each watched kind in the operator's in-memory view.", ["kind"],
             registry=self.registry)
         self.resync_pass = Gauge(
             f"{PREFIX}_resync_pass_seconds",
@@ -231,6 +236,11 @@ class OperatorMetrics:
         self.queue_oldest_age.set(stats.oldest_age_s)
         if resync_pass_s is not None:
             self.resync_pass.set(resync_pass_s)
+
+    def record_cache(self, counts: dict[str, int]) -> None:
+        """Export how many objects of each watched kind the cache holds."""
+        for kind, n in counts.items():
+            self.cache_objects.labels(kind=kind).set(n)
 
     def record_retry(self, kind: str) -> None:
         """Count one failed reconcile of ``kind`` queued again."""
