@@ -160,7 +160,7 @@ class Controller:
         thread.start()
         self._threads.append(thread)
 
-    def sync_kind(self, watched: WatchedKind) -> list[Change]:
+    def sync_kind(self, watched: WatchedKind) -> list[tuple[tuple[str, str], Change]]:
         """LIST ``watched`` (per watched namespace) and make the cache equal it; queue the keys whose objects changed."""
         namespaces = list(self.settings.namespaces) if self.settings.namespaces else None
         items: list[dict[str, Any]] = []
@@ -168,8 +168,8 @@ class Controller:
             items.extend(self.kube.list_kind(watched, ns))
         changes = self.cache.replace_kind(watched.api_version, watched.kind, items, namespaces=namespaces)
         if self.cache.synced(watched.api_version, watched.kind) and self._threads:
-            for change in changes:
-                for key in self._keys_for(watched, change, deleted=change.new is None):
+            for ref, change in changes:
+                for key in self._keys_for(watched, ref, change, deleted=change.new is None):
                     self.queue.add(key)
         return changes
 
@@ -186,16 +186,16 @@ class Controller:
         change = self.cache.remove(obj) if deleted else self.cache.upsert(obj)
         if not change.stored:
             return []
-        keys = self._keys_for(watched, change, deleted=deleted)
+        meta = obj.get("metadata") or {}
+        keys = self._keys_for(watched, (meta.get("namespace") or "", meta.get("name") or ""), change, deleted=deleted)
         for key in keys:
             self.queue.add(key)
         return keys
 
-    def _keys_for(self, watched: WatchedKind, change: Change, *, deleted: bool) -> list[Key]:
-        """The keys a stored change concerns (see :meth:`observe`)."""
-        obj = change.new or change.old or {}
-        meta = obj.get("metadata") or {}
-        ns, name, labels = meta.get("namespace") or "", meta.get("name") or "", meta.get("labels") or {}
+    def _keys_for(self, watched: WatchedKind, ref: tuple[str, str], change: Change, *, deleted: bool) -> list[Key]:
+        """The keys a stored change of the object ``ref`` = (namespace, name) concerns (see :meth:`observe`)."""
+        ns, name = ref
+        labels = change.labels
         if watched.kind == PDDEPLOYMENT:
             if deleted:
                 self.runtime.forget(ns, name)

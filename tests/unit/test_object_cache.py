@@ -53,7 +53,8 @@ def test_a_relist_removes_what_a_watch_never_reported_deleted_but_keeps_newer_ob
     changes = cache.replace_kind("apps/v1", "Deployment", [dep("kept", "6"), dep("new", "20")], namespaces=["ns"])
     names = sorted(o["metadata"]["name"] for o in cache.list("apps/v1", "Deployment", None))
     assert names == ["created-after-the-list", "kept", "new", "other-ns"]
-    assert sorted((c.old or c.new)["metadata"]["name"] for c in changes) == ["gone", "new"]
+    assert sorted(ref for ref, _ in changes) == [("ns", "gone"), ("ns", "new")]
+    assert [c.new is None for ref, c in sorted(changes)] == [True, False]
     assert cache.synced("apps/v1", "Deployment") and not cache.synced("v1", "Pod")
 
 
