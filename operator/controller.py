@@ -264,8 +264,7 @@ class Controller:
                 outcome = self.runtime.reconcile_key(ns, name)
                 after = outcome.requeue_after if outcome is not None else None
             else:
-                kb = self.kernelbuilds.reconcile_key(ns, name)
-                after = None if kb is None or kb.deleted or kb.phase in ("Succeeded", "Failed") else KERNELBUILD_POLL_S
+                after = _kernelbuild_next_look(self.kernelbuilds.reconcile_key(ns, name), now=time.time())
         except Exception as e:  # noqa: BLE001 - every failure is retried with backoff
             delay = self.queue.retry(key)
             log.warning("reconcile %s %s/%s failed (retry in %.1fs): %s", kind, ns, name, delay, e,
@@ -375,6 +374,18 @@ class Controller:
             watched = next(w for w in WATCHED if w.kind == kind)
             out.extend(((kind, ns, name), uid) for ns, name, uid in self.cache.keys(watched.api_version, kind))
         return out
+
+
+def _kernelbuild_next_look(outcome: Any, *, now: float) -> float | None:
+    """Seconds until a KernelBuild should be looked at again without an event: a build in
+    progress every ``KERNELBUILD_POLL_S``, a failed one when its retry is due, a finished one never."""
+    if outcome is None or outcome.deleted:
+        return None
+    if outcome.phase in ("Pending", "Building"):
+        return KERNELBUILD_POLL_S
+    if outcome.next_retry_at is not None:
+        return max(0.0, outcome.next_retry_at - now)
+    return None
 
 
 def _spec_changed(old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:

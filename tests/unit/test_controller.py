@@ -170,3 +170,15 @@ def test_slo_figures_that_only_move_are_written_at_most_once_per_period_transiti
     c.on_health(H)  # figures again 15 s later: deferred
     c.on_health(H)  # a transition: at once, whatever the period
     assert drain(c) == [key]
+
+
+def test_a_kernelbuild_is_looked_at_again_while_it_builds_and_when_its_retry_is_due():
+    from sglang_pd_operator.controller import KERNELBUILD_POLL_S, _kernelbuild_next_look
+    from sglang_pd_operator.reconcilers.kernelbuild import KernelBuildOutcome
+
+    assert _kernelbuild_next_look(KernelBuildOutcome(phase="Building"), now=0) == KERNELBUILD_POLL_S
+    assert _kernelbuild_next_look(KernelBuildOutcome(phase="Failed", next_retry_at=130.0), now=100.0) == 30.0
+    assert _kernelbuild_next_look(KernelBuildOutcome(phase="Failed"), now=100.0) is None  # retries exhausted
+    assert _kernelbuild_next_look(KernelBuildOutcome(phase="Succeeded"), now=100.0) is None
+    assert _kernelbuild_next_look(KernelBuildOutcome(phase="Building", deleted=True), now=0) is None
+    assert _kernelbuild_next_look(None, now=0) is None
