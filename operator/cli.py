@@ -324,7 +324,14 @@ def crds(out_dir: str | None, check_only: bool) -> None:
 @click.option("--kubeconfig", default=None, envvar="KUBECONFIG", help="Kubeconfig (default: in-cluster).")
 @click.option("--namespace", "namespaces", multiple=True, help="Watch only these namespaces (repeatable).")
 @click.option("--operator-namespace", envvar="POD_NAMESPACE", default=None, help="Where the catalog ConfigMap and the leader Lease live.")
-@click.option("--resync", default=15.0, show_default=True, help="Seconds between full resyncs.")
+@click.option("--resync", default=300.0, show_default=True,
+              help="Seconds in which every PDDeployment and KernelBuild is reconciled once, each at its own offset "
+                   "(watch events, rollout deadlines and SLO changes trigger reconciles without waiting for it).")
+@click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 64),
+              help="Reconcile worker threads (one object is never reconciled by two at once).")
+@click.option("--slo-status-period", default=60.0, show_default=True,
+              help="Least seconds between two status writes of a PDDeployment that only move SLO figures "
+                   "(a condition that changes is written at once).")
 @click.option("--metrics-port", default=8080, show_default=True, help="Port of /metrics (0: off).")
 @click.option("--liveness-port", default=0, show_default=True,
               help="Port of kopf's own /healthz (0: off). The liveness endpoint is /healthz on --metrics-port: "
@@ -363,6 +370,8 @@ def run(
     api_timeout: str,
     stuck_after: float,
     slo_interval: float,
+    workers: int,
+    slo_status_period: float,
 ) -> None:
     """Run the operator (kopf) until interrupted; exits 1 when the CRDs are missing or older, 3 on lost leadership.
 
@@ -381,6 +390,10 @@ def run(
         raise click.BadParameter("both timeouts must be > 0", param_hint="--api-timeout")
     if stuck_after <= 0:
         raise click.BadParameter("must be > 0", param_hint="--stuck-after")
+    if resync <= 0:
+        raise click.BadParameter("must be > 0", param_hint="--resync")
+    if slo_status_period < 0:
+        raise click.BadParameter("must be >= 0", param_hint="--slo-status-period")
     try:
         lease, renew, retry = (int(x) for x in leader_elect_timing.split(","))
     except ValueError:
@@ -409,6 +422,8 @@ def run(
             slo_interval=slo_interval,
             timeouts=ApiTimeouts(connect=connect, read=read),
             stuck_after=stuck_after,
+            workers=workers,
+            slo_status_period=slo_status_period,
         )
     except CRDSchemaError as e:
         log.error("refusing to run: %s", e)

@@ -3,9 +3,14 @@
 Order matters: ``/metrics`` and ``/healthz`` (``liveness.py``) are served from the start
 on the metrics port (a standby replica answers its liveness probe too); the CRD check (``reconcilers.crds``) refuses an older installed
 schema before anything reconciles; with leader election (``leader``) kopf, and with it
-every handler and the resync loop, starts only in the replica holding the Lease. kopf's
-resource scanning is off: it would list and watch every CRD and namespace, which the
-chart's least-privilege RBAC does not grant (the CRD check makes sure ours exists).
+every handler and the control loop (``controller.py``), starts only in the replica
+holding the Lease. kopf's resource scanning is off: it would list and watch every CRD and
+namespace, which the chart's least-privilege RBAC does not grant (the CRD check makes
+sure ours exists). Each child kind is watched with a server-side label selector
+(:func:`kopf_settings`), so unrelated objects never reach the process.
+
+Configuration reaches the handlers through kopf's ``memo`` (``memo.controller``), not
+module globals.
 
 Every API call has a timeout: our client's through ``reconcilers.kube.with_timeouts``,
 kopf's through :func:`kopf_settings` (connect, request and watch timeouts; a watch
@@ -23,13 +28,16 @@ import os
 
 import kopf
 
-from . import handlers
+from . import handlers  # noqa: F401  (registers the kopf handlers)
+from .api.v1alpha1 import API_VERSION
+from .controller import Controller, LoopSettings
 from .leader import LeaderSettings, refuse_if_led, run_when_leading
 from .liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
 from .metrics.operator_metrics import OperatorMetrics
+from .reconcilers.cache import WATCHED, ObjectCache
 from .reconcilers.crds import ensure_crds
 from .reconcilers.kube import ApiTimeouts, Kube
-from .reconcilers.runtime import Hooks, Runtime, api_client_from_env
+from .reconcilers.runtime import Hooks, KernelBuildRuntime, Runtime, api_client_from_env
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +53,11 @@ def _metrics_hooks(metrics: OperatorMetrics, port: int, heartbeats: Heartbeats) 
 
 
 def kopf_settings(timeouts: ApiTimeouts) -> kopf.OperatorSettings:
-    """kopf's settings: no resource scanning, and a timeout on every request kopf sends.
+    """kopf's settings: no resource scanning, server-side label selectors, a timeout on every request kopf sends.
 
+    - each watched child kind (``reconcilers.cache.WATCHED``) is listed and watched with its
+      label selector (``app.kubernetes.io/managed-by=sglang-pd-operator``): the API server
+      filters, so a cluster's other pods, Jobs and Deployments cost the operator nothing;
     - ``networking.connect_timeout`` = ``timeouts.connect`` (TCP and TLS handshake) and
       ``request_timeout`` = 60 s for a whole request (the API server's own limit);
     - watch streams: the server ends each after ``WATCH_SERVER_TIMEOUT_S``; the client
@@ -56,6 +67,9 @@ def kopf_settings(timeouts: ApiTimeouts) -> kopf.OperatorSettings:
     """
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = True
+    for watched in WATCHED:
+        if watched.label_selector:
+            settings.watching.label_selectors[(watched.group, watched.plural)] = watched.label_selector
     settings.networking.connect_timeout = timeouts.connect
     settings.networking.request_timeout = 60
     settings.watching.connect_timeout = timeouts.connect
@@ -78,6 +92,8 @@ def run_operator(
     slo_interval: float = 15.0,
     timeouts: ApiTimeouts | None = None,
     stuck_after: float = DEFAULT_STUCK_AFTER_S,
+    workers: int = 4,
+    slo_status_period: float = 60.0,
 ) -> None:
     """Run until interrupted. Watches ``namespaces`` (None: the whole cluster).
 
@@ -89,8 +105,14 @@ def run_operator(
     ``slo_interval``: seconds between SLO scrapes (``metrics/scraper.py``; 0: off).
     ``timeouts``: connect/read timeouts of every API call (default ``ApiTimeouts()``).
     ``stuck_after``: seconds after which a reconcile or a loop step counts as stuck and
-    ``/healthz`` answers 503.
+    ``/healthz`` answers 503. ``resync``: seconds in which every object is reconciled once
+    (spread over the period); ``workers``: reconcile threads; ``slo_status_period``: least
+    seconds between status writes that only move SLO figures (see ``controller.py``).
     """
+    if not log.isEnabledFor(logging.DEBUG):
+        # kopf logs every handler call at INFO ("Handler 'observe-pods' succeeded."): one line
+        # per watch event of every child is noise and CPU at scale; its warnings and errors stay
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if kubeconfig:
         # kopf logs in on its own (the kubernetes client's default loader), which reads
         # $KUBECONFIG, not our option: point it at the same file as our client
@@ -100,14 +122,18 @@ def run_operator(
     heartbeats = Heartbeats()
     hooks = _metrics_hooks(metrics, metrics_port, heartbeats)
     api_client = api_client_from_env(kubeconfig, timeouts=timeouts)
-    kube = Kube(api_client, on_write=hooks.on_write)
+    kube = Kube(api_client, on_write=hooks.on_write, cache=ObjectCache())
     ensure_crds(kube=kube, policy=crd_policy)
-    handlers.RUNTIME = Runtime(kube=kube, operator_namespace=operator_namespace, hooks=hooks,
-                               heartbeats=heartbeats, stuck_after_s=stuck_after)
-    handlers.RESYNC_SECONDS = resync
-    handlers.NAMESPACES = namespaces
-    handlers.SLO_INTERVAL = slo_interval
-    handlers.METRICS = metrics
+    runtime = Runtime(kube=kube, operator_namespace=operator_namespace, hooks=hooks,
+                      heartbeats=heartbeats, stuck_after_s=stuck_after)
+    kernelbuilds = KernelBuildRuntime(
+        kube=kube, catalog=runtime.catalog,
+        in_use=lambda ns: runtime.builds_in_use(ns, _deployments_in(kube.cache, ns)))
+    controller = Controller(
+        runtime=runtime, kernelbuilds=kernelbuilds, kube=kube, metrics=metrics, heartbeats=heartbeats,
+        settings=LoopSettings(workers=workers, resync_s=resync, slo_interval_s=slo_interval,
+                              slo_status_period_s=slo_status_period, stuck_after_s=stuck_after,
+                              namespaces=tuple(namespaces) if namespaces else None))
     log.info("sglang-pd-operator starting (namespaces: %s)", namespaces or "all")
     settings = kopf_settings(timeouts)
 
@@ -118,6 +144,7 @@ def run_operator(
                 namespaces=namespaces or [],
                 standalone=True,
                 settings=settings,
+                memo=kopf.Memo(controller=controller),
                 liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
             )
         )
@@ -135,3 +162,8 @@ def run_operator(
         lease_client = api_client_from_env(kubeconfig, timeouts=timeouts)
         run_when_leading(api_client=lease_client, settings=leader, run=run_kopf,
                          on_read=lambda: heartbeats.beat("leader-election"))
+
+
+def _deployments_in(cache: ObjectCache | None, namespace: str) -> list[str]:
+    """Names of the PDDeployments of ``namespace`` the cache holds."""
+    return [name for ns, name, _ in (cache.keys(API_VERSION, "PDDeployment") if cache else []) if ns == namespace]

@@ -300,10 +300,12 @@ class MetricsEngine:
     ``http://<host>:<port>/metrics``, ``schedulers`` one dict per TP rank (``tp_rank``,
     ``dp_rank``, ``attn_tp_rank``, ``labels``, ``logs_stats``), ``tokenizer_labels``.
     Recording methods block until every process involved has recorded. Raises
-    RuntimeError when a process reports an error or does not start within ``timeout``.
+    RuntimeError when a process reports an error or does not start within ``timeout``
+    seconds (300 by default: every rank imports torch and SGLang; the contract tests start
+    three engines, ten processes, at once, which took over 120 s on a busy 2-core runner).
     """
 
-    def __init__(self, argv: Sequence[str], *, host: str = "127.0.0.1", timeout: float = 120.0) -> None:
+    def __init__(self, argv: Sequence[str], *, host: str = "127.0.0.1", timeout: float = 300.0) -> None:
         self.argv = list(argv)
         self.host = host
         self.timeout = timeout

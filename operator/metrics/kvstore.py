@@ -41,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from . import exposition as ex
+from .health import MasterHealth
 
 PREFIX = "sglang_pd"
 DEFAULT_TIMEOUT_S = 2.0
@@ -68,60 +69,6 @@ MASTER_OPERATIONS: Mapping[str, tuple[str, str]] = {
 }
 MASTER_EVICTIONS = "master_successful_evictions_total"
 MASTER_EVICTED_KEYS = "master_evicted_key_count"
-
-
-# --------------------------------------------------------------------------- health
-@dataclass(frozen=True)
-class MasterHealth:
-    """One look at the master.
-
-    ``deployment_ready``: the master's Deployment has an available replica, or (from the
-    scraper) its pod is Ready; None when the API was not asked, e.g. a test probing a
-    process directly. ``exists``: False when there is no master Deployment / pod to probe
-    (None: not asked). ``reachable``: ``/health`` answered; ``ready``: it said ``status:
-    ok`` and ``service_ready: true`` (and the Deployment / pod is ready when that was
-    asked). ``metrics``: every unlabelled sample of ``/metrics`` (name -> value; empty when
-    the scrape failed). ``error``: why it is not ready, for the condition message.
-    """
-
-    url: str
-    reachable: bool
-    ready: bool
-    deployment_ready: bool | None = None
-    role: str | None = None
-    state: str | None = None
-    error: str | None = None
-    metrics: Mapping[str, float] = field(default_factory=dict)
-    exists: bool | None = None
-
-    @property
-    def keys(self) -> float | None:
-        """Objects in the store (``master_key_count``)."""
-        return self.metrics.get("master_key_count")
-
-    def describe(self) -> str:
-        """One line for a condition message."""
-        if not self.ready:
-            return f"Mooncake master at {self.url}: {self.error or 'not ready'}"
-        m = self.metrics
-        parts = [f"Mooncake master at {self.url} serves ({self.role or 'leader'})"]
-        if "master_key_count" in m:
-            parts.append(f"{int(m['master_key_count'])} keys")
-        if "master_total_capacity_bytes" in m:
-            parts.append(
-                f"{_gib(m.get('master_allocated_bytes', 0.0))} of {_gib(m['master_total_capacity_bytes'])} GiB used"
-            )
-        if "master_active_clients" in m:
-            parts.append(f"{int(m['master_active_clients'])} clients")
-        return ", ".join(parts)
-
-    def view(self) -> tuple:
-        """What the ``KVStoreReady`` condition shows of this look (for "did anything change?")."""
-        return (self.ready, self.reachable, self.deployment_ready, self.exists, self.describe())
-
-
-def _gib(n: float) -> str:
-    return f"{n / (1 << 30):.1f}"
 
 
 HttpGet = Callable[[str, float], tuple[int, str]]

@@ -30,6 +30,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sglang_pd_operator.liveness import Heartbeats, healthz
+from sglang_pd_operator.workqueue import QueueStats
 from sglang_pd_operator.metrics.kvstore import KVStoreCollector
 from sglang_pd_operator.metrics.slo import UNIT_SECONDS, SLOResult, format_duration
 
@@ -157,7 +158,15 @@ class OperatorMetrics:
 
     - ``sglang_pd_operator_reconcile_duration_seconds`` histogram; use :meth:`time_reconcile`.
     - ``sglang_pd_operator_reconcile_errors_total{kind,reason}`` counter.
-    - ``sglang_pd_operator_queue_depth{kind}`` gauge: objects waiting for a reconcile.
+    - ``sglang_pd_operator_queue_depth`` gauge: keys (PDDeployments and KernelBuilds) ready
+      for a reconcile and waiting for a worker; ``..._queue_delayed`` keys waiting for their time
+      (a retry, a drain grace period); ``..._queue_oldest_age_seconds`` how long the oldest
+      ready key has waited; ``..._queue_retries_total{kind}`` failed reconciles queued again.
+    - ``sglang_pd_operator_cache_objects{kind}`` gauge: objects of each watched kind in the
+      operator's in-memory view (only what the label selectors let through).
+    - ``sglang_pd_operator_resync_pass_seconds`` gauge: how long the last resync period took
+      from its start until every key it queued was reconciled (about the period when the
+      loop keeps up; more means it falls behind).
     - ``sglang_pd_operator_scrape_errors_total{role}`` counter: failed pod scrapes.
     - ``sglang_pd_operator_api_writes_total{verb,kind}`` counter: every write to the API
       server (apply, delete, patch-status, create Event); flat while specs are unchanged.
@@ -176,7 +185,23 @@ class OperatorMetrics:
             f"{PREFIX}_reconcile_errors_total", "Reconcile passes that ended in an error.",
             ["kind", "reason"], registry=self.registry)
         self.queue_depth = Gauge(
-            f"{PREFIX}_queue_depth", "Objects waiting for a reconcile pass.", ["kind"], registry=self.registry)
+            f"{PREFIX}_queue_depth", "Keys ready for a reconcile, waiting for a worker.", registry=self.registry)
+        self.queue_delayed = Gauge(
+            f"{PREFIX}_queue_delayed", "Keys waiting for their time (retry backoff, rollout steps).",
+            registry=self.registry)
+        self.queue_oldest_age = Gauge(
+            f"{PREFIX}_queue_oldest_age_seconds", "Seconds the longest-waiting ready key has waited.",
+            registry=self.registry)
+        self.queue_retries = Counter(
+            f"{PREFIX}_queue_retries_total", "Failed reconciles queued again with backoff.", ["kind"],
+            registry=self.registry)
+        self.cache_objects = Gauge(
+            f"{PREFIX}_cache_objects", "Objects of each watched kind in the operator's in-memory view.", ["kind"],
+            registry=self.registry)
+        self.resync_pass = Gauge(
+            f"{PREFIX}_resync_pass_seconds",
+            "Seconds from the start of the last finished resync period until every key it queued was reconciled.",
+            registry=self.registry)
         self.scrape_errors = Counter(
             f"{PREFIX}_scrape_errors_total", "Engine or gateway /metrics scrapes that failed.",
             ["role"], registry=self.registry)
@@ -203,6 +228,23 @@ class OperatorMetrics:
     def record_write(self, verb: str, kind: str) -> None:
         """Count one write request (``Kube``'s ``on_write`` hook)."""
         self.api_writes.labels(verb=verb, kind=kind).inc()
+
+    def record_queue(self, stats: QueueStats, *, resync_pass_s: float | None = None) -> None:
+        """Export a work queue snapshot (``workqueue.QueueStats``) and the last resync pass duration."""
+        self.queue_depth.set(stats.depth)
+        self.queue_delayed.set(stats.delayed)
+        self.queue_oldest_age.set(stats.oldest_age_s)
+        if resync_pass_s is not None:
+            self.resync_pass.set(resync_pass_s)
+
+    def record_cache(self, counts: dict[str, int]) -> None:
+        """Export how many objects of each watched kind the cache holds."""
+        for kind, n in counts.items():
+            self.cache_objects.labels(kind=kind).set(n)
+
+    def record_retry(self, kind: str) -> None:
+        """Count one failed reconcile of ``kind`` queued again."""
+        self.queue_retries.labels(kind=kind).inc()
 
     def record_reconcile(self, namespace: str, name: str, seconds: float, ok: bool) -> None:
         """Record one reconcile pass (``Runtime``'s ``on_reconcile`` hook)."""

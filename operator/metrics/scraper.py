@@ -1,11 +1,13 @@
 """Scrape every PDDeployment's engine and gateway pods each interval and evaluate its SLO.
 
-The operator process runs one :class:`Scraper` on kopf's event loop (started by the
-startup handler in ``handlers.py``, stopped on cleanup). Every ``interval`` seconds it:
+The operator process runs one :class:`Scraper` in a thread of its own, on an asyncio loop
+of its own (``controller.py`` starts and stops it), so neither kopf's event loop nor the
+reconcile workers wait for it. Every ``interval`` seconds it:
 
-1. lists the PDDeployments and, per namespace, the pods the operator made (two LIST
-   calls through functions the operator hands in; this module never imports the
-   reconcilers);
+1. reads the PDDeployments and, per namespace, the pods the operator made through
+   functions the operator hands in (the process's object cache: no API call; this
+   module never imports the reconcilers), and groups the pods by deployment once
+   (:func:`pods_by_deployment`: a pass is linear in pods);
 2. picks, per PDDeployment, the *serving* group's ready pods (``status.rollout.
    servingKey``) with a pod IP: prefill and decode on the SGLang port (30000), the gateway
    on smg's ``--prometheus-port`` (29000) — :func:`deployment_targets`, pure;
@@ -64,7 +66,8 @@ from ..planning.hicache import MASTER_COMPONENT, master_host, master_service_nam
 from ..render import labels as L
 from ..render.gateway import GATEWAY_METRICS_PORT
 from . import exposition as ex
-from .kvstore import MasterHealth, probe_master_async, transfer_families, transfer_summary
+from .health import Health, MasterHealth
+from .kvstore import probe_master_async, transfer_families, transfer_summary
 from .operator_metrics import OperatorMetrics
 from .slo import ROLE_DECODE, ROLE_GATEWAY, ROLE_PREFILL, KVTransferResult, SLOEvaluator, SLOResult
 
@@ -138,33 +141,6 @@ class DeploymentTargets:
     @property
     def key(self) -> str:
         """``namespace/name``, the evaluator's and the metrics' key."""
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True)
-class Health:
-    """What the latest scrape of one PDDeployment found (handed to ``on_health``).
-
-    ``evaluated_at``: Unix time. ``ready`` / ``reachable``: per role (prefill, decode,
-    gateway), the serving group's ready pods and how many of them answered ``/metrics``.
-    ``slo``: the evaluation of ``spec.slo`` (None without one). ``kv_transfer``: KV
-    transfer latency and failures over the SLO window (5m without ``spec.slo``).
-    ``kvstore``: this pass's look at the Mooncake Store master (None without Mooncake
-    storage).
-    """
-
-    namespace: str
-    name: str
-    serving_key: str | None
-    evaluated_at: float
-    ready: Mapping[str, int]
-    reachable: Mapping[str, int]
-    slo: SLOResult | None
-    kv_transfer: KVTransferResult
-    kvstore: MasterHealth | None = None
-
-    @property
-    def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
 
@@ -251,6 +227,19 @@ def master_target(body: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) ->
     url = f"http://{ip}:{_master_port(pod, _spec_metrics_port(mc))}"
     problem = None if ready else f"pod {pod_name} is not Ready"
     return MasterTarget(deployment=deployment, url=url, pod=pod_name, pod_ready=ready, exists=True, problem=problem)
+
+
+def pods_by_deployment(pods_by_namespace: Mapping[str, Sequence[Mapping[str, Any]]]
+                       ) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    """Group pods by (namespace, PDDeployment label) in one pass, so each deployment's targets
+    are picked from its own pods: a pass costs time linear in pods, not pods x deployments."""
+    out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for namespace, pods in pods_by_namespace.items():
+        for pod in pods:
+            owner = ((pod.get("metadata") or {}).get("labels") or {}).get(L.LABEL_DEPLOYMENT)
+            if owner:
+                out.setdefault((namespace, owner), []).append(pod)
+    return out
 
 
 def deployment_targets(
@@ -373,8 +362,9 @@ class Scraper:
         bodies = await asyncio.to_thread(self.list_deployments)
         namespaces = sorted({b["metadata"]["namespace"] for b in bodies})
         pod_lists = await asyncio.gather(*(asyncio.to_thread(self.list_pods, ns) for ns in namespaces))
-        pods_by_ns = dict(zip(namespaces, pod_lists))
-        targets = [deployment_targets(b, pods_by_ns[b["metadata"]["namespace"]], ports=self.ports) for b in bodies]
+        owned = pods_by_deployment(dict(zip(namespaces, pod_lists)))
+        targets = [deployment_targets(b, owned.get((b["metadata"]["namespace"], b["metadata"]["name"]), ()),
+                                      ports=self.ports) for b in bodies]
         self._semaphore = asyncio.Semaphore(self.concurrency)
         connector = aiohttp.TCPConnector(limit=self.concurrency, force_close=True)
         async with aiohttp.ClientSession(connector=connector,

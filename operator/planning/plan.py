@@ -9,10 +9,11 @@ Kubernetes objects; ``check`` prints it; the reconciler refuses to touch anythin
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from typing import Any
 
-from ..api.load import SpecError, parse_pddeployment, rule_violations
+from ..api.load import FieldError, SpecError, parse_pddeployment, rule_violations
 from ..api.v1alpha1 import PDDeployment, PDDeploymentSpec
 from ..catalog import Catalog
 from . import compat
@@ -136,14 +137,54 @@ def plan_role(
     )
 
 
-def plan_object(obj: dict[str, Any], catalog: Catalog) -> tuple[Plan | None, list[Problem]]:
+#: Most CEL verdicts a :class:`RuleMemo` keeps (a few hundred bytes each).
+RULE_MEMO_SIZE = 4096
+
+
+class RuleMemo:
+    """The CEL verdict of each stored generation of an object, so a reconcile does not evaluate it again.
+
+    The CRD's CEL rules read only the object (its spec and name), which the API server
+    never changes for one ``(uid, generation)``: evaluating them with cel-python costs
+    about 80 ms per PDDeployment, the rest of planning about 6 ms. Keeps at most ``size``
+    verdicts (least recently used dropped). Thread-safe.
+    """
+
+    def __init__(self, size: int = RULE_MEMO_SIZE) -> None:
+        self.size = size
+        self._verdicts: dict[tuple[str, int, str], list[FieldError]] = {}
+        self._lock = threading.Lock()
+
+    def violations(self, obj: dict[str, Any]) -> list[FieldError]:
+        """``rule_violations(obj)``, remembered by (uid, generation, name) when the object has a uid and generation."""
+        meta = obj.get("metadata") or {}
+        uid, generation = meta.get("uid"), meta.get("generation")
+        if not uid or generation is None:
+            return rule_violations(obj)
+        key = (str(uid), int(generation), str(meta.get("name")))
+        with self._lock:
+            found = self._verdicts.pop(key, None)
+            if found is not None:
+                self._verdicts[key] = found  # most recently used last
+                return found
+        found = rule_violations(obj)
+        with self._lock:
+            while len(self._verdicts) >= self.size:
+                del self._verdicts[next(iter(self._verdicts))]
+            self._verdicts[key] = found
+        return found
+
+
+def plan_object(obj: dict[str, Any], catalog: Catalog, *,
+                rule_memo: RuleMemo | None = None) -> tuple[Plan | None, list[Problem]]:
     """Validate and plan one object as read from YAML or the API: (plan or None, every problem).
 
     The schema first (None and the schema errors when it fails: nothing can be planned),
     then the CRD's CEL rules and every planning rule together, so one run reports every
     problem. A CEL problem on a field a planning rule already refuses is left out (the
     rule's message is the more specific one). Used by ``check``, ``render`` and the
-    reconciler alike.
+    reconciler alike; the reconciler passes a ``rule_memo`` (objects read from the API
+    server have a uid and a generation).
     """
     try:
         pdd = parse_pddeployment(obj)
@@ -151,7 +192,8 @@ def plan_object(obj: dict[str, Any], catalog: Catalog) -> tuple[Plan | None, lis
         return None, [err.problem() for err in e.errors]
     plan = build_plan(pdd, catalog)
     refused_fields = {p.field for p in errors(plan.problems)}
-    extra = [err.problem() for err in rule_violations(obj) if err.field not in refused_fields]
+    found = rule_memo.violations(obj) if rule_memo is not None else rule_violations(obj)
+    extra = [err.problem() for err in found if err.field not in refused_fields]
     if extra:
         plan = replace(plan, problems=tuple(sorted([*extra, *plan.problems], key=lambda p: (p.severity != "error", p.field))))
     return plan, list(plan.problems)

@@ -110,6 +110,21 @@ class RolloutDecision:
     events: tuple[tuple[str, str], ...] = field(default=())
 
 
+def next_step_in(decision: RolloutDecision, settings: RolloutSettings, now: float) -> float | None:
+    """Seconds until ``decision`` takes a time-based step no watch event announces, None when it has none.
+
+    A draining group is deleted when its grace period ends (``drainGracePeriod`` after
+    ``drain_started``); a new group surging beside the serving one fails when its
+    ``progressDeadline`` passes. Everything else moves on a child's event (a Deployment
+    turning Ready, or its own controller's ProgressDeadlineExceeded). Never negative.
+    """
+    if decision.phase == "Draining" and decision.drain_started is not None:
+        return max(0.0, decision.drain_started + settings.drain_grace_s - now)
+    if decision.phase == "Surging":
+        return max(0.0, decision.phase_started + settings.progress_deadline_s - now)
+    return None
+
+
 def _in_place_failed(
     *, target: str, state: GroupState, previous: RolloutStatus, others: list[str], now: float
 ) -> RolloutDecision:

@@ -27,7 +27,7 @@ from ..api.v1alpha1 import API_VERSION
 from ..catalog import Catalog
 from ..kernelbuild.gate import required_builds
 from ..kernelbuild.inputs import LABEL_KERNELBUILD, KernelBuildError, spec_inputs
-from ..kernelbuild.lifecycle import Decision, decide, invalid, observe_job
+from ..kernelbuild.lifecycle import Decision, decide, invalid, observe_job, parse_time
 from ..kernelbuild.recipes import BuildCatalog, builtin_build_catalog
 from ..kernelbuild.render import build_request, owner_of, pvc_name, render_job, render_pvc, render_request
 from ..planning.plan import build_plan
@@ -41,9 +41,11 @@ JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 
 @dataclass
 class KernelBuildOutcome:
-    """What one reconcile did."""
+    """What one reconcile did. ``next_retry_at``: Unix time of the next attempt of a failed
+    build waiting out its backoff (status ``nextRetryAt``), else None."""
 
     phase: str | None = None
+    next_retry_at: float | None = None
     writes: int = 0
     created_job: str | None = None
     deleted: bool = False
@@ -221,5 +223,6 @@ def _finish(
         except Exception as e:  # events are best effort
             log.warning("could not record event %s on KernelBuild %s: %s", reason, meta["name"], e)
     outcome.phase = decision.status.get("phase")
+    outcome.next_retry_at = parse_time(decision.status.get("nextRetryAt"))
     outcome.writes = kube.total_writes - before
     return outcome

@@ -11,10 +11,17 @@ connect and a read timeout (:class:`ApiTimeouts`) unless the caller passes its o
 ``_request_timeout``. The official client sends ``timeout=None`` to urllib3 otherwise,
 and a half-open connection (a peer that vanished without a FIN) blocks the calling
 thread, and through the per-object lock every reconcile of that object, for good.
+
+With an :class:`~sglang_pd_operator.reconcilers.cache.ObjectCache` attached (the operator
+process), ``get`` and ``list`` of a watched kind read the cache once it is synced, not
+the API server; every write's answer is stored in it (read your writes). Reads of
+objects the operator does not own (the catalog ConfigMap, a PVC) go through
+:meth:`Kube.uncached` or are of kinds the cache does not hold.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -27,7 +34,11 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 from ..render.labels import FIELD_MANAGER
+from .cache import ObjectCache, WatchedKind, watched_kind
 from .drift import needs_apply, with_applied_hash
+
+#: Items per page of :meth:`Kube.list_kind` (the API server's ``limit``).
+LIST_PAGE = 500
 
 
 @dataclass(frozen=True)
@@ -93,7 +104,9 @@ class Kube:
     """API access for reconcilers.
 
     ``api_client`` is a configured ``kubernetes.client.ApiClient``; ``on_write(verb, kind)``
-    is called after every write (the operator process counts them in a metric).
+    is called after every write (the operator process counts them in a metric);
+    ``cache``: the process's object cache (see the module docstring), None to always ask
+    the API server.
     """
 
     def __init__(
@@ -102,13 +115,35 @@ class Kube:
         *,
         field_manager: str = FIELD_MANAGER,
         on_write: Callable[[str, str], None] | None = None,
+        cache: ObjectCache | None = None,
     ):
         self.api_client = api_client
         self.field_manager = field_manager
         self.on_write = on_write
+        self.cache = cache
         self._dynamic: DynamicClient | None = None
         self._lock = threading.Lock()
         self.writes: Counter[str] = Counter()
+
+    def uncached(self) -> "Kube":
+        """A Kube on the same client and discovery that always asks the API server (writes are counted here too)."""
+        other = Kube(self.api_client, field_manager=self.field_manager, on_write=self.on_write)
+        other._dynamic, other.writes = self._dynamic, self.writes
+        return other
+
+    def _cached(self, api_version: str, kind: str) -> ObjectCache | None:
+        """The cache, when it holds a synced view of ``kind``."""
+        if self.cache is not None and self.cache.synced(api_version, kind):
+            return self.cache
+        return None
+
+    def _store(self, result: Any) -> None:
+        """Keep the API server's answer to a write of a watched kind in the cache."""
+        if self.cache is None or result is None:
+            return
+        obj = result.to_dict() if hasattr(result, "to_dict") else result
+        if isinstance(obj, dict) and watched_kind(obj.get("apiVersion", ""), obj.get("kind", "")) is not None:
+            self.cache.upsert(obj)
 
     @property
     def dynamic(self) -> DynamicClient:
@@ -140,14 +175,24 @@ class Kube:
             return False
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
-        """The object as a dict, or None when it does not exist."""
+        """The object as a dict, or None when it does not exist (from the cache for a watched, synced kind)."""
+        cache = self._cached(api_version, kind)
+        if cache is not None:
+            return cache.get(api_version, kind, name, namespace)
         try:
             return self._resource(api_version, kind).get(name=name, namespace=namespace).to_dict()
         except NotFoundError:
             return None
 
     def list(self, api_version: str, kind: str, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
-        """Objects of ``kind`` matching ``label_selector`` in ``namespace`` (None: all namespaces)."""
+        """Objects of ``kind`` matching ``label_selector`` in ``namespace`` (None: all namespaces).
+
+        From the cache for a watched, synced kind (which holds only the objects its watch
+        selects: a child kind's list sees only the operator's objects).
+        """
+        cache = self._cached(api_version, kind)
+        if cache is not None:
+            return cache.list(api_version, kind, namespace, label_selector)
         res = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector)
         return [item.to_dict() for item in res.items]
 
@@ -164,7 +209,7 @@ class Kube:
             live = self.get(desired["apiVersion"], desired["kind"], meta["name"], meta.get("namespace"))
         if not needs_apply(desired, live):
             return False
-        self.dynamic.server_side_apply(
+        result = self.dynamic.server_side_apply(
             self._resource(desired["apiVersion"], desired["kind"]),
             body=desired,
             namespace=meta.get("namespace"),
@@ -172,6 +217,7 @@ class Kube:
             force_conflicts=True,
         )
         self._count("apply", desired["kind"])
+        self._store(result)
         return True
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> bool:
@@ -181,14 +227,21 @@ class Kube:
                 name=name, namespace=namespace, body={"propagationPolicy": "Background"}
             )
         except NotFoundError:
+            self._forget(api_version, kind, name, namespace)
             return False
         self._count("delete", kind)
+        self._forget(api_version, kind, name, namespace)
         return True
+
+    def _forget(self, api_version: str, kind: str, name: str, namespace: str | None) -> None:
+        if self.cache is not None and watched_kind(api_version, kind) is not None:
+            self.cache.remove({"apiVersion": api_version, "kind": kind,
+                               "metadata": {"name": name, "namespace": namespace}})
 
     def patch_status(self, api_version: str, kind: str, name: str, namespace: str, status: dict[str, Any]) -> None:
         """Merge-patch the status subresource of a custom object."""
         res = self._resource(api_version, kind)
-        self.dynamic.patch(
+        result = self.dynamic.patch(
             res.subresources["status"],
             body={"status": status},
             name=name,
@@ -196,6 +249,40 @@ class Kube:
             content_type="application/merge-patch+json",
         )
         self._count("patch-status", kind)
+        self._store(result)
+
+    def list_kind(self, watched: WatchedKind, namespace: str | None) -> list[dict[str, Any]]:
+        """Every object of ``watched`` in ``namespace`` (None: cluster-wide) its selector matches, from the API server.
+
+        Raw JSON in pages of :data:`LIST_PAGE` (no model objects: fast for thousands of
+        pods); each item gets the list's ``apiVersion`` and ``kind``. What fills the cache
+        (``ObjectCache.replace_kind``).
+        """
+        resource = self._resource(watched.api_version, watched.kind)
+        path = resource.path(namespace=namespace) if namespace else resource.path()
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            query = [("limit", LIST_PAGE)]
+            if watched.label_selector:
+                query.append(("labelSelector", watched.label_selector))
+            if token:
+                query.append(("continue", token))
+            request = self.api_client.param_serialize(
+                "GET", path, query_params=query, header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"])
+            response = self.api_client.call_api(*request)
+            response.read()
+            if not 200 <= response.status < 300:
+                raise k8s.ApiException(http_resp=response)
+            page = json.loads(response.data)
+            for item in page.get("items") or []:
+                item.setdefault("apiVersion", watched.api_version)
+                item.setdefault("kind", watched.kind)
+                items.append(item)
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return items
 
     def event(self, involved: dict[str, Any], *, type_: str, reason: str, message: str) -> None:
         """Record a core/v1 Event about ``involved`` (Normal or Warning)."""

@@ -32,13 +32,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..metrics.kvstore import (
-    DEFAULT_TIMEOUT_S,
-    HttpGet,
-    MasterHealth,
-    http_get,
-    probe_master,
-)
+from ..metrics.health import MasterHealth
+from ..metrics.kvstore import DEFAULT_TIMEOUT_S, HttpGet, http_get, probe_master
 from ..planning import hicache as H
 from ..planning.structs import Plan
 from ..render.mooncake import master_metrics_url, mooncake_spec

@@ -131,7 +131,7 @@ def workload_state(deployment: dict[str, Any]) -> WorkloadState:
     )
 
 
-def _unschedulable(pod: dict[str, Any]) -> str | None:
+def unschedulable_reason(pod: dict[str, Any]) -> str | None:
     """The scheduler's message when the pod cannot be scheduled (PodScheduled=False, Unschedulable), else None."""
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
@@ -157,7 +157,7 @@ def observe(kube: Kube, *, name: str, namespace: str) -> Observed:
         g["names"].append(dep["metadata"]["name"])
     for pod in kube.list("v1", "Pod", namespace, f"{L.LABEL_DEPLOYMENT}={name}"):
         key = (pod["metadata"].get("labels") or {}).get(L.LABEL_COMPAT_KEY)
-        why = _unschedulable(pod) if key in groups else None
+        why = unschedulable_reason(pod) if key in groups else None
         if why is not None:
             groups[key]["unschedulable"] += 1
             groups[key].setdefault("reason", why[:300])

@@ -31,11 +31,11 @@ from ..kernelbuild.gate import (
     with_kernel_compat,
 )
 from ..metrics.monitoring import MONITORING_API_VERSION, render_monitoring
-from ..metrics.scraper import Health
-from ..planning.plan import plan_object
+from ..metrics.health import Health
+from ..planning.plan import RuleMemo, plan_object
 from ..planning.structs import Plan
 from ..planning.problems import Problem, errors
-from ..planning.rollout import GroupState, RolloutDecision, RolloutSettings, RolloutStatus, decide
+from ..planning.rollout import GroupState, RolloutDecision, RolloutSettings, RolloutStatus, decide, next_step_in
 from ..render import render_group, render_shared
 from ..render import labels as L
 from ..render.gateway import endpoint
@@ -54,12 +54,19 @@ GROUP_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap")
 
 @dataclass
 class Outcome:
-    """What one reconcile did: writes issued, events emitted, whether the spec was valid."""
+    """What one reconcile did: writes issued, events emitted, whether the spec was valid.
+
+    ``requeue_after``: seconds until a time-based rollout step is due (a drain grace
+    period or a progress deadline ending), None when only an event can move it on;
+    ``kernelbuilds``: names of the KernelBuilds the spec uses (their changes concern it).
+    """
 
     valid: bool
     writes: int = 0
     events: list[tuple[str, str, str]] = field(default_factory=list)
     decision: RolloutDecision | None = None
+    requeue_after: float | None = None
+    kernelbuilds: tuple[str, ...] = ()
 
 
 def owner_of(body: dict[str, Any]) -> dict[str, Any]:
@@ -77,8 +84,13 @@ def reconcile(
     health: Health | None = None,
     monitoring: bool = False,
     health_stale: str | None = None,
+    rule_memo: RuleMemo | None = None,
 ) -> Outcome:
     """Converge the children of the PDDeployment ``body`` (a dict as read from the API).
+
+    ``rule_memo``: remembers the CEL verdict per generation (``planning.plan.RuleMemo``).
+    A PDDeployment being deleted (``metadata.deletionTimestamp``) is left alone: its
+    children go with it, and re-applying them would only hold its deletion up.
 
     ``health``: the operator's latest scrape of this deployment (SLO result, reachable
     pods), written into status; None keeps what status says, unless ``health_stale``
@@ -93,10 +105,12 @@ def reconcile(
     changed (so a retry that fails the same way adds none).
     """
     now = time.time() if now is None else now
+    if body["metadata"].get("deletionTimestamp"):
+        return Outcome(valid=True)
     tracked = CallTracker(kube)
     try:
         return _reconcile(kube=tracked, body=body, catalog=catalog, now=now, health=health,  # type: ignore[arg-type]
-                          monitoring=monitoring, health_stale=health_stale)
+                          monitoring=monitoring, health_stale=health_stale, rule_memo=rule_memo)
     except ApiException as e:
         reason, message = describe_api_error(e, call=tracked.last)
         _record_failure(kube, body, reason=reason, message=message, now=now)
@@ -112,6 +126,7 @@ def _reconcile(
     health: Health | None,
     monitoring: bool,
     health_stale: str | None,
+    rule_memo: RuleMemo | None,
 ) -> Outcome:
     writes_before = kube.total_writes
     meta = body["metadata"]
@@ -119,7 +134,7 @@ def _reconcile(
     previous = body.get("status") or {}
 
     # 1. validate the object against the v1alpha1 schema and every SGLang rule
-    plan, problems = plan_object(body, catalog)
+    plan, problems = plan_object(body, catalog, rule_memo=rule_memo)
     if plan is None or not plan.valid:
         outcome = _refuse(kube, body, problems, previous, generation, now)
         outcome.writes = kube.total_writes - writes_before
@@ -176,7 +191,9 @@ def _reconcile(
         extra_conditions=_kernel_conditions(gates)
         + kvstore_conditions(plan=plan, health=health.kvstore if health else None, previous=previous),
     )
-    outcome = Outcome(valid=True, decision=decision)
+    outcome = Outcome(valid=True, decision=decision,
+                      requeue_after=next_step_in(decision, _rollout_settings(plan), now),
+                      kernelbuilds=tuple(sorted({g.build_name for g in (gates or {}).values() if g.build_name})))
     _write_status(kube, body, previous, new_status)
     for reason, message in decision.events:
         _event(kube, body, outcome, "Normal" if reason not in ("ProgressDeadlineExceeded",) else "Warning", reason, message)
@@ -257,7 +274,6 @@ def previous_rollout(previous: dict[str, Any]) -> RolloutStatus:
 def _decide(
     plan: Plan, serving: str | None, groups: dict[str, GroupState], prev: RolloutStatus, now: float
 ) -> RolloutDecision:
-    ro = plan.spec.rollout
     target_gpus = sum(
         (r.inputs.spec.replicas if r.inputs.spec.replicas is not None else 1) * r.inputs.gpus_per_replica
         for r in (plan.prefill, plan.decode)
@@ -267,14 +283,20 @@ def _decide(
         serving=serving,
         groups=groups,
         previous=prev,
-        settings=RolloutSettings(
-            progress_deadline_s=parse_duration(ro.progressDeadline),
-            drain_grace_s=parse_duration(ro.drainGracePeriod),
-            max_surge_gpus=ro.maxSurgeGPUs,
-            scale_failed_to_zero=ro.onFailure == "ScaleToZero",
-        ),
+        settings=_rollout_settings(plan),
         target_gpus=target_gpus,
         now=now,
+    )
+
+
+def _rollout_settings(plan: Plan) -> RolloutSettings:
+    """``spec.rollout`` in seconds."""
+    ro = plan.spec.rollout
+    return RolloutSettings(
+        progress_deadline_s=parse_duration(ro.progressDeadline),
+        drain_grace_s=parse_duration(ro.drainGracePeriod),
+        max_surge_gpus=ro.maxSurgeGPUs,
+        scale_failed_to_zero=ro.onFailure == "ScaleToZero",
     )
 
 

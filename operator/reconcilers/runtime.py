@@ -1,18 +1,23 @@
-"""The operator process's shared state: API client, catalog, per-object locks, metrics hooks.
+"""What a reconcile needs besides the object itself: API access, catalog, health, memos.
 
-kopf handlers (handlers.py) and the periodic resync both call :meth:`Runtime.reconcile_key`,
-which reads the PDDeployment fresh from the API and runs the reconciler under a lock
-per object, so a watch event and a resync never reconcile one object at the same time.
-The SLO scraper (``metrics/scraper.py``) stores each deployment's latest
-:class:`~sglang_pd_operator.metrics.scraper.Health` here (:meth:`Runtime.set_health`);
-the reconcile reads it back to write status. Whether the cluster serves the Prometheus
-Operator's kinds is checked here too, at most every ``monitoring_check_ttl_s``.
-Each reconcile is in flight in :attr:`Runtime.heartbeats` (``liveness.py``) while it holds
-its lock, so a frozen one turns ``/healthz`` to 503 after ``stuck_after_s``.
+:class:`Runtime` serves PDDeployments, :class:`KernelBuildRuntime` KernelBuilds. The
+control loop (``controller.py``) calls their ``reconcile_key`` from its worker threads;
+each reads the object from ``kube`` (the process's object cache, ``cache.py``) and runs
+the reconciler under a lock per object (the work queue already gives a key to one worker
+at a time; the lock keeps direct callers, such as tests, safe too).
+
+The SLO scraper stores each deployment's latest
+:class:`~sglang_pd_operator.metrics.health.Health` here (:meth:`Runtime.set_health`),
+saying whether a condition or only a figure moved; the reconcile reads it back to write
+status. Whether the cluster serves the Prometheus Operator's kinds is checked here too,
+at most every ``monitoring_check_ttl_s``. Each reconcile is in flight in
+:attr:`Runtime.heartbeats` (``liveness.py``) while it holds its lock, so a frozen one
+turns ``/healthz`` to 503 after ``stuck_after_s``.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -22,13 +27,17 @@ from typing import Any, Callable
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from ..api.kernelbuild import KIND as KERNELBUILD_KIND
 from ..api.v1alpha1 import API_VERSION
 from ..catalog import CATALOG_FILES, Catalog, CatalogError, builtin_catalog, load_catalog
+from ..kernelbuild.recipes import BuildCatalog, builtin_build_catalog
 from ..liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
+from ..metrics.health import Health
 from ..metrics.monitoring import MONITORING_API_VERSION
-from ..metrics.scraper import Health
 from ..metrics.slo import format_duration
+from ..planning.plan import RuleMemo
 from ..render.labels import MANAGED_BY
+from . import kernelbuild as kernelbuild_reconciler
 from . import status as S
 from .kube import ApiTimeouts, Kube, with_timeouts
 from .pddeployment import Outcome, reconcile
@@ -62,9 +71,23 @@ class Hooks:
     on_reconcile: Callable[[str, str, float, bool], None] | None = None  # namespace, name, seconds, ok
 
 
+class HealthChange(enum.Enum):
+    """What a new :class:`Health` changes in a deployment's status (:meth:`Runtime.set_health`).
+
+    ``NONE``: nothing status shows; ``FIGURES``: only the rounded SLO figures
+    (``status.slo``, ``status.scrape`` counts); ``CONDITIONS``: a condition (SLOMet,
+    Degraded, KVStoreReady) or which pods answer. The control loop writes condition
+    changes at once and figures at a bounded rate.
+    """
+
+    NONE = "none"
+    FIGURES = "figures"
+    CONDITIONS = "conditions"
+
+
 @dataclass
 class Runtime:
-    """Everything a reconcile needs besides the object itself."""
+    """Everything a PDDeployment reconcile needs besides the object itself."""
 
     kube: Kube
     operator_namespace: str | None = None
@@ -73,12 +96,15 @@ class Runtime:
     _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock)
     _catalog: Catalog | None = None
-    _catalog_read: float = 0.0
+    _catalog_data: dict[str, str] | None = None
+    _catalog_read: float = -1e18
+    #: Incremented whenever the catalog in use changes (the control loop then reconciles everything).
+    catalog_version: int = 0
     catalog_error: str | None = None
     #: Health older than this (seconds) is not written into status (the scraper stopped).
     health_max_age_s: float = 60.0
     monitoring_check_ttl_s: float = 15.0
-    _health: dict[tuple[str, str], tuple[Health, tuple]] = field(default_factory=dict)
+    _health: dict[tuple[str, str], tuple[Health, tuple, tuple]] = field(default_factory=dict)
     _health_guard: threading.Lock = field(default_factory=threading.Lock)
     _monitoring: bool = False
     _monitoring_checked: float = -1e18
@@ -87,14 +113,22 @@ class Runtime:
     #: Liveness: each reconcile is in flight here while it holds its lock; stuck after ``stuck_after_s``.
     heartbeats: Heartbeats = field(default_factory=Heartbeats)
     stuck_after_s: float = DEFAULT_STUCK_AFTER_S
+    #: The CEL verdict per object generation (``planning.plan.RuleMemo``).
+    rule_memo: RuleMemo = field(default_factory=RuleMemo)
+    #: (namespace, PDDeployment) -> the KernelBuilds its last reconcile used.
+    _uses: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
 
-    def set_health(self, health: Health) -> bool:
-        """Keep ``health`` as the deployment's latest; True when what status shows of it changed."""
-        view = S.health_view(health)
+    # ------------------------------------------------------------------ SLO health
+    def set_health(self, health: Health) -> HealthChange:
+        """Keep ``health`` as the deployment's latest; say what of status it changes (:class:`HealthChange`)."""
+        conditions, figures = S.health_views(health)
+        key = (health.namespace, health.name)
         with self._health_guard:
-            old = self._health.get((health.namespace, health.name))
-            self._health[(health.namespace, health.name)] = (health, view)
-        return old is None or old[1] != view
+            old = self._health.get(key)
+            self._health[key] = (health, conditions, figures)
+        if old is None or old[1] != conditions:
+            return HealthChange.CONDITIONS
+        return HealthChange.FIGURES if old[2] != figures else HealthChange.NONE
 
     def health(self, namespace: str, name: str) -> Health | None:
         """The latest health of a deployment, None when there is none younger than ``health_max_age_s``."""
@@ -126,12 +160,41 @@ class Runtime:
         return (f"the operator's latest SLO measurement is {age:.0f}s old, more than {limit} (last at "
                 f"{S.rfc3339(since)}): its scraper stopped or hangs; the last figures are no longer shown")
 
+    def stale_since(self, namespace: str, name: str) -> float:
+        """Unix time from which the deployment's health counts as stale (see :meth:`health_stale`)."""
+        with self._health_guard:
+            entry = self._health.get((namespace, name))
+        since = entry[0].evaluated_at if entry is not None else self.started_at
+        return since + self.health_max_age_s
+
     def forget_health(self, key: str) -> None:
         """Drop the health of ``namespace/name`` (the deployment is gone)."""
         namespace, _, name = key.partition("/")
         with self._health_guard:
             self._health.pop((namespace, name), None)
 
+    def forget(self, namespace: str, name: str) -> None:
+        """The PDDeployment is gone: drop its health, lock and KernelBuild uses."""
+        self.forget_health(f"{namespace}/{name}")
+        with self._locks_guard:
+            self._locks.pop((namespace, name), None)
+            self._uses.pop((namespace, name), None)
+
+    # ------------------------------------------------------------------ KernelBuild uses
+    def kernelbuild_users(self, namespace: str, build: str) -> list[str]:
+        """PDDeployments of ``namespace`` whose last reconcile used KernelBuild ``build``."""
+        with self._locks_guard:
+            return sorted(n for (ns, n), used in self._uses.items() if ns == namespace and build in used)
+
+    def builds_in_use(self, namespace: str, deployments: list[str]) -> set[str] | None:
+        """KernelBuilds the PDDeployments ``deployments`` of ``namespace`` use; None while one of them
+        has not been reconciled by this process yet (unknown: retention waits)."""
+        with self._locks_guard:
+            if any((namespace, d) not in self._uses for d in deployments):
+                return None
+            return {b for d in deployments for b in self._uses[(namespace, d)]}
+
+    # ------------------------------------------------------------------ cluster facts
     def monitoring_available(self) -> bool:
         """True when the API server serves PodMonitor and PrometheusRule (re-checked every ``monitoring_check_ttl_s``).
 
@@ -164,16 +227,20 @@ class Runtime:
     def catalog(self) -> Catalog:
         """The built-in catalog merged with the admin's ConfigMap (re-read at most every ``catalog_ttl_s``).
 
-        A ConfigMap that does not match the schema is ignored (the built-in catalog is
-        used) and the error is kept in ``catalog_error`` and logged.
+        The ConfigMap is read from the API server (it is the admin's object, not in the
+        operator's cache). A ConfigMap that does not match the schema is ignored (the
+        built-in catalog is used) and the error is kept in ``catalog_error`` and logged.
+        ``catalog_version`` moves when the catalog in use changes.
         """
         now = time.monotonic()
         if self._catalog is not None and now - self._catalog_read < self.catalog_ttl_s:
             return self._catalog
-        catalog = builtin_catalog()
+        data: dict[str, str] = {}
         if self.operator_namespace:
-            cm = self.kube.get("v1", "ConfigMap", CATALOG_CONFIGMAP, self.operator_namespace)
+            cm = self.kube.uncached().get("v1", "ConfigMap", CATALOG_CONFIGMAP, self.operator_namespace)
             data = {k: v for k, v in ((cm or {}).get("data") or {}).items() if k in CATALOG_FILES}
+        if self._catalog is None or data != self._catalog_data:
+            catalog = builtin_catalog()
             if data:
                 try:
                     catalog = load_catalog(overrides=data)
@@ -181,9 +248,15 @@ class Runtime:
                 except CatalogError as e:
                     self.catalog_error = str(e)
                     log.error("catalog ConfigMap %s/%s ignored: %s", self.operator_namespace, CATALOG_CONFIGMAP, e)
-        self._catalog, self._catalog_read = catalog, now
-        return catalog
+            if self._catalog is not None:
+                self.catalog_version += 1
+                log.info("the kernel catalog changed (ConfigMap %s/%s): every PDDeployment is reconciled again",
+                         self.operator_namespace, CATALOG_CONFIGMAP)
+            self._catalog, self._catalog_data = catalog, data
+        self._catalog_read = now
+        return self._catalog
 
+    # ------------------------------------------------------------------ reconcile
     def reconcile_body(self, body: dict[str, Any]) -> Outcome | None:
         """Reconcile a PDDeployment body under its lock (the body must be fresh: read under the same lock).
 
@@ -206,7 +279,10 @@ class Runtime:
                     health=self.health(meta["namespace"], meta["name"]),
                     health_stale=self.health_stale(meta["namespace"], meta["name"]),
                     monitoring=self.monitoring_available(),
+                    rule_memo=self.rule_memo,
                 )
+            with self._locks_guard:
+                self._uses[(meta["namespace"], meta["name"])] = outcome.kernelbuilds
             ok = True
             return outcome
         except k8s.ApiException as e:
@@ -224,11 +300,11 @@ class Runtime:
         """Read the PDDeployment and reconcile it, both under its lock; None when it no longer exists.
 
         Reading under the lock matters: a reconcile that waited for another must see the
-        status that one wrote, or it would act on a stale rollout status. A PDDeployment
-        deleted while it was reconciled makes a write answer 404 (its status subresource,
-        or a child in its namespace being deleted): that is "gone", logged at debug level,
-        and None is returned. Any other error, and a 404 while the object still exists,
-        propagates.
+        status that one wrote (the cache holds the API server's answer to that write), or
+        it would act on a stale rollout status. A PDDeployment deleted while it was
+        reconciled makes a write answer 404 (its status subresource, or a child in its
+        namespace being deleted): that is "gone", logged at debug level, and None is
+        returned. Any other error, and a 404 while the object still exists, propagates.
         """
         with self.lock(namespace, name):
             body = self.kube.get(API_VERSION, "PDDeployment", name, namespace)
@@ -237,9 +313,12 @@ class Runtime:
             return self._reconcile_locked(body)
 
     def _gone(self, body: dict[str, Any]) -> bool:
-        """True when the PDDeployment ``body`` no longer exists (deleted, or replaced by a new object of its name)."""
+        """True when the PDDeployment ``body`` no longer exists (deleted, or replaced by a new object of its name).
+
+        Asks the API server: the cache may not have seen the deletion yet.
+        """
         meta = body["metadata"]
-        now = self.kube.get(API_VERSION, "PDDeployment", meta["name"], meta["namespace"])
+        now = self.kube.uncached().get(API_VERSION, "PDDeployment", meta["name"], meta["namespace"])
         return now is None or now["metadata"].get("uid") != meta.get("uid")
 
     def list_keys(self, namespaces: list[str] | None = None) -> list[tuple[str, str]]:
@@ -247,7 +326,7 @@ class Runtime:
         return [(b["metadata"]["namespace"], b["metadata"]["name"]) for b in self.list_bodies(namespaces)]
 
     def list_bodies(self, namespaces: list[str] | None = None) -> list[dict[str, Any]]:
-        """Every PDDeployment (in ``namespaces``, or cluster-wide) as read from the API."""
+        """Every PDDeployment (in ``namespaces``, or cluster-wide), from the cache when there is one."""
         out = []
         for ns in namespaces or [None]:
             out.extend(self.kube.list(API_VERSION, "PDDeployment", ns, ""))
@@ -256,3 +335,51 @@ class Runtime:
     def list_managed_pods(self, namespace: str) -> list[dict[str, Any]]:
         """Pods the operator made in ``namespace`` (engine and gateway pods of every PDDeployment)."""
         return self.kube.list("v1", "Pod", namespace, f"app.kubernetes.io/managed-by={MANAGED_BY}")
+
+
+@dataclass
+class KernelBuildRuntime:
+    """What a KernelBuild reconcile needs: API access, catalogs, per-object locks, which builds are in use.
+
+    ``catalog``: the PDDeployment runtime's catalog getter (one catalog per process);
+    ``in_use(namespace)``: the KernelBuild names the namespace's PDDeployments use, None
+    when unknown (retention then waits), see :meth:`Runtime.builds_in_use`.
+    """
+
+    kube: Kube
+    catalog: Callable[[], Catalog]
+    in_use: Callable[[str], set[str] | None]
+    builds: Callable[[], BuildCatalog] = builtin_build_catalog
+    builder_image: str | None = None
+    _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def lock(self, namespace: str, name: str) -> threading.Lock:
+        """The lock serializing reconciles of one KernelBuild."""
+        with self._guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def reconcile_key(self, namespace: str, name: str) -> kernelbuild_reconciler.KernelBuildOutcome | None:
+        """Read the KernelBuild and reconcile it; None when it no longer exists."""
+        with self.lock(namespace, name):
+            body = self.kube.get(API_VERSION, KERNELBUILD_KIND, name, namespace)
+            if body is None:
+                return None
+            used = self.in_use(namespace)
+            outcome = kernelbuild_reconciler.reconcile(
+                kube=self.kube,
+                body=body,
+                catalog=self.catalog(),
+                builds=self.builds(),
+                in_use=None if used is None else name in used,
+                builder_image=self.builder_image,
+            )
+        if outcome.created_job or outcome.deleted or outcome.events:
+            log.info("kernelbuild %s/%s: phase %s, job %s, deleted %s", namespace, name, outcome.phase,
+                     outcome.created_job, outcome.deleted)
+        return outcome
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The KernelBuild is gone: drop its lock."""
+        with self._guard:
+            self._locks.pop((namespace, name), None)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from ..metrics.scraper import Health
+from ..metrics.health import Health
 from ..metrics.slo import format_duration, slo_condition
 from ..planning.problems import Problem, errors, warnings
 from ..planning.rollout import RolloutDecision
@@ -249,16 +249,29 @@ def scrape_summary(health: Health) -> dict[str, Any]:
     return out
 
 
-def health_view(health: Health) -> tuple:
-    """The part of ``health`` that status shows (for "did anything change?")."""
+def health_views(health: Health) -> tuple[tuple, tuple]:
+    """What status shows of ``health``, split for "did anything change?": (transitions, figures).
+
+    Transitions: the status and reason of SLOMet, Degraded (NoPrefill,
+    KVTransferFailing) and KVStoreReady, whether each SLO target is met, and which roles
+    have pods that answer. Figures:
+    everything else status shows: the rounded ``status.slo`` block, the ``status.scrape``
+    counts and the condition messages (which quote figures).
+    """
     slo = health.slo
-    return (
-        repr(scrape_summary(health)),
-        repr(slo.to_status()) if slo else None,
-        repr(slo_condition(slo)) if slo else None,
-        degraded_condition(None, None, health),
-        health.kvstore.view() if health.kvstore is not None else None,  # KVStoreReady
+    slo_met = slo_condition(slo) if slo else None
+    degraded = degraded_condition(None, None, health)
+    kvstore = health.kvstore.view() if health.kvstore is not None else None  # KVStoreReady
+    conditions = (
+        tuple((r, health.reachable.get(r, 0) > 0) for r in ("prefill", "decode", "gateway")),
+        (slo_met["status"], slo_met["reason"]) if slo_met else None,
+        tuple((t.metric, t.percentile, t.met) for t in slo.targets) if slo else None,  # SLOTargetMissed events
+        (degraded.status, degraded.reason),
+        kvstore[:-1] if kvstore else None,
     )
+    figures = (repr(scrape_summary(health)), repr(slo.to_status()) if slo else None,
+               slo_met["message"] if slo_met else None, degraded.message, kvstore[-1] if kvstore else None)
+    return conditions, figures
 
 
 def _from_health(cond: dict[str, Any] | None) -> bool:

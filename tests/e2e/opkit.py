@@ -102,3 +102,14 @@ def cache_pv(namespace: str, claim: str) -> dict[str, Any]:
             "claimRef": {"namespace": namespace, "name": claim},
         },
     }
+
+
+def operator_metrics(op) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample on the operator process's ``/metrics``: (name, sorted labels) -> value."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}

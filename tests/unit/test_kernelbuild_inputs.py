@@ -242,3 +242,18 @@ def test_kernelbuild_crd_is_structural_documented_and_short_named_kb():
         if path != "spec" and not (path.endswith(("[]", "{}")) and node.get("type") != "object"):
             assert node.get("description"), f"{path} has no description (kubectl explain)"
     assert "KernelBuild" in yaml.safe_dump(crd)
+
+
+def test_every_build_object_and_its_pods_carry_the_label_the_operator_watches_by():
+    """The operator watches its children with the server-side selector
+    app.kubernetes.io/managed-by=sglang-pd-operator (docs/control-loop.md): a build object or
+    pod without it would never reach the operator's view."""
+    from sglang_pd_operator.kernelbuild.render import render_pvc, render_request
+
+    kb, request, job, owner = _rendered()
+    managed = {"app.kubernetes.io/managed-by": "sglang-pd-operator"}
+    objects = [job, render_pvc(name=kb.name, namespace="inference", spec=kb.spec, owner=owner),
+               render_request(name=kb.name, namespace="inference", request=request, owner=owner)]
+    for obj in objects:
+        assert managed.items() <= obj["metadata"]["labels"].items(), obj["kind"]
+    assert managed.items() <= job["spec"]["template"]["metadata"]["labels"].items()

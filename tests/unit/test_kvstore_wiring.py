@@ -22,7 +22,7 @@ from sglang_pd_operator.planning.plan import build_plan
 from sglang_pd_operator.metrics.scraper import Scraper, master_target
 from sglang_pd_operator.reconcilers import kvstore as K
 from sglang_pd_operator.reconcilers import status as S
-from sglang_pd_operator.reconcilers.runtime import Runtime
+from sglang_pd_operator.reconcilers.runtime import HealthChange, Runtime
 from sglang_pd_operator.render import render_shared
 
 pytestmark = pytest.mark.timeout(60)
@@ -158,17 +158,17 @@ def test_scraper_probes_the_master_pod_and_exports_its_figures():
             assert h.kvstore.ready and h.kvstore.deployment_ready and h.kvstore.url == f"http://127.0.0.1:{master.port}"
             c = K.kvstore_condition(h.kvstore)
             assert (c.status, c.reason) == ("True", "MasterReady") and "12 keys" in c.message
-            assert runtime.set_health(h)
+            assert runtime.set_health(h) is HealthChange.CONDITIONS
             text = generate_latest(metrics.registry).decode()
             assert 'sglang_pd_kvstore_keys{deployment="d",namespace="ns"} 12.0' in text
             assert 'sglang_pd_kvstore_requests_total{deployment="d",namespace="ns",operation="put_start"} 40.0' in text
-            assert not runtime.set_health((await scraper.scrape_once())[0])   # unchanged: no reconcile
+            assert runtime.set_health((await scraper.scrape_once())[0]) is HealthChange.NONE  # unchanged: no reconcile
 
             await master.stop()                              # killed
             [down] = await scraper.scrape_once()
             c = K.kvstore_condition(down.kvstore)
             assert (c.status, c.reason) == ("False", "MasterUnreachable") and "unreachable (" in c.message
-            assert runtime.set_health(down)
+            assert runtime.set_health(down) is HealthChange.CONDITIONS
             assert 'sglang_pd_kvstore_up{deployment="d",namespace="ns"} 0.0' in generate_latest(
                 metrics.registry).decode()
 

@@ -93,9 +93,11 @@ def test_a_reconcile_is_in_flight_while_it_runs_and_stuck_past_the_bound(monkeyp
     def slow_reconcile(**_):
         clock.t += 200  # a reconcile that took 200 s
         seen.append(hb.problems())
+        return R.Outcome(valid=True)
 
     class NoKube:
         api_client = None
+        cache = None
 
     monkeypatch.setattr(R, "reconcile", slow_reconcile)
     rt = R.Runtime(kube=NoKube(), heartbeats=hb, stuck_after_s=180)

@@ -14,19 +14,40 @@ def test_kopf_logs_in_with_the_kubeconfig_option(monkeypatch, tmp_path):
 
     async def fake_kopf_operator(**kwargs):
         seen["KUBECONFIG"] = os.environ.get("KUBECONFIG")
+        seen["memo"] = kwargs.get("memo")
 
     monkeypatch.delenv("KUBECONFIG", raising=False)
-    for name in ("RUNTIME", "RESYNC_SECONDS", "NAMESPACES", "SLO_INTERVAL", "METRICS"):  # restored after the test
-        monkeypatch.setattr(operator_main.handlers, name, getattr(operator_main.handlers, name))
     monkeypatch.setattr(operator_main, "api_client_from_env", lambda path, timeouts=None: object())
-    monkeypatch.setattr(operator_main, "Kube", lambda client, on_write=None: object())
     monkeypatch.setattr(operator_main, "ensure_crds", lambda **kwargs: None)
-    monkeypatch.setattr(operator_main, "Runtime", lambda **kwargs: object())
     monkeypatch.setattr(operator_main.kopf, "operator", fake_kopf_operator)
     path = str(tmp_path / "kubeconfig")
-    operator_main.run_operator(kubeconfig=path, namespaces=None, operator_namespace=None, resync=0,
+    before = dict(vars(operator_main.handlers))
+    operator_main.run_operator(kubeconfig=path, namespaces=None, operator_namespace=None, resync=1,
                                metrics_port=0, liveness_port=0, slo_interval=0)
-    assert seen == {"KUBECONFIG": path}
+    assert seen["KUBECONFIG"] == path
+    # configuration reaches the handlers through kopf's memo, never through module globals
+    assert isinstance(seen["memo"].controller, operator_main.Controller)
+    assert dict(vars(operator_main.handlers)) == before
+
+
+def test_child_kinds_are_watched_with_a_server_side_label_selector():
+    """kopf asks the API server for the operator's children only: unrelated pods, Jobs and
+    Deployments of the cluster never reach the process (issue 15, item 1)."""
+    from kopf._cogs.structs.references import Resource
+
+    from sglang_pd_operator.reconcilers.cache import WATCHED
+    from sglang_pd_operator.reconcilers.kube import ApiTimeouts
+
+    settings = operator_main.kopf_settings(ApiTimeouts())
+    for watched in WATCHED:
+        resource = Resource(group=watched.group, version=watched.version, plural=watched.plural,
+                            kind=watched.kind, namespaced=True)
+        got = settings.watching.label_selectors.collect(resource)
+        if watched.kind in ("PDDeployment", "KernelBuild"):
+            assert got == [], watched
+        else:
+            assert got == ["app.kubernetes.io/managed-by=sglang-pd-operator"], watched
+
 
 
 def test_every_kopf_request_and_watch_has_a_connect_and_an_overall_timeout():

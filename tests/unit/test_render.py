@@ -169,3 +169,19 @@ def test_a_compressed_option_sglang_reads_still_rolls_the_pods(gb300_doc, catalo
     assert plan2.compat_key != plan.compat_key  # the PD layout string changed: a new group
     env = {e["name"]: e.get("value") for e in _deployment(objs2, plan2, "decode")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["SGLANG_DSV4_COMPRESSED_KV_LAYOUT"] == "fp8"
+
+
+def test_every_object_and_pod_template_carries_the_label_the_operator_watches_by(catalog):
+    """The operator watches its children with the server-side selector
+    app.kubernetes.io/managed-by=sglang-pd-operator (docs/control-loop.md): an object or a pod
+    without it would never reach the operator's view (and a group would look missing)."""
+    from helpers import EXAMPLES, load_example
+
+    managed = {"app.kubernetes.io/managed-by": L.MANAGED_BY}
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        _, objs = _objs(load_example(path), catalog)
+        for (kind, name), obj in objs.items():
+            assert managed.items() <= obj["metadata"]["labels"].items(), (path.name, kind, name)
+            template = obj.get("spec", {}).get("template")
+            if template is not None:
+                assert managed.items() <= template["metadata"]["labels"].items(), (path.name, kind, name)

@@ -32,6 +32,9 @@ class FakeKube:
         self.answers = list(answers)
         self.gets = 0
 
+    def uncached(self) -> "FakeKube":
+        return self  # the re-read after a 404 asks the API server, past the cache
+
     def get(self, api_version, kind, name, namespace=None):
         assert (kind, name, namespace) == ("PDDeployment", "d", "ns")
         self.gets += 1

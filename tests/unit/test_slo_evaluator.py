@@ -205,7 +205,7 @@ def test_operator_metrics_export():
         pass
     with pytest.raises(RuntimeError), m.time_reconcile("PDDeployment"):
         raise RuntimeError("boom")
-    m.queue_depth.labels(kind="PDDeployment").set(4)
+    m.queue_depth.set(4)
     samples = parse(generate_latest(m.registry).decode())
     tl = (("deployment", "dsv41"), ("namespace", "team-a"), ("percentile", "p90"), ("role", "decode"))
     measured = samples[("sglang_pd_operator_slo_measured_seconds", tuple(sorted(tl + (("target", "ttft"),))))]
@@ -221,7 +221,7 @@ def test_operator_metrics_export():
     assert samples[("sglang_pd_operator_reconcile_duration_seconds_count", (("kind", "PDDeployment"),))] == 2
     assert samples[("sglang_pd_operator_reconcile_errors_total",
                     (("kind", "PDDeployment"), ("reason", "RuntimeError")))] == 1
-    assert samples[("sglang_pd_operator_queue_depth", (("kind", "PDDeployment"),))] == 4
+    assert samples[("sglang_pd_operator_queue_depth", ())] == 4
     m.remove(KEY)
     assert not any(k[0].startswith("sglang_pd_operator_slo_") for k in parse(generate_latest(m.registry).decode()))
 

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from sglang_pd_operator.api.v1alpha1 import SLOSpec
 from sglang_pd_operator.metrics import exposition as ex
-from sglang_pd_operator.metrics.scraper import Health
+from sglang_pd_operator.metrics.health import Health
 from sglang_pd_operator.metrics.slo import SLOEvaluator
 from sglang_pd_operator.planning.rollout import RolloutDecision
 from sglang_pd_operator.reconcilers import pddeployment as P

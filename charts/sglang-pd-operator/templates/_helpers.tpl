@@ -56,12 +56,14 @@ empty) or one Role per watched namespace. tests/unit/test_chart_rbac.py derives 
 set from the code (reconcilers, render, handlers) and fails when they differ either way.
 */}}
 {{- define "sglang-pd-operator.workloadRules" -}}
-# PDDeployments: kopf lists and watches them, a reconcile reads one, the resync lists them.
+# The operator keeps an in-memory view of its objects: kopf lists and watches each kind below
+# (children with the label selector app.kubernetes.io/managed-by=sglang-pd-operator), and the
+# control loop lists each kind once at start and every sweep period; reconciles read that view.
+# PDDeployments: listed and watched.
 - apiGroups: [pd.sglang-operator.io]
   resources: [pddeployments]
   verbs: [get, list, watch]
-# KernelBuilds: kopf lists and watches them, a reconcile reads one, the resync and the
-# PDDeployment's kernel gate list them; kernels.cache: auto creates missing ones (server-side
+# KernelBuilds: listed and watched; kernels.cache: auto creates missing ones (server-side
 # apply: create, patch); retention deletes an unused one.
 - apiGroups: [pd.sglang-operator.io]
   resources: [kernelbuilds]
@@ -75,35 +77,36 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
 - apiGroups: [pd.sglang-operator.io]
   resources: [pddeployments/finalizers, kernelbuilds/finalizers]
   verbs: [update]
-# Prefill, decode and gateway Deployments: server-side apply (create/patch), read, prune
-# drained groups; kopf watches them so status follows readiness.
+# Prefill, decode and gateway Deployments: server-side apply (create/patch), prune drained
+# groups; watched so status follows readiness.
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
-# Kernel build Jobs (one per attempt): create, read, list per KernelBuild, delete stale or
-# superseded attempts; kopf watches them so a build's status follows its Job.
+# Kernel build Jobs (one per attempt): create, delete stale or superseded attempts; watched
+# so a build's status follows its Job.
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, patch, delete]
-# Per-role ConfigMaps and headless Services, the user-facing Service: apply, read, prune.
-# A KernelBuild's request ConfigMap: apply.
+# Per-role ConfigMaps and headless Services, the user-facing Service: apply, watch, prune.
+# A KernelBuild's request ConfigMap: apply. get: the admin's catalog ConfigMap where it is
+# not in the operator's own namespace's Role.
 - apiGroups: [""]
   resources: [configmaps, services]
-  verbs: [get, list, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 # A KernelBuild's cache volume: created once if missing (PVC specs are immutable).
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
   verbs: [get, create, patch]
-# The gateway's ServiceAccount, Role and RoleBinding (pod discovery): apply only.
+# The gateway's ServiceAccount, Role and RoleBinding (pod discovery): apply, watched.
 - apiGroups: [""]
   resources: [serviceaccounts]
-  verbs: [get, create, patch]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [get, create, patch]
-# Pods: listed to observe readiness and a build pod's result (its termination message);
-# kopf watches build pods; get is held because the operator grants it (and list, watch)
-# to the gateway's Role (RBAC lets it grant only what it holds).
+  verbs: [get, list, watch, create, patch]
+# Pods: watched (scheduling, a build pod's result in its termination message, the SLO
+# scraper's targets); get is held because the operator grants it (and list, watch) to the
+# gateway's Role (RBAC lets it grant only what it holds).
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]

@@ -1,0 +1,413 @@
+"""The control loop: one work queue, bounded workers, a spread resync, the SLO scraper in its own thread.
+
+kopf watches our kinds (the API server selects the children by label, see
+``reconcilers/cache.py`` ``WATCHED``) and hands every event to :meth:`Controller.observe`
+(``handlers.py``): the event updates the shared :class:`~.reconcilers.cache.ObjectCache`
+and, when it can change what a reconcile does, queues the key of the PDDeployment or
+KernelBuild it concerns. Everything else that calls for a reconcile goes through the
+same :class:`~.workqueue.WorkQueue`:
+
+- an SLO figure that moved (the scraper thread; transitions at once, figures at most
+  every ``LoopSettings.slo_status_period_s``);
+- a time-based step a reconcile asked for (``Outcome.requeue_after``: a drain grace
+  period or a progress deadline ending; a KernelBuild that is not finished);
+- a deployment whose SLO figures went stale (SLOMet turns Unknown);
+- a failed reconcile (retried with capped exponential backoff);
+- the resync: every key once per ``resync_s``, each at its own offset in the period
+  (a hash of its uid), so a thousand keys cost a steady trickle, not a burst;
+- a changed kernel catalog (every PDDeployment).
+
+``workers`` threads take keys from the queue; a key is reconciled by one worker at a
+time and triggers that arrive meanwhile coalesce into one more run. The queue's depth and
+the age of its oldest key are metrics; liveness (``/healthz``) fails when the oldest key
+waits longer than ``stuck_after_s``, a reconcile runs longer, the ticker stops, or the
+scraper stops passing.
+
+Before any worker starts, :meth:`Controller.start` fills the cache with one LIST per
+watched kind, so no reconcile acts on a half-known world; the same LIST runs again every
+``sweep_s`` to drop objects a re-listed watch never reported deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .liveness import Heartbeats
+from .metrics.health import Health
+from .metrics.operator_metrics import OperatorMetrics
+from .metrics.scraper import Scraper
+from .reconcilers.cache import WATCHED, Change, ObjectCache, WatchedKind
+from .reconcilers.kube import Kube
+from .reconcilers.observe import unschedulable_reason
+from .reconcilers.runtime import HealthChange, KernelBuildRuntime, Runtime
+from .kernelbuild.inputs import LABEL_KERNELBUILD
+from .render.labels import LABEL_DEPLOYMENT
+from .workqueue import ShutDown, WorkQueue
+
+log = logging.getLogger(__name__)
+
+PDDEPLOYMENT, KERNELBUILD = "PDDeployment", "KernelBuild"
+Key = tuple[str, str, str]  # (kind, namespace, name)
+
+#: Seconds between two ticks of the loop's timer thread (resync slots, staleness, metrics, liveness).
+TICK_S = 1.0
+#: Seconds until an unfinished KernelBuild is looked at again (its Job's progress, backoff, timeouts).
+KERNELBUILD_POLL_S = 10.0
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """How the loop runs; every duration in seconds.
+
+    ``workers``: reconcile threads; ``resync_s``: period in which every key is reconciled
+    once (spread); ``sweep_s``: period of the cache's re-LIST; ``slo_interval_s``: seconds
+    between SLO scrapes (0: no scraper); ``slo_status_period_s``: least time between two
+    status writes that only move SLO figures; ``stuck_after_s``: liveness bound;
+    ``namespaces``: watched namespaces (None: the whole cluster).
+    """
+
+    workers: int = 4
+    resync_s: float = 300.0
+    sweep_s: float = 600.0
+    slo_interval_s: float = 15.0
+    slo_status_period_s: float = 60.0
+    stuck_after_s: float = 180.0
+    namespaces: tuple[str, ...] | None = None
+
+
+def resync_offset(key: Key, uid: str | None, period_s: float) -> float:
+    """Where in each resync period ``key`` is due: a stable hash of its uid (else its key), in [0, period)."""
+    digest = zlib.crc32((uid or "/".join(key)).encode())
+    return (digest / 2**32) * period_s
+
+
+class Controller:
+    """The control loop of one operator process (see the module docstring).
+
+    ``runtime`` / ``kernelbuilds``: what reconciles PDDeployments and KernelBuilds;
+    ``kube``: the cached API access (its ``cache`` is the loop's view); ``metrics``:
+    the process's exporter; ``heartbeats``: liveness; ``clock``: monotonic seconds.
+    """
+
+    def __init__(self, *, runtime: Runtime, kernelbuilds: KernelBuildRuntime, kube: Kube,
+                 settings: LoopSettings, metrics: OperatorMetrics | None = None,
+                 heartbeats: Heartbeats | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        if kube.cache is None:
+            raise ValueError("the controller needs a Kube with an ObjectCache")
+        self.runtime = runtime
+        self.kernelbuilds = kernelbuilds
+        self.kube = kube
+        self.cache: ObjectCache = kube.cache
+        self.settings = settings
+        self.metrics = metrics
+        self.heartbeats = heartbeats or runtime.heartbeats
+        self.clock = clock
+        self.queue = WorkQueue(clock=clock)
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._scraper_loop: asyncio.AbstractEventLoop | None = None
+        self._scraper_task: asyncio.Task | None = None
+        self._figures_written: dict[tuple[str, str], float] = {}  # (ns, name) -> monotonic time figures were queued
+        self._stale_flagged: set[tuple[str, str]] = set()
+        self._catalog_version = runtime.catalog_version
+        self._resync_cycle_start = clock()
+        self._resync_pending: set[Key] = set()
+        self._last_pass_s: float | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Fill the cache (one LIST per watched kind), then start the workers, the ticker and the scraper.
+
+        Raises the API error of a LIST that fails: without a full view nothing may reconcile.
+        """
+        started = time.perf_counter()
+        for watched in WATCHED:
+            self.sync_kind(watched)
+        log.info("cache filled in %.1fs: %s", time.perf_counter() - started,
+                 ", ".join(f"{self.cache.count(w.api_version, w.kind)} {w.plural}" for w in WATCHED))
+        self.heartbeats.register("workqueue", max_age_s=self.settings.stuck_after_s)
+        self.heartbeats.register("resync", max_age_s=self.settings.stuck_after_s)
+        for key in self._all_keys():
+            self.queue.add(key)  # everything once at start: the loop is level-triggered
+        for i in range(self.settings.workers):
+            self._spawn(f"reconcile-worker-{i}", self._work)
+        self._spawn("loop-ticker", self._tick_loop)
+        if self.settings.slo_interval_s > 0:
+            self.heartbeats.register("slo-scraper", max_age_s=self.settings.slo_interval_s + self.settings.stuck_after_s)
+            self._spawn("slo-scraper", self._scrape_loop)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every thread (a reconcile in flight finishes first); their heartbeats are no longer expected."""
+        self._stop.set()
+        self.queue.shutdown()
+        loop, task = self._scraper_loop, self._scraper_task
+        if loop is not None and task is not None:
+            loop.call_soon_threadsafe(task.cancel)
+        for t in self._threads:
+            t.join(timeout)
+        for beat in ("workqueue", "resync", "slo-scraper"):
+            self.heartbeats.unregister(beat)
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def sync_kind(self, watched: WatchedKind) -> list[tuple[tuple[str, str], Change]]:
+        """LIST ``watched`` (per watched namespace) and make the cache equal it; queue the keys whose objects changed."""
+        namespaces = list(self.settings.namespaces) if self.settings.namespaces else None
+        items: list[dict[str, Any]] = []
+        for ns in namespaces or [None]:
+            items.extend(self.kube.list_kind(watched, ns))
+        changes = self.cache.replace_kind(watched.api_version, watched.kind, items, namespaces=namespaces)
+        if self.cache.synced(watched.api_version, watched.kind) and self._threads:
+            for ref, change in changes:
+                for key in self._keys_for(watched, ref, change, deleted=change.new is None):
+                    self.queue.add(key)
+        return changes
+
+    # ------------------------------------------------------------------ events
+    def observe(self, watched: WatchedKind, event: dict[str, Any]) -> list[Key]:
+        """Apply one watch event to the cache; queue and return the keys it concerns.
+
+        ``event``: ``{"type": None|ADDED|MODIFIED|DELETED, "object": {...}}`` as kopf hands
+        it. An event that carries nothing newer than the cache (the echo of the operator's
+        own write, whose answer is stored already) queues nothing.
+        """
+        obj = event.get("object") or {}
+        deleted = event.get("type") == "DELETED"
+        change = self.cache.remove(obj) if deleted else self.cache.upsert(obj)
+        if not change.stored:
+            return []
+        meta = obj.get("metadata") or {}
+        keys = self._keys_for(watched, (meta.get("namespace") or "", meta.get("name") or ""), change, deleted=deleted)
+        for key in keys:
+            self.queue.add(key)
+        return keys
+
+    def _keys_for(self, watched: WatchedKind, ref: tuple[str, str], change: Change, *, deleted: bool) -> list[Key]:
+        """The keys a stored change of the object ``ref`` = (namespace, name) concerns (see :meth:`observe`)."""
+        ns, name = ref
+        labels = change.labels
+        if watched.kind == PDDEPLOYMENT:
+            if deleted:
+                self.runtime.forget(ns, name)
+                return []
+            return [(PDDEPLOYMENT, ns, name)] if _spec_changed(change.old, change.new) else []
+        if watched.kind == KERNELBUILD:
+            users = [(PDDEPLOYMENT, ns, d) for d in self.runtime.kernelbuild_users(ns, name)]
+            if deleted:
+                self.kernelbuilds.forget(ns, name)
+                return users  # a PDDeployment with cache auto creates it again
+            moved = _status_of(change.old) != _status_of(change.new)
+            return [(KERNELBUILD, ns, name)] + (users if moved else [])
+        keys: list[Key] = []
+        if labels.get(LABEL_KERNELBUILD):
+            keys.append((KERNELBUILD, ns, labels[LABEL_KERNELBUILD]))
+        owner = labels.get(LABEL_DEPLOYMENT)
+        if owner:
+            if watched.kind != "Pod" or _scheduling_moved(change.old, None if deleted else change.new):
+                keys.append((PDDEPLOYMENT, ns, owner))
+        return keys
+
+    # ------------------------------------------------------------------ health
+    def on_health(self, health: Health) -> None:
+        """The scraper's result for one deployment: keep it; queue a status write per the change (see module docstring)."""
+        change = self.runtime.set_health(health)
+        key2 = (health.namespace, health.name)
+        self._stale_flagged.discard(key2)
+        key: Key = (PDDEPLOYMENT, health.namespace, health.name)
+        if change is HealthChange.CONDITIONS:
+            self._figures_written[key2] = self.clock()
+            self.queue.add(key)
+        elif change is HealthChange.FIGURES:
+            since = self.clock() - self._figures_written.get(key2, -1e18)
+            wait = self.settings.slo_status_period_s - since
+            if wait <= 0:
+                self._figures_written[key2] = self.clock()
+                self.queue.add(key)
+            elif not self.queue.pending(key):
+                self._figures_written[key2] = self.clock() + wait
+                self.queue.add_after(key, wait)
+
+    def on_forget(self, deployment_key: str) -> None:
+        """The scraper dropped a deployment that is gone."""
+        self.runtime.forget_health(deployment_key)
+        ns, _, name = deployment_key.partition("/")
+        self._figures_written.pop((ns, name), None)
+
+    # ------------------------------------------------------------------ threads
+    def _work(self) -> None:
+        while True:
+            try:
+                key = self.queue.get()
+            except ShutDown:
+                return
+            if key is None:
+                continue
+            try:
+                self._reconcile(key)
+            finally:
+                self.queue.done(key)
+
+    def _reconcile(self, key: Key) -> None:
+        kind, ns, name = key
+        try:
+            if kind == PDDEPLOYMENT:
+                outcome = self.runtime.reconcile_key(ns, name)
+                after = outcome.requeue_after if outcome is not None else None
+            else:
+                after = _kernelbuild_next_look(self.kernelbuilds.reconcile_key(ns, name), now=time.time())
+        except Exception as e:  # noqa: BLE001 - every failure is retried with backoff
+            delay = self.queue.retry(key)
+            log.warning("reconcile %s %s/%s failed (retry in %.1fs): %s", kind, ns, name, delay, e,
+                        exc_info=not _is_api_error(e))
+            if self.metrics is not None:
+                self.metrics.record_retry(kind)
+            return
+        self.queue.forget(key)
+        if after is not None:
+            self.queue.add_after(key, after + 0.5)
+        if key in self._resync_pending:
+            self._resync_pending.discard(key)
+            if not self._resync_pending:
+                self._last_pass_s = self.clock() - self._resync_cycle_start
+
+    def _tick_loop(self) -> None:
+        period = self.settings.resync_s
+        previous = self.clock()
+        next_sweep = previous + self.settings.sweep_s
+        while not self._stop.wait(TICK_S):
+            now = self.clock()
+            try:
+                self._resync_due(previous, now, period)
+                self._flag_stale()
+                self._catalog_changes()
+                if now >= next_sweep:
+                    next_sweep = now + self.settings.sweep_s
+                    for watched in WATCHED:
+                        self.sync_kind(watched)
+            except Exception as e:  # noqa: BLE001 - the ticker must keep ticking
+                log.warning("control loop tick: %s", e, exc_info=not _is_api_error(e))
+            self.heartbeats.beat("resync")
+            stats = self.queue.stats()
+            if stats.oldest_age_s < self.settings.stuck_after_s:
+                self.heartbeats.beat("workqueue")
+            if self.metrics is not None:
+                self.metrics.record_queue(stats, resync_pass_s=self._last_pass_s)
+                self.metrics.record_cache({w.kind: self.cache.count(w.api_version, w.kind) for w in WATCHED})
+            previous = now
+
+    def _resync_due(self, previous: float, now: float, period: float) -> None:
+        """Queue the keys whose offset in the resync period falls in (previous, now].
+
+        A period whose keys were not all reconciled before the next one began reports
+        its pass as lasting until then (``resync_pass_s`` at least the period).
+        """
+        lo, hi = previous % period, now % period
+        if hi < lo or now - previous >= period:  # a new period began
+            if self._resync_pending:
+                self._last_pass_s = now - self._resync_cycle_start
+                self._resync_pending = set()
+            self._resync_cycle_start = now - hi
+        for key, uid in self._all_keys_with_uids():
+            at = resync_offset(key, uid, period)
+            due = (lo < at <= hi) if lo <= hi else (at > lo or at <= hi)
+            if due or now - previous >= period:
+                self._resync_pending.add(key)
+                self.queue.add(key)
+
+    def _flag_stale(self) -> None:
+        """Queue deployments whose SLO figures just went stale (status turns SLOMet Unknown)."""
+        now = time.time()
+        for _, ns, name in (k for k in self._all_keys() if k[0] == PDDEPLOYMENT):
+            if (ns, name) not in self._stale_flagged and now >= self.runtime.stale_since(ns, name):
+                self._stale_flagged.add((ns, name))
+                self.queue.add((PDDEPLOYMENT, ns, name))
+
+    def _catalog_changes(self) -> None:
+        """A changed kernel catalog concerns every PDDeployment: spread them over the next ticks."""
+        self.runtime.catalog()  # re-reads the admin's ConfigMap at most every catalog_ttl_s
+        if self.runtime.catalog_version != self._catalog_version:
+            self._catalog_version = self.runtime.catalog_version
+            for key in self._all_keys():
+                if key[0] == PDDEPLOYMENT:
+                    self.queue.add(key)
+
+    def _scrape_loop(self) -> None:
+        """The scraper on an asyncio loop of its own, in this thread, until :meth:`stop`."""
+        scraper = Scraper(
+            list_deployments=lambda: self.runtime.list_bodies(list(self.settings.namespaces or []) or None),
+            list_pods=self.runtime.list_managed_pods,
+            on_health=self.on_health,
+            on_forget=self.on_forget,
+            metrics=self.metrics,
+            interval=self.settings.slo_interval_s,
+            on_pass=lambda: self.heartbeats.beat("slo-scraper"),
+        )
+        self.runtime.health_max_age_s = max(self.runtime.health_max_age_s, 4 * self.settings.slo_interval_s)
+
+        async def main() -> None:
+            self._scraper_loop = asyncio.get_running_loop()
+            self._scraper_task = asyncio.current_task()
+            try:
+                await scraper.run()
+            except asyncio.CancelledError:
+                pass
+
+        asyncio.run(main())
+
+    # ------------------------------------------------------------------ views
+    def _all_keys(self) -> list[Key]:
+        return [k for k, _ in self._all_keys_with_uids()]
+
+    def _all_keys_with_uids(self) -> list[tuple[Key, str | None]]:
+        out: list[tuple[Key, str | None]] = []
+        for kind in (PDDEPLOYMENT, KERNELBUILD):
+            watched = next(w for w in WATCHED if w.kind == kind)
+            out.extend(((kind, ns, name), uid) for ns, name, uid in self.cache.keys(watched.api_version, kind))
+        return out
+
+
+def _kernelbuild_next_look(outcome: Any, *, now: float) -> float | None:
+    """Seconds until a KernelBuild should be looked at again without an event: a build in
+    progress every ``KERNELBUILD_POLL_S``, a failed one when its retry is due, a finished one never."""
+    if outcome is None or outcome.deleted:
+        return None
+    if outcome.phase in ("Pending", "Building"):
+        return KERNELBUILD_POLL_S
+    if outcome.next_retry_at is not None:
+        return max(0.0, outcome.next_retry_at - now)
+    return None
+
+
+def _spec_changed(old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
+    """True unless only status (or bookkeeping) changed between two versions of a custom object."""
+    if old is None or new is None:
+        return True
+    o, n = old.get("metadata") or {}, new.get("metadata") or {}
+    return (o.get("uid"), o.get("generation"), o.get("deletionTimestamp"), o.get("labels")) != \
+        (n.get("uid"), n.get("generation"), n.get("deletionTimestamp"), n.get("labels"))
+
+
+def _status_of(obj: dict[str, Any] | None) -> Any:
+    return (obj or {}).get("status")
+
+
+def _scheduling_moved(old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
+    """A pod's event matters to its PDDeployment's reconcile only when its 'cannot be scheduled' state moved
+    (readiness reaches the reconcile through the Deployment's status)."""
+    return unschedulable_reason(old or {}) != unschedulable_reason(new or {})
+
+
+def _is_api_error(e: Exception) -> bool:
+    from kubernetes.client import ApiException
+
+    return isinstance(e, ApiException)

@@ -1,0 +1,95 @@
+"""What the operator's SLO measurement found for a deployment: plain values, no I/O.
+
+:class:`Health` is what one pass of the SLO scraper (``scraper.py``) hands the operator
+for one PDDeployment; :class:`MasterHealth` one look at its Mooncake Store master
+(``kvstore.py`` probes it). The reconcilers read both to write status
+(``reconcilers/status.py``), so they live here, apart from the modules that do the
+HTTP: importing this module pulls no HTTP client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .slo import KVTransferResult, SLOResult
+
+
+@dataclass(frozen=True)
+class MasterHealth:
+    """One look at the master.
+
+    ``deployment_ready``: the master's Deployment has an available replica, or (from the
+    scraper) its pod is Ready; None when the API was not asked, e.g. a test probing a
+    process directly. ``exists``: False when there is no master Deployment / pod to probe
+    (None: not asked). ``reachable``: ``/health`` answered; ``ready``: it said ``status:
+    ok`` and ``service_ready: true`` (and the Deployment / pod is ready when that was
+    asked). ``metrics``: every unlabelled sample of ``/metrics`` (name -> value; empty when
+    the scrape failed). ``error``: why it is not ready, for the condition message.
+    """
+
+    url: str
+    reachable: bool
+    ready: bool
+    deployment_ready: bool | None = None
+    role: str | None = None
+    state: str | None = None
+    error: str | None = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    exists: bool | None = None
+
+    @property
+    def keys(self) -> float | None:
+        """Objects in the store (``master_key_count``)."""
+        return self.metrics.get("master_key_count")
+
+    def describe(self) -> str:
+        """One line for a condition message."""
+        if not self.ready:
+            return f"Mooncake master at {self.url}: {self.error or 'not ready'}"
+        m = self.metrics
+        parts = [f"Mooncake master at {self.url} serves ({self.role or 'leader'})"]
+        if "master_key_count" in m:
+            parts.append(f"{int(m['master_key_count'])} keys")
+        if "master_total_capacity_bytes" in m:
+            parts.append(
+                f"{_gib(m.get('master_allocated_bytes', 0.0))} of {_gib(m['master_total_capacity_bytes'])} GiB used"
+            )
+        if "master_active_clients" in m:
+            parts.append(f"{int(m['master_active_clients'])} clients")
+        return ", ".join(parts)
+
+    def view(self) -> tuple:
+        """What the ``KVStoreReady`` condition shows of this look (for "did anything change?")."""
+        return (self.ready, self.reachable, self.deployment_ready, self.exists, self.describe())
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.1f}"
+
+
+@dataclass(frozen=True)
+class Health:
+    """What the latest scrape of one PDDeployment found (handed to ``on_health``).
+
+    ``evaluated_at``: Unix time. ``ready`` / ``reachable``: per role (prefill, decode,
+    gateway), the serving group's ready pods and how many of them answered ``/metrics``.
+    ``slo``: the evaluation of ``spec.slo`` (None without one). ``kv_transfer``: KV
+    transfer latency and failures over the SLO window (5m without ``spec.slo``).
+    ``kvstore``: this pass's look at the Mooncake Store master (None without Mooncake
+    storage).
+    """
+
+    namespace: str
+    name: str
+    serving_key: str | None
+    evaluated_at: float
+    ready: Mapping[str, int]
+    reachable: Mapping[str, int]
+    slo: SLOResult | None
+    kv_transfer: KVTransferResult
+    kvstore: MasterHealth | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"

@@ -1,0 +1,410 @@
+"""The operator's in-memory view of the objects it watches: what reconciles and the SLO scraper read.
+
+One :class:`ObjectCache` per operator process, shared by every worker thread and the
+scraper thread. It holds the objects of the :data:`WATCHED` kinds, each selected by the
+API server (``WatchedKind.label_selector``; for children ``app.kubernetes.io/managed-by=
+sglang-pd-operator``), so unrelated objects in the cluster never reach the process.
+
+Fed from three places, newest resourceVersion wins:
+
+- kopf's watch events (``handlers.py``): :meth:`ObjectCache.upsert` / :meth:`ObjectCache.remove`;
+- the operator's own writes (``kube.Kube``): the API server's answer to a server-side
+  apply or a status patch is stored at once, so the next reconcile reads what this one
+  wrote, before the watch event of that write arrives (read your writes);
+- a LIST per kind (:meth:`ObjectCache.replace_kind`): once at start, before any reconcile
+  runs (a reconcile never acts on a half-filled view, e.g. a missing Service it would
+  re-point), and then every sweep period, which removes objects whose deletion a watch
+  that was re-listed never reported (kopf does not send DELETED for those).
+
+resourceVersions are compared as integers, as etcd-backed API servers issue them; when one
+is not an integer, the later arrival wins. A deleted object leaves a *tombstone* for
+:data:`TOMBSTONE_S` seconds, so a late answer to an earlier write cannot bring it back.
+
+Objects are trimmed when stored (:func:`trim`): ``managedFields`` and kubectl's
+last-applied annotation go; a Pod keeps only what the operator reads (labels, owner,
+node, container ports, phase, IP, conditions, container states). Each is kept as
+compressed JSON beside the few metadata fields the cache itself needs (:class:`Entry`):
+a rendered engine Deployment is about 9 KB as Python dicts and 1.5 KB so, which is what
+lets one process hold a thousand PDDeployments' children. Reads decode a fresh copy, so a
+caller can never change the view by accident.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..api.v1alpha1 import API_VERSION
+from ..kernelbuild.inputs import LABEL_KERNELBUILD
+from ..render.labels import LABEL_DEPLOYMENT, MANAGED_BY
+
+#: Seconds a deleted object's tombstone keeps older versions of it out.
+TOMBSTONE_S = 300.0
+#: The label every child object of the operator carries; the children's watches select on it.
+MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+#: Labels indexed for fast ``list`` by owner (a PDDeployment's or a KernelBuild's children).
+INDEXED_LABELS = (LABEL_DEPLOYMENT, LABEL_KERNELBUILD)
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+@dataclass(frozen=True)
+class WatchedKind:
+    """One kind the operator watches and caches.
+
+    ``group`` / ``version`` / ``plural``: as kopf names the resource; ``label_selector``:
+    what the API server filters the watch and the LIST by ("" for all objects).
+    """
+
+    api_version: str
+    kind: str
+    plural: str
+    label_selector: str = ""
+
+    @property
+    def group(self) -> str:
+        """The API group ("" for the core group)."""
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        """The API version without the group."""
+        return self.api_version.rpartition("/")[2]
+
+
+#: Every kind the operator watches: its own two kinds, and the children it makes, selected by label.
+WATCHED: tuple[WatchedKind, ...] = (
+    WatchedKind(API_VERSION, "PDDeployment", "pddeployments"),
+    WatchedKind(API_VERSION, "KernelBuild", "kernelbuilds"),
+    WatchedKind("apps/v1", "Deployment", "deployments", MANAGED_SELECTOR),
+    WatchedKind("v1", "Service", "services", MANAGED_SELECTOR),
+    WatchedKind("v1", "ConfigMap", "configmaps", MANAGED_SELECTOR),
+    WatchedKind("v1", "Pod", "pods", MANAGED_SELECTOR),
+    WatchedKind("batch/v1", "Job", "jobs", MANAGED_SELECTOR),
+    WatchedKind("v1", "ServiceAccount", "serviceaccounts", MANAGED_SELECTOR),
+    WatchedKind("rbac.authorization.k8s.io/v1", "Role", "roles", MANAGED_SELECTOR),
+    WatchedKind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", MANAGED_SELECTOR),
+)
+
+
+def watched_kind(api_version: str, kind: str) -> WatchedKind | None:
+    """The :data:`WATCHED` entry of ``api_version``/``kind``, None when it is not watched."""
+    return next((w for w in WATCHED if w.api_version == api_version and w.kind == kind), None)
+
+
+# --------------------------------------------------------------------------- trimming
+def _pick(d: dict[str, Any] | None, keys: Iterable[str]) -> dict[str, Any]:
+    return {k: d[k] for k in keys if d and k in d}
+
+
+_POD_STATUS = ("phase", "podIP", "podIPs", "conditions", "reason", "message", "startTime")
+_CONTAINER_STATUS = ("name", "ready", "started", "restartCount", "state", "lastState")
+
+
+def trim(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` without what no reader needs (see the module docstring).
+
+    Shallow: the result shares nested values with ``obj`` (the cache serializes it at once).
+    """
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    annotations = meta.get("annotations")
+    if annotations and LAST_APPLIED in annotations:
+        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    if obj.get("kind") != "Pod":
+        return {**{k: v for k, v in obj.items() if k != "metadata"}, "metadata": meta}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    return {
+        "apiVersion": obj.get("apiVersion", "v1"),
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {
+            **_pick(spec, ("nodeName",)),
+            "containers": [_pick(c, ("name", "ports")) for c in spec.get("containers") or []],
+        },
+        "status": {
+            **_pick(status, _POD_STATUS),
+            "containerStatuses": [_pick(c, _CONTAINER_STATUS) for c in status.get("containerStatuses") or []],
+        },
+    }
+
+
+def _rv(obj: dict[str, Any] | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored object: what the cache reads itself (resourceVersion, uid, labels) and the
+    trimmed object as zlib-compressed JSON (:meth:`decode` gives a fresh dict)."""
+
+    resource_version: str | None
+    uid: str | None
+    labels: dict[str, str]
+    blob: bytes
+
+    @classmethod
+    def of(cls, obj: dict[str, Any]) -> "Entry":
+        """The entry of a full object (trimmed first)."""
+        trimmed = trim(obj)
+        meta = trimmed["metadata"]
+        return cls(resource_version=meta.get("resourceVersion"), uid=meta.get("uid"),
+                   labels=dict(meta.get("labels") or {}),
+                   blob=zlib.compress(json.dumps(trimmed, separators=(",", ":")).encode(), 1))
+
+    def decode(self) -> dict[str, Any]:
+        """The stored object as a new dict."""
+        return json.loads(zlib.decompress(self.blob))
+
+
+def newer(candidate: str | None, current: str | None) -> bool:
+    """True when resourceVersion ``candidate`` is newer than ``current`` (or either is unknown or not an integer)."""
+    if current is None or candidate is None:
+        return True
+    try:
+        return int(candidate) > int(current)
+    except ValueError:
+        return candidate != current
+
+
+def parse_selector(selector: str) -> list[tuple[str, str, str | None]]:
+    """``k=v,k2!=v2,k3,!k4`` -> ``[(op, key, value)]`` with op ``=``, ``!=``, ``exists``, ``!exists``.
+
+    Raises ValueError for set-based requirements (``in``, ``notin``): no caller uses them.
+    """
+    out: list[tuple[str, str, str | None]] = []
+    for part in (p.strip() for p in selector.split(",") if p.strip()):
+        if " in " in part or " notin " in part or "(" in part:
+            raise ValueError(f"set-based label selectors are not supported by the cache: {part!r}")
+        if "!=" in part:
+            k, v = part.split("!=", 1)
+            out.append(("!=", k.strip(), v.strip()))
+        elif "==" in part:
+            k, v = part.split("==", 1)
+            out.append(("=", k.strip(), v.strip()))
+        elif "=" in part:
+            k, v = part.split("=", 1)
+            out.append(("=", k.strip(), v.strip()))
+        elif part.startswith("!"):
+            out.append(("!exists", part[1:].strip(), None))
+        else:
+            out.append(("exists", part, None))
+    return out
+
+
+def matches(labels: dict[str, str], requirements: list[tuple[str, str, str | None]]) -> bool:
+    """True when ``labels`` satisfy every requirement of :func:`parse_selector`."""
+    for op, key, value in requirements:
+        have = labels.get(key)
+        if op == "=" and have != value:
+            return False
+        if op == "!=" and have == value:
+            return False
+        if op == "exists" and key not in labels:
+            return False
+        if op == "!exists" and key in labels:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- the cache
+Ref = tuple[str, str, str, str]  # (api_version, kind, namespace, name); namespace "" for cluster-scoped
+
+
+class Change:
+    """What one :meth:`ObjectCache.upsert` or :meth:`ObjectCache.remove` did.
+
+    ``stored``: the view changed (False: an older or equal version was ignored); ``old`` /
+    ``new``: the object before and after (None when absent), decoded on first access.
+    """
+
+    def __init__(self, stored: bool, old: Entry | None, new: Entry | None) -> None:
+        self.stored = stored
+        self._old, self._new = old, new
+
+    @functools.cached_property
+    def old(self) -> dict[str, Any] | None:
+        """The object before the change."""
+        return self._old.decode() if self._old is not None else None
+
+    @functools.cached_property
+    def new(self) -> dict[str, Any] | None:
+        """The object after the change (None: removed)."""
+        return self._new.decode() if self._new is not None else None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The labels of the newer of the two (the older when removed)."""
+        entry = self._new or self._old
+        return entry.labels if entry is not None else {}
+
+
+def _decoded(entry: Entry | None) -> dict[str, Any] | None:
+    return entry.decode() if entry is not None else None
+
+
+class ObjectCache:
+    """Thread-safe store of watched objects by kind, namespace and name (see the module docstring).
+
+    ``clock``: monotonic seconds (tombstone ages).
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._objects: dict[tuple[str, str], dict[str, dict[str, Entry]]] = {}  # (av, kind) -> ns -> name -> entry
+        self._index: dict[tuple[str, str, str, str, str], set[str]] = {}  # (av, kind, ns, label, value) -> names
+        self._tombstones: dict[Ref, tuple[str | None, float]] = {}
+        self._synced: set[tuple[str, str]] = set()
+
+    # ------------------------------------------------------------------ writes
+    def upsert(self, obj: dict[str, Any]) -> Change:
+        """Store ``obj`` (a full object as the API returns it) unless a newer version is stored.
+
+        The returned :class:`Change` carries the old and new objects only when it stored.
+        """
+        ref = _ref(obj)
+        rv = _rv(obj)
+        with self._lock:
+            tomb = self._tombstones.get(ref)
+            if tomb is not None:
+                if self.clock() - tomb[1] < TOMBSTONE_S and not newer(rv, tomb[0]):
+                    return Change(False, None, None)
+                del self._tombstones[ref]
+            bucket = self._objects.setdefault((ref[0], ref[1]), {}).setdefault(ref[2], {})
+            old = bucket.get(ref[3])
+            if old is not None and not newer(rv, old.resource_version):
+                return Change(False, None, None)
+            new = Entry.of(obj)
+            bucket[ref[3]] = new
+            self._reindex(ref, old, new)
+        return Change(True, old, new)
+
+    def remove(self, obj: dict[str, Any]) -> Change:
+        """Forget ``obj`` (deleted; its resourceVersion, when known, is the tombstone's)."""
+        ref = _ref(obj)
+        rv = _rv(obj)
+        with self._lock:
+            bucket = self._objects.get((ref[0], ref[1]), {}).get(ref[2], {})
+            old = bucket.get(ref[3])
+            if old is not None and rv is not None and newer(old.resource_version, rv):
+                return Change(False, None, None)  # a newer object of that name is stored already
+            if old is not None:
+                del bucket[ref[3]]
+                self._reindex(ref, old, None)
+            self._tombstones[ref] = (rv if rv is not None else (old.resource_version if old else None), self.clock())
+            self._purge_tombstones()
+        return Change(old is not None, old, None)
+
+    def replace_kind(self, api_version: str, kind: str, items: list[dict[str, Any]], *,
+                     namespaces: list[str] | None = None) -> list[tuple[tuple[str, str], Change]]:
+        """Make the view of ``kind`` (in ``namespaces``, or everywhere) equal a fresh LIST of it.
+
+        Objects in ``items`` are upserted (newer versions stored); stored objects that are
+        not in ``items`` are removed, unless they changed after the LIST (newer
+        resourceVersion than every listed item) or live in a namespace the LIST did not
+        cover. Marks the kind synced. Returns ((namespace, name), change) for each change made.
+        """
+        listed = {(_ref(o)[2], _ref(o)[3]) for o in items}
+        newest = max((_rv(o) for o in items), key=lambda r: int(r) if r and r.isdigit() else -1, default=None)
+        changes: list[tuple[tuple[str, str], Change]] = []
+        with self._lock:
+            for obj in items:
+                change = self.upsert(obj)
+                if change.stored:
+                    changes.append((_ref(obj)[2:], change))
+            for ns, bucket in list(self._objects.get((api_version, kind), {}).items()):
+                if namespaces is not None and ns not in namespaces:
+                    continue
+                for name, entry in list(bucket.items()):
+                    if (ns, name) in listed:
+                        continue
+                    if newest is not None and newer(entry.resource_version, newest):
+                        continue  # created after the LIST was taken
+                    changes.append(((ns, name), self.remove({"apiVersion": api_version, "kind": kind,
+                                                             "metadata": {"name": name, "namespace": ns}})))
+            self._synced.add((api_version, kind))
+        return changes
+
+    def _reindex(self, ref: Ref, old: Entry | None, new: Entry | None) -> None:
+        for entry, add in ((old, False), (new, True)):
+            labels = entry.labels if entry is not None else {}
+            for label in INDEXED_LABELS:
+                if label not in labels:
+                    continue
+                key = (ref[0], ref[1], ref[2], label, labels[label])
+                if add:
+                    self._index.setdefault(key, set()).add(ref[3])
+                else:
+                    names = self._index.get(key)
+                    if names is not None:
+                        names.discard(ref[3])
+                        if not names:
+                            del self._index[key]
+
+    def _purge_tombstones(self) -> None:
+        if len(self._tombstones) < 256:
+            return
+        now = self.clock()
+        for ref in [r for r, (_, t) in self._tombstones.items() if now - t >= TOMBSTONE_S]:
+            del self._tombstones[ref]
+
+    # ------------------------------------------------------------------ reads
+    def synced(self, api_version: str, kind: str) -> bool:
+        """True once a LIST of ``kind`` filled the view (:meth:`replace_kind`)."""
+        with self._lock:
+            return (api_version, kind) in self._synced
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None) -> dict[str, Any] | None:
+        """A copy of the stored object, None when there is none."""
+        with self._lock:
+            entry = self._objects.get((api_version, kind), {}).get(namespace or "", {}).get(name)
+        return _decoded(entry)
+
+    def list(self, api_version: str, kind: str, namespace: str | None, label_selector: str = "") -> list[dict[str, Any]]:
+        """Copies of the stored objects of ``kind`` in ``namespace`` (None: every namespace) matching the selector.
+
+        Equality requirements on an indexed label (:data:`INDEXED_LABELS`) are answered
+        from the index, so listing one PDDeployment's children does not scan the others'.
+        """
+        requirements = parse_selector(label_selector)
+        with self._lock:
+            by_ns = self._objects.get((api_version, kind), {})
+            namespaces = [namespace] if namespace is not None else sorted(by_ns)
+            found: list[Entry] = []
+            for ns in namespaces:
+                bucket = by_ns.get(ns, {})
+                names = self._indexed_names(api_version, kind, ns, requirements)
+                candidates = (bucket[n] for n in sorted(names) if n in bucket) if names is not None else \
+                    (bucket[n] for n in sorted(bucket))
+                found.extend(e for e in candidates if matches(e.labels, requirements))
+        return [e.decode() for e in found]
+
+    def _indexed_names(self, api_version: str, kind: str, ns: str,
+                       requirements: list[tuple[str, str, str | None]]) -> set[str] | None:
+        for op, key, value in requirements:
+            if op == "=" and key in INDEXED_LABELS:
+                return self._index.get((api_version, kind, ns, key, value or ""), set())
+        return None
+
+    def keys(self, api_version: str, kind: str) -> list[tuple[str, str, str | None]]:
+        """(namespace, name, uid) of every stored object of ``kind`` (no copies: cheap enough to call every second)."""
+        with self._lock:
+            return [(ns, name, entry.uid)
+                    for ns, bucket in self._objects.get((api_version, kind), {}).items()
+                    for name, entry in bucket.items()]
+
+    def count(self, api_version: str, kind: str) -> int:
+        """How many objects of ``kind`` are stored (every namespace)."""
+        with self._lock:
+            return sum(len(b) for b in self._objects.get((api_version, kind), {}).values())
+
+
+def _ref(obj: dict[str, Any]) -> Ref:
+    meta = obj.get("metadata") or {}
+    return (obj.get("apiVersion", ""), obj.get("kind", ""), meta.get("namespace") or "", meta.get("name", ""))

@@ -1,0 +1,184 @@
+"""The control loop without a cluster: which watch events queue which keys, the spread resync, bounded SLO writes.
+
+The runtime is the real :class:`Runtime` on a Kube with an object cache and no API
+server behind it: these tests drive :meth:`Controller.observe`, :meth:`Controller.on_health`
+and the resync directly and read the work queue.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from sglang_pd_operator.controller import KERNELBUILD, PDDEPLOYMENT, Controller, LoopSettings, resync_offset
+from sglang_pd_operator.reconcilers.cache import ObjectCache, watched_kind
+from sglang_pd_operator.reconcilers.kube import Kube
+from sglang_pd_operator.reconcilers.runtime import HealthChange, KernelBuildRuntime, Runtime
+
+GROUP = "pd.sglang-operator.io/v1alpha1"
+OWNER = "pd.sglang-operator.io/deployment"
+KB_LABEL = "pd.sglang-operator.io/kernelbuild"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 5000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def controller(clock: Clock | None = None, **settings) -> Controller:
+    kube = Kube(api_client=None, cache=ObjectCache())  # type: ignore[arg-type]
+    runtime = Runtime(kube=kube)
+    kbs = KernelBuildRuntime(kube=kube, catalog=runtime.catalog, in_use=lambda ns: None)
+    return Controller(runtime=runtime, kernelbuilds=kbs, kube=kube, clock=clock or Clock(),
+                      settings=LoopSettings(**{"resync_s": 100.0, **settings}))
+
+
+def pdd(name: str, rv: str, *, generation: int = 1, status: dict | None = None) -> dict:
+    return {"apiVersion": GROUP, "kind": "PDDeployment",
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "resourceVersion": rv,
+                         "generation": generation},
+            "spec": {"model": {"name": "m"}}, "status": status or {}}
+
+
+def child(kind: str, name: str, rv: str, owner: str = "d", **extra) -> dict:
+    api = {"Deployment": "apps/v1", "Job": "batch/v1"}.get(kind, "v1")
+    labels = {OWNER: owner} if kind != "Job" else {KB_LABEL: owner}
+    return {"apiVersion": api, "kind": kind,
+            "metadata": {"name": name, "namespace": "ns", "resourceVersion": rv, "labels": labels}, **extra}
+
+
+def drain(c: Controller) -> list:
+    out = []
+    while (key := c.queue.get(timeout=0)) is not None:
+        out.append(key)
+        c.queue.done(key)
+    return out
+
+
+def event(obj: dict, type_: str = "MODIFIED") -> dict:
+    return {"type": type_, "object": obj}
+
+
+def test_a_spec_change_queues_its_deployment_but_a_status_echo_does_not():
+    c = controller()
+    w = watched_kind(GROUP, "PDDeployment")
+    assert c.observe(w, event(pdd("d", "1"), "ADDED")) == [(PDDEPLOYMENT, "ns", "d")]
+    assert c.observe(w, event(pdd("d", "2", status={"observedGeneration": 1}))) == []  # status only
+    assert c.observe(w, event(pdd("d", "2", status={"observedGeneration": 1}))) == []  # same version again
+    assert c.observe(w, event(pdd("d", "3", generation=2))) == [(PDDEPLOYMENT, "ns", "d")]
+    assert drain(c) == [(PDDEPLOYMENT, "ns", "d")]  # two triggers, one reconcile
+
+
+def test_the_echo_of_the_operators_own_write_queues_nothing():
+    c = controller()
+    w = watched_kind("apps/v1", "Deployment")
+    c.cache.upsert(child("Deployment", "d-abc-prefill", "7"))  # the API server's answer to our apply
+    assert c.observe(w, event(child("Deployment", "d-abc-prefill", "7"), "ADDED")) == []
+    ready = child("Deployment", "d-abc-prefill", "8", status={"readyReplicas": 1})
+    assert c.observe(w, event(ready)) == [(PDDEPLOYMENT, "ns", "d")]
+
+
+def test_a_pod_event_concerns_the_reconcile_only_when_its_scheduling_state_moves():
+    c = controller()
+    w = watched_kind("v1", "Pod")
+    pending = child("Pod", "p", "1", status={"phase": "Pending"})
+    assert c.observe(w, event(pending, "ADDED")) == []
+    stuck = copy.deepcopy(pending)
+    stuck["metadata"]["resourceVersion"] = "2"
+    stuck["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                      "message": "0/3 nodes are available"}]
+    assert c.observe(w, event(stuck)) == [(PDDEPLOYMENT, "ns", "d")]
+    running = child("Pod", "p", "3", status={"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]})
+    assert c.observe(w, event(running)) == [(PDDEPLOYMENT, "ns", "d")]  # no longer unschedulable
+    again = copy.deepcopy(running)
+    again["metadata"]["resourceVersion"] = "4"
+    assert c.observe(w, event(again)) == []  # readiness reaches it through the Deployment
+
+
+def test_kernelbuild_children_queue_the_build_and_a_build_that_moves_queues_its_users():
+    c = controller()
+    c.runtime._uses[("ns", "d")] = ("kb1",)
+    c.runtime._uses[("ns", "other")] = ()
+    assert c.observe(watched_kind("batch/v1", "Job"), event(child("Job", "kb1-1", "1", owner="kb1"), "ADDED")) == \
+        [(KERNELBUILD, "ns", "kb1")]
+    kb = {"apiVersion": GROUP, "kind": "KernelBuild",
+          "metadata": {"name": "kb1", "namespace": "ns", "resourceVersion": "5"}, "status": {"phase": "Building"}}
+    w = watched_kind(GROUP, "KernelBuild")
+    assert c.observe(w, event(kb, "ADDED")) == [(KERNELBUILD, "ns", "kb1"), (PDDEPLOYMENT, "ns", "d")]
+    done = copy.deepcopy(kb)
+    done["metadata"]["resourceVersion"], done["status"]["phase"] = "6", "Succeeded"
+    assert c.observe(w, event(done)) == [(KERNELBUILD, "ns", "kb1"), (PDDEPLOYMENT, "ns", "d")]
+    relabelled = copy.deepcopy(done)
+    relabelled["metadata"]["resourceVersion"] = "7"
+    relabelled["metadata"]["labels"] = {"x": "y"}
+    assert c.observe(w, event(relabelled)) == [(KERNELBUILD, "ns", "kb1")]  # status unchanged: users not queued
+
+
+def test_a_deleted_deployment_is_forgotten_and_not_reconciled():
+    c = controller()
+    w = watched_kind(GROUP, "PDDeployment")
+    c.observe(w, event(pdd("d", "1"), "ADDED"))
+    c.runtime._uses[("ns", "d")] = ("kb1",)
+    assert c.observe(w, event(pdd("d", "2"), "DELETED")) == []
+    assert c.runtime.kernelbuild_users("ns", "kb1") == []
+    assert c.cache.get(GROUP, "PDDeployment", "d", "ns") is None
+
+
+def test_the_resync_queues_every_key_once_per_period_spread_over_it():
+    clock = Clock()
+    c = controller(clock, resync_s=100.0)
+    w = watched_kind(GROUP, "PDDeployment")
+    for i in range(200):
+        c.cache.upsert(pdd(f"d{i}", "1"))
+    per_tick = []
+    for _ in range(100):  # one period, one tick per second
+        before = clock.t
+        clock.t += 1.0
+        c._resync_due(before, clock.t, 100.0)
+        per_tick.append(len(drain(c)))
+    assert sum(per_tick) == 200  # every key exactly once
+    assert max(per_tick) <= 12  # spread: no burst (200 keys over 100 ticks, hash-distributed)
+    offsets = [resync_offset((PDDEPLOYMENT, "ns", f"d{i}"), f"uid-d{i}", 100.0) for i in range(200)]
+    assert all(0 <= o < 100 for o in offsets) and len({round(o) for o in offsets}) > 60
+    assert w is not None
+
+
+def test_slo_figures_that_only_move_are_written_at_most_once_per_period_transitions_at_once(monkeypatch):
+    clock = Clock()
+    c = controller(clock, slo_status_period_s=60.0)
+    answers = iter([HealthChange.CONDITIONS, HealthChange.FIGURES, HealthChange.FIGURES, HealthChange.NONE,
+                    HealthChange.FIGURES, HealthChange.CONDITIONS])
+    monkeypatch.setattr(c.runtime, "set_health", lambda health: next(answers))
+
+    class H:
+        namespace, name = "ns", "d"
+
+    key = (PDDEPLOYMENT, "ns", "d")
+    c.on_health(H)  # a condition moved: at once
+    assert drain(c) == [key]
+    clock.t += 15
+    c.on_health(H)  # figures moved 15 s later: deferred to 60 s after the last write
+    assert drain(c) == [] and c.queue.pending(key)
+    clock.t += 15
+    c.on_health(H)  # more figures: still one deferred write
+    c.on_health(H)  # nothing moved
+    clock.t += 30
+    assert drain(c) == [key]  # 60 s after the first write
+    clock.t += 15
+    c.on_health(H)  # figures again 15 s later: deferred
+    c.on_health(H)  # a transition: at once, whatever the period
+    assert drain(c) == [key]
+
+
+def test_a_kernelbuild_is_looked_at_again_while_it_builds_and_when_its_retry_is_due():
+    from sglang_pd_operator.controller import KERNELBUILD_POLL_S, _kernelbuild_next_look
+    from sglang_pd_operator.reconcilers.kernelbuild import KernelBuildOutcome
+
+    assert _kernelbuild_next_look(KernelBuildOutcome(phase="Building"), now=0) == KERNELBUILD_POLL_S
+    assert _kernelbuild_next_look(KernelBuildOutcome(phase="Failed", next_retry_at=130.0), now=100.0) == 30.0
+    assert _kernelbuild_next_look(KernelBuildOutcome(phase="Failed"), now=100.0) is None  # retries exhausted
+    assert _kernelbuild_next_look(KernelBuildOutcome(phase="Succeeded"), now=100.0) is None
+    assert _kernelbuild_next_look(KernelBuildOutcome(phase="Building", deleted=True), now=0) is None
+    assert _kernelbuild_next_look(None, now=0) is None
