@@ -29,7 +29,9 @@ import kopf
 
 from .api.v1alpha1 import GROUP, VERSION
 from .metrics.operator_metrics import OperatorMetrics
-from .metrics.scraper import Health, Scraper
+from .metrics.prometheus_source import PrometheusSettings
+from .metrics.scraper import Health
+from .metrics.sources import SCRAPE, make_slo_source
 from .reconcilers.runtime import Runtime
 from .render.labels import LABEL_DEPLOYMENT, MANAGED_BY
 
@@ -44,6 +46,8 @@ RESYNC_SECONDS: float = 15.0
 NAMESPACES: list[str] | None = None
 SLO_INTERVAL: float = 15.0  # seconds between SLO scrapes; 0 turns the scraper off
 METRICS: OperatorMetrics | None = None
+SLO_SOURCE: str = SCRAPE  # --slo-source: scrape | prometheus (metrics/sources.py)
+PROMETHEUS: PrometheusSettings | None = None  # --prometheus-url and its credentials
 
 
 def _runtime() -> Runtime:
@@ -93,8 +97,8 @@ async def _tick(rt: Runtime) -> None:
         await asyncio.sleep(1.0)
 
 
-def _scraper(rt: Runtime) -> Scraper:
-    """The SLO scraper, reading the cluster through the runtime and reporting into it."""
+def _scraper(rt: Runtime):
+    """The SLO source (``SLO_SOURCE``), reading the cluster through the runtime and reporting into it."""
     rt.health_max_age_s = max(rt.health_max_age_s, 4 * SLO_INTERVAL)
 
     async def on_health(health: Health) -> None:
@@ -104,7 +108,8 @@ def _scraper(rt: Runtime) -> Scraper:
             except Exception as e:
                 log.exception("reconcile after SLO scrape of %s failed: %s", health.key, e)
 
-    return Scraper(
+    return make_slo_source(
+        SLO_SOURCE,
         list_deployments=lambda: rt.list_bodies(NAMESPACES),
         list_pods=rt.list_managed_pods,
         on_health=on_health,
@@ -112,6 +117,8 @@ def _scraper(rt: Runtime) -> Scraper:
         metrics=METRICS,
         interval=SLO_INTERVAL,
         on_pass=lambda: rt.heartbeats.beat("slo-scraper"),
+        namespaces=NAMESPACES,
+        prometheus=PROMETHEUS,
     )
 
 

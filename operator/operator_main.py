@@ -27,6 +27,7 @@ from . import handlers
 from .leader import LeaderSettings, refuse_if_led, run_when_leading
 from .liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
 from .metrics.operator_metrics import OperatorMetrics
+from .metrics.prometheus_source import PrometheusSettings
 from .reconcilers.crds import ensure_crds
 from .reconcilers.kube import ApiTimeouts, Kube
 from .reconcilers.runtime import Hooks, Runtime, api_client_from_env
@@ -78,6 +79,8 @@ def run_operator(
     slo_interval: float = 15.0,
     timeouts: ApiTimeouts | None = None,
     stuck_after: float = DEFAULT_STUCK_AFTER_S,
+    slo_source: str = "scrape",
+    prometheus: PrometheusSettings | None = None,
 ) -> None:
     """Run until interrupted. Watches ``namespaces`` (None: the whole cluster).
 
@@ -87,6 +90,8 @@ def run_operator(
     ``unelected_lease``, when given, is checked first and ``leader.AnotherLeader`` raised
     while another process holds it).
     ``slo_interval``: seconds between SLO scrapes (``metrics/scraper.py``; 0: off).
+    ``slo_source``: ``scrape`` or ``prometheus`` (``metrics/sources.py``), the latter reading
+    ``prometheus``.
     ``timeouts``: connect/read timeouts of every API call (default ``ApiTimeouts()``).
     ``stuck_after``: seconds after which a reconcile or a loop step counts as stuck and
     ``/healthz`` answers 503.
@@ -107,6 +112,7 @@ def run_operator(
     handlers.RESYNC_SECONDS = resync
     handlers.NAMESPACES = namespaces
     handlers.SLO_INTERVAL = slo_interval
+    handlers.SLO_SOURCE, handlers.PROMETHEUS = slo_source, prometheus
     handlers.METRICS = metrics
     log.info("sglang-pd-operator starting (namespaces: %s)", namespaces or "all")
     settings = kopf_settings(timeouts)
