@@ -195,7 +195,7 @@ def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec) -> dic
             })
     alerts.append({
         "alert": "SGLangPDKVTransferFailing",
-        "expr": f"{RECORD_PREFIX}:kv_transfer_failures:increase{w}{{{dsel}}} > 0",
+        "expr": f"sum by (namespace, deployment) ({RECORD_PREFIX}:kv_transfer_failures:increase{w}{{{dsel}}}) > 0",
         "for": w,
         "labels": {"severity": "warning"},
         "annotations": {
