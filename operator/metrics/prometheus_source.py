@@ -154,7 +154,8 @@ async def instant_query(session: aiohttp.ClientSession, settings: PrometheusSett
     ``status`` other than ``success`` (the PromQL error is in the message) or a timeout.
     """
     url = settings.url.rstrip("/") + "/api/v1/query"
-    form = {"query": expr, "time": f"{at:.3f}", "timeout": f"{timeout:g}s"}
+    # Prometheus parses durations without fractions ("1.6s" is refused): whole milliseconds
+    form = {"query": expr, "time": f"{at:.3f}", "timeout": f"{max(1, round(timeout * 1000))}ms"}
     try:
         async with session.post(url, data=form, headers=settings.headers(), ssl=settings.ssl_context(),
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
