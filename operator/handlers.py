@@ -6,7 +6,8 @@
 - a resync loop reconciles every PDDeployment every ``resync`` seconds (level-triggered:
   time-based rollout steps such as drain grace periods and progress deadlines, and
   recovery after API errors, do not depend on seeing an event);
-- the SLO scraper (``metrics/scraper.py``) runs beside it every ``SLO_INTERVAL`` seconds;
+- the SLO source (``metrics/sources.py``: the scraper, or with ``--slo-source prometheus``
+  the Prometheus source) runs beside it every ``SLO_INTERVAL`` seconds;
   each deployment's figures go into the Runtime, and a deployment whose status-visible
   figures changed is reconciled at once (status follows within one interval).
 

@@ -390,6 +390,11 @@ class PrometheusSource:
     # ------------------------------------------------------------------ one deployment
     def _health(self, d: _Deployment, index: _Index, now: float, problem: tuple[str, str] | None,
                 master: Any) -> Health:
+        if self.metrics is not None:
+            if master is not None:
+                self.metrics.kvstore.publish(d.key, master)
+            else:
+                self.metrics.kvstore.clear_health(d.key)
         reachable = {r: 0 for r in SCRAPED_ROLES}
         if problem is None:
             up = index.get((None, "up"), d, **{promql.COMPAT_KEY_LABEL: d.serving_key})

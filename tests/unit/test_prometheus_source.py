@@ -194,3 +194,38 @@ def test_bearer_token_is_read_from_its_file_each_time(tmp_path):
             assert "Prometheus" in str(e)
         else:
             raise AssertionError(bad)
+
+
+def test_the_mooncake_master_is_still_probed_with_the_pods_it_is_given():
+    port = free_port()  # nothing listens: the probe finds the master unreachable and says so
+    b = body("a")
+    b["spec"]["kvCache"] = {"hicache": {"storage": {"backend": "mooncake"}}}
+    master = {"metadata": {"name": "a-mooncake-master-0", "namespace": "ns",
+                           "labels": {"pd.sglang-operator.io/deployment": "a",
+                                      "pd.sglang-operator.io/role": "mooncake-master"}},
+              "spec": {"containers": [{"ports": [{"name": "metrics", "containerPort": port}]}]},
+              "status": {"phase": "Running", "podIP": "127.0.0.1",
+                         "conditions": [{"type": "Ready", "status": "True"}]}}
+    asked: list[str] = []
+
+    async def go():
+        app = web.Application()
+        answers = FakeAnswers(up=UP, newest=1.0)
+        app.router.add_post("/api/v1/query", answers.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        prom_port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", prom_port).start()
+        try:
+            source = PrometheusSource(list_deployments=lambda: [b, body("plain")], interval=15,
+                                      prometheus=PrometheusSettings(url=f"http://127.0.0.1:{prom_port}"),
+                                      list_pods=lambda ns: asked.append(ns) or [master])
+            return await source.query_once()
+        finally:
+            await runner.cleanup()
+
+    with_mooncake, plain = asyncio.run(go())
+    assert asked == ["ns"]  # one list for the namespace of the deployment that uses Mooncake
+    assert with_mooncake.kvstore is not None and with_mooncake.kvstore.reachable is False
+    assert with_mooncake.kvstore.url == f"http://127.0.0.1:{port}"
+    assert plain.kvstore is None
