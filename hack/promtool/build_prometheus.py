@@ -5,9 +5,11 @@ Prometheus 3.16.0) with ``tool`` directives for ``cmd/promtool`` and ``cmd/prome
 both binaries come from one module version, so the rules promtool checks are evaluated by
 the same engine that serves the e2e's queries. ``PROMETHEUS`` names a prebuilt server and
 skips the build. The web UI's assets are not embedded (the ``builtinassets`` build tag is
-off): the HTTP API, which is all the operator uses, is complete without them. A cold
-build after promtool's shares most packages with it (see hack/test.sh for the measured
-times).
+off): the HTTP API, which is all the operator uses, is complete without them. Measured:
+a cold build alone took 7.6 min user + 1.0 min system CPU (15 min wall on a 2-core
+machine loaded by other builds; ~4.5 min on two idle cores, like promtool's), and it
+shares most packages with promtool's build; with a warm Go build cache it only relinks
+(29 s).
 
 Use: ``python hack/promtool/build_prometheus.py`` prints the binary's path;
 ``ensure_prometheus()`` returns it as a Path.
