@@ -11,6 +11,7 @@ export SGLANG_PD_OPERATOR_STRICT=1   # a skipped test fails here: CI installs ev
 # The Go tools the contract tests run, built here (not inside a test, where pytest's
 # per-test timeout would cut a cold build short on a busy machine); then a cache hit.
 .venv/bin/python hack/promtool/build_promtool.py >/dev/null         # cold: ~5 min
+.venv/bin/python hack/promtool/build_prometheus.py >/dev/null       # the server, same module (e2e)
 .venv/bin/python hack/kubeconform/build_kubeconform.py >/dev/null   # cold: ~1 min
 if [ $# -eq 0 ]; then
   # SGLang's own verdict on every example, per role and for the pair (the SGLang oracle).

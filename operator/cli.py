@@ -356,6 +356,23 @@ def crds(out_dir: str | None, check_only: bool) -> None:
                    "/healthz answers 503 (the liveness probe restarts the pod).")
 @click.option("--slo-interval", default=15.0, show_default=True,
               help="Seconds between scrapes of the engine and gateway pods' /metrics (SLOs, health; 0: off).")
+@click.option("--slo-source", type=click.Choice(["scrape", "prometheus"]), default="scrape", show_default=True,
+              help="Where the SLO figures come from: the operator scrapes every engine pod itself (scrape), or it "
+                   "asks the cluster's Prometheus one batched set of PromQL queries per --slo-interval "
+                   "(prometheus; needs --prometheus-url and the PodMonitor the operator renders). docs/slo.md.")
+@click.option("--prometheus-url", default=None, envvar="SGLANG_PD_PROMETHEUS_URL",
+              help="Base URL of Prometheus' HTTP API for --slo-source prometheus, e.g. "
+                   "http://prometheus-operated.monitoring:9090.")
+@click.option("--prometheus-bearer-token-file", default=None, type=click.Path(dir_okay=False),
+              help="File holding a bearer token for Prometheus (re-read every interval).")
+@click.option("--prometheus-ca-file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="CA bundle to verify an https Prometheus URL.")
+@click.option("--prometheus-cert-file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Client certificate for Prometheus (mutual TLS).")
+@click.option("--prometheus-key-file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Key of --prometheus-cert-file.")
+@click.option("--prometheus-insecure-skip-verify", is_flag=True, default=False,
+              help="Do not verify Prometheus' TLS certificate (test setups only).")
 def run(
     kubeconfig: str | None,
     namespaces: tuple[str, ...],
@@ -372,6 +389,13 @@ def run(
     slo_interval: float,
     workers: int,
     slo_status_period: float,
+    slo_source: str,
+    prometheus_url: str | None,
+    prometheus_bearer_token_file: str | None,
+    prometheus_ca_file: str | None,
+    prometheus_cert_file: str | None,
+    prometheus_key_file: str | None,
+    prometheus_insecure_skip_verify: bool,
 ) -> None:
     """Run the operator (kopf) until interrupted; exits 1 when the CRDs are missing or older, 3 on lost leadership.
 
@@ -394,6 +418,21 @@ def run(
         raise click.BadParameter("must be > 0", param_hint="--resync")
     if slo_status_period < 0:
         raise click.BadParameter("must be >= 0", param_hint="--slo-status-period")
+    prometheus = None
+    if slo_source == "prometheus":
+        from .metrics.prometheus_source import PrometheusSettings
+
+        if not prometheus_url:
+            raise click.BadParameter("--slo-source prometheus needs the URL of Prometheus' HTTP API, e.g. "
+                                     "--prometheus-url http://prometheus-operated.monitoring:9090",
+                                     param_hint="--prometheus-url")
+        try:
+            prometheus = PrometheusSettings(url=prometheus_url, bearer_token_file=prometheus_bearer_token_file,
+                                            ca_file=prometheus_ca_file, cert_file=prometheus_cert_file,
+                                            key_file=prometheus_key_file,
+                                            insecure_skip_verify=prometheus_insecure_skip_verify)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--prometheus-url") from None
     try:
         lease, renew, retry = (int(x) for x in leader_elect_timing.split(","))
     except ValueError:
@@ -424,6 +463,8 @@ def run(
             stuck_after=stuck_after,
             workers=workers,
             slo_status_period=slo_status_period,
+            slo_source=slo_source,
+            prometheus=prometheus,
         )
     except CRDSchemaError as e:
         log.error("refusing to run: %s", e)

@@ -42,7 +42,8 @@ from typing import Any
 from .liveness import Heartbeats
 from .metrics.health import Health
 from .metrics.operator_metrics import OperatorMetrics
-from .metrics.scraper import Scraper
+from .metrics.prometheus_source import PrometheusSettings
+from .metrics.sources import SCRAPE, make_slo_source
 from .reconcilers.cache import WATCHED, Change, ObjectCache, WatchedKind
 from .reconcilers.kube import Kube
 from .reconcilers.observe import unschedulable_reason
@@ -70,7 +71,8 @@ class LoopSettings:
     once (spread); ``sweep_s``: period of the cache's re-LIST; ``slo_interval_s``: seconds
     between SLO scrapes (0: no scraper); ``slo_status_period_s``: least time between two
     status writes that only move SLO figures; ``stuck_after_s``: liveness bound;
-    ``namespaces``: watched namespaces (None: the whole cluster).
+    ``namespaces``: watched namespaces (None: the whole cluster); ``slo_source`` /
+    ``prometheus``: where SLO figures come from (``metrics/sources.py``).
     """
 
     workers: int = 4
@@ -80,6 +82,8 @@ class LoopSettings:
     slo_status_period_s: float = 60.0
     stuck_after_s: float = 180.0
     namespaces: tuple[str, ...] | None = None
+    slo_source: str = SCRAPE
+    prometheus: PrometheusSettings | None = None
 
 
 def resync_offset(key: Key, uid: str | None, period_s: float) -> float:
@@ -342,15 +346,20 @@ class Controller:
                     self.queue.add(key)
 
     def _scrape_loop(self) -> None:
-        """The scraper on an asyncio loop of its own, in this thread, until :meth:`stop`."""
-        scraper = Scraper(
-            list_deployments=lambda: self.runtime.list_bodies(list(self.settings.namespaces or []) or None),
+        """The SLO source (the scraper, or the Prometheus source) on an asyncio loop of its own, in this
+        thread, until :meth:`stop`."""
+        namespaces = list(self.settings.namespaces or []) or None
+        scraper = make_slo_source(
+            self.settings.slo_source,
+            list_deployments=lambda: self.runtime.list_bodies(namespaces),
             list_pods=self.runtime.list_managed_pods,
             on_health=self.on_health,
             on_forget=self.on_forget,
             metrics=self.metrics,
             interval=self.settings.slo_interval_s,
             on_pass=lambda: self.heartbeats.beat("slo-scraper"),
+            namespaces=namespaces,
+            prometheus=self.settings.prometheus,
         )
         self.runtime.health_max_age_s = max(self.runtime.health_max_age_s, 4 * self.settings.slo_interval_s)
 

@@ -5,8 +5,9 @@ KernelBuilds, and the children the operator makes, which the API server selects 
 ``app.kubernetes.io/managed-by`` label: ``operator_main.kopf_settings`` sets the
 selectors) hands the event to :meth:`~sglang_pd_operator.controller.Controller.observe`,
 which updates the shared cache and queues the keys it concerns. The startup handler
-starts the loop (``memo.controller``, set by ``operator_main``: no module globals), and a
-ticker that beats the ``event-loop`` liveness heartbeat; cleanup stops both.
+starts the loop (``memo.controller``, set by ``operator_main``: no module globals; it runs
+the SLO source of ``--slo-source``, ``metrics/sources.py``), and a ticker that beats the
+``event-loop`` liveness heartbeat; cleanup stops both.
 
 Only event handlers are used, never create/update/timer handlers: those make kopf add
 finalizers and bookkeeping annotations to the user's object, which a GitOps replace

@@ -35,6 +35,7 @@ from .leader import LeaderSettings, refuse_if_led, run_when_leading
 from .liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
 from .metrics.operator_metrics import OperatorMetrics
 from .reconcilers.cache import WATCHED, ObjectCache
+from .metrics.prometheus_source import PrometheusSettings
 from .reconcilers.crds import ensure_crds
 from .reconcilers.kube import ApiTimeouts, Kube
 from .reconcilers.runtime import Hooks, KernelBuildRuntime, Runtime, api_client_from_env
@@ -94,6 +95,8 @@ def run_operator(
     stuck_after: float = DEFAULT_STUCK_AFTER_S,
     workers: int = 4,
     slo_status_period: float = 60.0,
+    slo_source: str = "scrape",
+    prometheus: PrometheusSettings | None = None,
 ) -> None:
     """Run until interrupted. Watches ``namespaces`` (None: the whole cluster).
 
@@ -103,6 +106,8 @@ def run_operator(
     ``unelected_lease``, when given, is checked first and ``leader.AnotherLeader`` raised
     while another process holds it).
     ``slo_interval``: seconds between SLO scrapes (``metrics/scraper.py``; 0: off).
+    ``slo_source``: ``scrape`` or ``prometheus`` (``metrics/sources.py``), the latter reading
+    ``prometheus``.
     ``timeouts``: connect/read timeouts of every API call (default ``ApiTimeouts()``).
     ``stuck_after``: seconds after which a reconcile or a loop step counts as stuck and
     ``/healthz`` answers 503. ``resync``: seconds in which every object is reconciled once
@@ -133,7 +138,8 @@ def run_operator(
         runtime=runtime, kernelbuilds=kernelbuilds, kube=kube, metrics=metrics, heartbeats=heartbeats,
         settings=LoopSettings(workers=workers, resync_s=resync, slo_interval_s=slo_interval,
                               slo_status_period_s=slo_status_period, stuck_after_s=stuck_after,
-                              namespaces=tuple(namespaces) if namespaces else None))
+                              namespaces=tuple(namespaces) if namespaces else None,
+                              slo_source=slo_source, prometheus=prometheus))
     log.info("sglang-pd-operator starting (namespaces: %s)", namespaces or "all")
     settings = kopf_settings(timeouts)
 

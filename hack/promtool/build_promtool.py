@@ -1,8 +1,8 @@
 """Build ``promtool`` from the pinned Prometheus Go module, once, into a cache (hack/gotool.py).
 
 ``hack/promtool/go.mod`` pins ``github.com/prometheus/prometheus`` (module v0.316.0 =
-Prometheus 3.16.0) with a ``tool`` directive for ``cmd/promtool``; go.sum pins every
-dependency. ``PROMTOOL`` names a prebuilt promtool and skips the build. A cold build
+Prometheus 3.16.0) with ``tool`` directives for ``cmd/promtool`` and ``cmd/prometheus``
+(the server, ``build_prometheus.py``); go.sum pins every dependency. ``PROMTOOL`` names a prebuilt promtool and skips the build. A cold build
 compiles about 600 packages: ~4.5 minutes wall on 2 cores (measured); a warm Go build
 cache only relinks.
 

@@ -12,6 +12,8 @@ Modules, lowest layer first (each imports only from those above it in this list)
 - ``operator_metrics``  :class:`~sglang_pd_operator.metrics.operator_metrics.OperatorMetrics`:
                         a dedicated registry with reconcile metrics, the published SLO figures
                         and the Mooncake masters' figures (``OperatorMetrics.kvstore``).
+- ``promql``            the PromQL expressions of the SLO figures (pure): the PrometheusRule records
+                        them per deployment, ``prometheus_source`` asks them for all deployments.
 - ``monitoring``        pure rendering of the PodMonitor and PrometheusRule for clusters that run
                         the Prometheus Operator.
 - ``scraper``           the asyncio loop of the operator process: every interval it fetches
@@ -20,6 +22,9 @@ Modules, lowest layer first (each imports only from those above it in this list)
                         empty page), feeds the evaluator, probes each Mooncake master, publishes
                         to ``OperatorMetrics`` and hands a ``Health`` per deployment to the
                         operator (which writes it into status).
+- ``prometheus_source`` ``--slo-source prometheus``: the same ``Health`` per deployment from one
+                        batched set of PromQL queries per interval to the cluster's Prometheus.
+- ``sources``           picks the scraper or the Prometheus source (``make_slo_source``).
 
 Each interval the scraper parses, for every ready pod, the families
 ``evaluator.families_for(role, spec.slo)`` from its page

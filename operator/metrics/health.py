@@ -77,7 +77,10 @@ class Health:
     ``slo``: the evaluation of ``spec.slo`` (None without one). ``kv_transfer``: KV
     transfer latency and failures over the SLO window (5m without ``spec.slo``).
     ``kvstore``: this pass's look at the Mooncake Store master (None without Mooncake
-    storage).
+    storage). ``source``: what produced the figures (``scrape``: the scraper;
+    ``prometheus``: ``prometheus_source``). ``problem``: (reason, message) when no figures
+    could be read this interval (e.g. ``PrometheusUnavailable``): ``slo`` is then None and
+    ``SLOMet`` Unknown with that reason.
     """
 
     namespace: str
@@ -89,6 +92,8 @@ class Health:
     slo: SLOResult | None
     kv_transfer: KVTransferResult
     kvstore: MasterHealth | None = None
+    source: str = "scrape"
+    problem: tuple[str, str] | None = None
 
     @property
     def key(self) -> str:

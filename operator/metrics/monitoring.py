@@ -9,7 +9,8 @@ CRDs exist). They let Prometheus compute the same figures as the operator's own
   gateway pods (smg's ``--prometheus-port``), each endpoint kept to its roles, and labels every series with
   ``deployment`` (the PDDeployment name) and ``role`` (from a pod label); the Prometheus
   Operator adds ``namespace`` and ``pod`` itself;
-- the PrometheusRule records, per deployment, each targeted percentile as
+- the PrometheusRule records, per deployment, each targeted percentile (the expressions
+  come from ``promql``, which ``--slo-source prometheus`` queries too) as
   ``histogram_quantile(q, sum by (namespace, deployment, le) (rate(<metric>_bucket
   {role="decode"}[window])))`` (speed as 1 / the TPOT percentile), a 0/1 "window bad"
   series, burn rates over the four windows of ``slo.burn_windows`` and the two
@@ -24,7 +25,7 @@ import re
 from collections.abc import Mapping
 
 from sglang_pd_operator.api.v1alpha1 import SLOSpec, parse_duration
-from sglang_pd_operator.metrics import exposition as ex
+from sglang_pd_operator.metrics import promql
 from sglang_pd_operator.metrics.slo import (
     PERCENTILES,
     ROLE_AGGREGATED,
@@ -38,11 +39,11 @@ from sglang_pd_operator.metrics.slo import (
 MONITORING_API_VERSION = "monitoring.coreos.com/v1"
 RECORD_PREFIX = "sglang_pd"
 
-_SLO_METRICS = {  # spec field -> (histogram family, recorded name part)
-    "ttft": (ex.TTFT, "ttft_seconds"),
-    "itl": (ex.ITL, "itl_seconds"),
-    "e2e": (ex.E2E, "e2e_seconds"),
-    "perUserSpeed": (ex.TPOT, "per_user_speed_tokens_per_second"),
+_SLO_METRICS = {  # spec field -> recorded name part (the expressions: promql.py)
+    "ttft": "ttft_seconds",
+    "itl": "itl_seconds",
+    "e2e": "e2e_seconds",
+    "perUserSpeed": "per_user_speed_tokens_per_second",
 }
 
 
@@ -51,13 +52,9 @@ def _label_to_meta(key: str) -> str:
     return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
-def _selector(name: str, namespace: str, role: str) -> str:
-    return f'namespace="{namespace}",deployment="{name}",role="{role}"'
-
-
 def recorded_name(metric: str, percentile: str) -> str:
     """Recording-rule name of one target, e.g. ``sglang_pd:ttft_seconds:p90``."""
-    return f"{RECORD_PREFIX}:{_SLO_METRICS[metric][1]}:{percentile}"
+    return f"{RECORD_PREFIX}:{_SLO_METRICS[metric]}:{percentile}"
 
 
 def render_monitoring(
@@ -67,6 +64,7 @@ def render_monitoring(
     slo_spec: SLOSpec | None,
     pod_selector: Mapping[str, str],
     role_label: str,
+    compat_key_label: str | None = None,
     engine_port: str = "http",
     gateway_port: str = "metrics",
     scrape_interval: str = "15s",
@@ -88,6 +86,9 @@ def render_monitoring(
         {"action": "replace", "targetLabel": "deployment", "replacement": name},
         {"action": "replace", "sourceLabels": [_label_to_meta(role_label)], "targetLabel": "role"},
     ]
+    if compat_key_label:
+        relabel.append({"action": "replace", "sourceLabels": [_label_to_meta(compat_key_label)],
+                        "targetLabel": promql.COMPAT_KEY_LABEL})
 
     def endpoint(port: str, roles: str) -> dict:
         # both ports may share a name across pod kinds (the gateway's API port is "http"
@@ -132,11 +133,10 @@ def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec) -> dic
     """
     window_s = parse_duration(slo_spec.window)
     w = format_duration(window_s)
-    dsel = f'namespace="{namespace}",deployment="{name}"'
-    by = "sum by (namespace, deployment, le)"
+    dsel = promql.selector(namespace=namespace, deployment=name)
     records: list[dict] = []
     bad_terms: list[str] = []
-    for metric, (family, _) in _SLO_METRICS.items():
+    for metric in _SLO_METRICS:
         targets = getattr(slo_spec, metric)
         if targets is None:
             continue
@@ -144,45 +144,32 @@ def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec) -> dic
             raw = getattr(targets, pname)
             if raw is None:
                 continue
-            decode = _selector(name, namespace, ROLE_DECODE)
-            quantile = f"histogram_quantile({q}, {by} (rate({family}_bucket{{{decode}}}[{w}])))"
             rec = recorded_name(metric, pname)
+            records.append({"record": rec, "expr": promql.target_quantile(metric, q, window_s, dsel)})
             if metric == "perUserSpeed":
-                records.append({"record": rec, "expr": f"1 / {quantile}"})
                 bad_terms.append(f"({rec}{{{dsel}}} < bool {float(raw):g})")
             else:
-                records.append({"record": rec, "expr": quantile})
                 bad_terms.append(f"({rec}{{{dsel}}} > bool {parse_duration(raw):g})")
-    traffic = (f"sum by (namespace, deployment) (rate({ex.E2E}_count{{{_selector(name, namespace, ROLE_DECODE)}}}"
-               f"[{w}])) > 0")
     bad = f"{RECORD_PREFIX}:slo_window_bad"
     budget = 1.0 - slo_spec.objective
     if bad_terms:
         records.append({
             "record": bad,
-            "expr": f"clamp_max({' + '.join(bad_terms)}, 1) and on (namespace, deployment) ({traffic})",
+            "expr": (f"clamp_max({' + '.join(bad_terms)}, 1) and on (namespace, deployment) "
+                     f"({promql.traffic(window_s, dsel)})"),
         })
         for bw in burn_windows(window_s):
             records.append({
                 "record": f"{RECORD_PREFIX}:slo_error_budget_burn_rate:{format_duration(bw.seconds)}",
                 "expr": f"avg_over_time({bad}{{{dsel}}}[{format_duration(bw.seconds)}]) / {budget:g}",
             })
-    # Every scheduler of a DP shard counts the same failed request (exposition.py, "per-rank
-    # counters"): the max over the rank labels counts it once. The two counters are tagged
-    # and joined with `or`, because SGLang creates each series only at its first increment
-    # and `+` would drop a pod that has only one of them.
-    ranks = ", ".join(ex.RANK_LABELS)
-    tagged = " or ".join(
-        f'label_replace(increase({metric}{{{dsel}}}[{w}]), "failure", "{tag}", "", "")'
-        for metric, tag in ((ex.TRANSFER_FAILED, "transfer"), (ex.BOOTSTRAP_FAILED, "bootstrap"))
-    )
-    kv_failures = f"sum by (namespace, deployment) (max without ({ranks}) ({tagged}))"
-    records.append({"record": f"{RECORD_PREFIX}:kv_transfer_failures:increase{w}", "expr": kv_failures})
+    # one count per DP shard, transfer and bootstrap failures as label failure=... (promql.kv_failures)
+    records.append({"record": f"{RECORD_PREFIX}:kv_transfer_failures:increase{w}",
+                    "expr": promql.kv_failures(window_s, dsel)})
     for pname, q in PERCENTILES.items():
         records.append({
             "record": f"{RECORD_PREFIX}:kv_transfer_latency_seconds:{pname}",
-            "expr": (f"histogram_quantile({q}, {by} (rate({ex.KV_TRANSFER_LATENCY_MS}_bucket"
-                     f"{{{_selector(name, namespace, ROLE_PREFILL)}}}[{w}]))) / 1000"),
+            "expr": promql.kv_latency(q, window_s, dsel),
         })
     alerts: list[dict] = []
     if bad_terms:
@@ -208,7 +195,7 @@ def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec) -> dic
             })
     alerts.append({
         "alert": "SGLangPDKVTransferFailing",
-        "expr": f"{RECORD_PREFIX}:kv_transfer_failures:increase{w}{{{dsel}}} > 0",
+        "expr": f"sum by (namespace, deployment) ({RECORD_PREFIX}:kv_transfer_failures:increase{w}{{{dsel}}}) > 0",
         "for": w,
         "labels": {"severity": "warning"},
         "annotations": {

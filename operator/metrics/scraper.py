@@ -279,6 +279,23 @@ def deployment_targets(
 HealthCallback = Callable[[Health], Awaitable[None] | None]
 
 
+async def probe_master(session: aiohttp.ClientSession, t: DeploymentTargets, *, timeout: float) -> MasterHealth | None:
+    """This pass's look at the deployment's Mooncake master (None without Mooncake storage).
+
+    Ready needs both: the pod Ready and ``/health`` serving. ``timeout``: seconds per request.
+    """
+    m = t.master
+    if m is None:
+        return None
+    if m.url is None:
+        return m.health_without_probe(t.master_service_url or "")
+    probed = await probe_master_async(session, m.url, timeout=timeout)
+    if m.pod_ready:
+        return replace(probed, deployment_ready=True, exists=True)
+    return replace(probed, ready=False, deployment_ready=False, exists=True,
+                   error=probed.error if not probed.reachable else m.problem)
+
+
 class Scraper:
     """The scrape loop (see the module docstring).
 
@@ -430,22 +447,9 @@ class Scraper:
             return await asyncio.to_thread(self._evaluate, t, texts, rebaseline, master, families)
 
     async def _probe_master(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> MasterHealth | None:
-        """This pass's look at the deployment's Mooncake master (None without Mooncake storage).
-
-        Ready needs both: the pod Ready and ``/health`` serving.
-        """
-        m = t.master
-        if m is None:
-            return None
-        if m.url is None:
-            return m.health_without_probe(t.master_service_url or "")
         assert self._semaphore is not None
         async with self._semaphore:
-            probed = await probe_master_async(session, m.url, timeout=self.timeout)
-        if m.pod_ready:
-            return replace(probed, deployment_ready=True, exists=True)
-        return replace(probed, ready=False, deployment_ready=False, exists=True,
-                       error=probed.error if not probed.reachable else m.problem)
+            return await probe_master(session, t, timeout=self.timeout)
 
     async def fetch(self, session: aiohttp.ClientSession, key: str, pod: PodTarget,
                     families: Mapping[str, ex.Kind]) -> str | None:

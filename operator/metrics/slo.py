@@ -675,6 +675,26 @@ class SLOEvaluator:
                 targets.append(_target_result(metric, pname, q, raw, hist, role, source.family))
         known = [t for t in targets if t.met is not None]
         met = None if not known else all(t.met for t in known)
+        attainment, burn = self.record_interval(deployment_key, window_s, slo_spec.objective, met, now)
+        return SLOResult(
+            deployment=deployment_key, evaluated_at=now, window_seconds=window_s,
+            objective=slo_spec.objective, targets=tuple(targets), met=met,
+            no_traffic=not traffic, attainment=attainment, burn_rates=burn,
+            kv_transfer=self._kv_transfer(deployment_key, dep, now, window_s),
+            roles=self._roles(dep, now, window_s),
+        )
+
+    def record_interval(self, deployment_key: str, window_s: float, objective: float, met: bool | None,
+                        now: float) -> tuple[float | None, tuple[BurnRate, ...]]:
+        """Record the outcome of the evaluation interval ending at ``now`` and count the window.
+
+        ``met``: True good, False bad, None not counted (no traffic or no figures).
+        Returns (attainment over ``window_s``, the four :class:`BurnRate` of
+        ``burn_windows(window_s)`` for ``objective``). :meth:`evaluate` calls it; a source
+        that measures the percentiles elsewhere (``prometheus_source``) calls it with its
+        own verdict, so attainment and burn rates follow one rule whatever the source.
+        """
+        dep = self._deployments.setdefault(deployment_key, _Deployment(retention_s=window_s))
         self._record(dep, now, met, max(self._resolution_s, window_s / OUTCOME_BINS_PER_WINDOW))
         windows = burn_windows(window_s)
         horizon = max(w.seconds for w in windows)
@@ -682,18 +702,12 @@ class SLOEvaluator:
             dep.outcomes.popleft()
         good, counted = self._count(dep, now, window_s)
         attainment = good / counted if counted else None
-        budget = 1.0 - slo_spec.objective
+        budget = 1.0 - objective
         burn = []
         for w in windows:
             g, n = self._count(dep, now, w.seconds)
             burn.append(BurnRate(window=w, value=((n - g) / n) / budget if n else None, intervals=n))
-        return SLOResult(
-            deployment=deployment_key, evaluated_at=now, window_seconds=window_s,
-            objective=slo_spec.objective, targets=tuple(targets), met=met,
-            no_traffic=not traffic, attainment=attainment, burn_rates=tuple(burn),
-            kv_transfer=self._kv_transfer(deployment_key, dep, now, window_s),
-            roles=self._roles(dep, now, window_s),
-        )
+        return attainment, tuple(burn)
 
     @staticmethod
     def _record(dep: _Deployment, now: float, met: bool | None, width: float) -> None:
@@ -773,21 +787,36 @@ def _target_result(metric: str, pname: str, q: float, raw: Any, hist: Histogram 
     """Measure one target from the window histogram (see :class:`TargetResult`)."""
     observations = 0.0 if hist is None else hist.total
     if metric == "perUserSpeed":
-        target = float(raw)
         tpot = None if hist is None else hist.quantile(q)
         measured = resolution = None
         if tpot is not None:
             measured = math.inf if tpot <= 0 else 1.0 / tpot
             resolution = _speed_resolution(tpot, hist.bounds) if hist is not None else None
+    else:
+        measured = None if hist is None else hist.quantile(q)
+        resolution = None if measured is None or hist is None else bucket_width_at(measured, hist.bounds)
+    return target_result(metric, pname, raw, measured, observations=observations, resolution=resolution,
+                         role=role, family=family)
+
+
+def target_result(metric: str, pname: str, raw: Any, measured: float | None, *, observations: float,
+                  resolution: float | None, role: str | None, family: str) -> TargetResult:
+    """One target's verdict from its measured value (see :class:`TargetResult`).
+
+    ``raw``: the spec's target (a duration string, or tokens/s for ``perUserSpeed``);
+    ``measured``: seconds, or tokens/s for ``perUserSpeed``; None without observations.
+    Latency is met when ``measured <= target``, speed when ``measured >= target``.
+    Raises ``ValueError`` for a target that is not a duration.
+    """
+    if metric == "perUserSpeed":
+        target = float(raw)
         met = None if measured is None else measured >= target
         margin = None if measured is None else measured - target
         return TargetResult(metric, pname, UNIT_TOKENS_PER_SECOND, target, measured, met, margin,
                             resolution, observations, role, family)
     target = parse_duration(raw)
-    measured = None if hist is None else hist.quantile(q)
     met = None if measured is None else measured <= target
     margin = None if measured is None else target - measured
-    resolution = None if measured is None or hist is None else bucket_width_at(measured, hist.bounds)
     return TargetResult(metric, pname, UNIT_SECONDS, target, measured, met, margin, resolution,
                         observations, role, family)
 

@@ -369,6 +369,7 @@ def _apply_monitoring(kube: Kube, plan: Plan, owner: dict[str, Any]) -> None:
         slo_spec=plan.spec.slo,
         pod_selector={L.LABEL_DEPLOYMENT: plan.name, "app.kubernetes.io/managed-by": L.MANAGED_BY},
         role_label=L.LABEL_ROLE,
+        compat_key_label=L.LABEL_COMPAT_KEY,
         labels=L.common_labels(plan.name),
         owner_references=L.owner_reference(owner),
     )

@@ -16,10 +16,13 @@ Conditions follow Kubernetes API conventions: ``type``, ``status``, ``reason``,
 - ``Degraded``: the rollout failed, or no prefill is ready (or answers the operator's
   scrape) while decode is (NoPrefill), or KV transfers / bootstraps failed within the SLO
   window (KVTransferFailing);
-- ``SLOMet``: from the operator's own measurement (``metrics/scraper.py``), only when
-  ``spec.slo`` is set: True, False naming each missed target and by how much, Unknown
-  when no request finished in the window, or (NoRecentMeasurement) when the operator has
-  had no figures for longer than the runtime's bound;
+- ``SLOMet``: from the operator's SLO source (``metrics/scraper.py``, or with
+  ``--slo-source prometheus`` ``metrics/prometheus_source.py``), only when ``spec.slo`` is
+  set: True, False naming each missed target and by how much, Unknown when no request
+  finished in the window, when the source could not read figures this interval (the
+  Health's ``problem``: PrometheusUnavailable, NoSeries, StaleSeries), or
+  (NoRecentMeasurement) when the operator has had no figures for longer than the
+  runtime's bound; ``status.scrape`` says which source measured and when (``measuredAt``);
 - ``Warning``: the spec is served but the catalog cannot vouch for something (each
   warning, one per line).
 
@@ -220,7 +223,7 @@ def degraded_condition(
             return Cond(
                 "Degraded", "True", "NoPrefill", f"no prefill replica is ready while {d.ready} decode replicas are"
             )
-    if health is not None and (serving is None or health.serving_key == serving.key):
+    if health is not None and health.problem is None and (serving is None or health.serving_key == serving.key):
         p_ready, p_up = health.ready.get("prefill", 0), health.reachable.get("prefill", 0)
         d_up = health.reachable.get("decode", 0)
         if p_up == 0 and d_up > 0:
@@ -241,11 +244,29 @@ def degraded_condition(
     return Cond("Degraded", "False", "AsExpected", "")
 
 
-def scrape_summary(health: Health) -> dict[str, Any]:
-    """``status.scrape``: the serving group's id and, per role, ``reachable/ready`` pods."""
-    out: dict[str, Any] = {"group": (health.serving_key or "")[:6]}
-    for role in ("prefill", "decode", "gateway"):
-        out[role] = f"{health.reachable.get(role, 0)}/{health.ready.get(role, 0)}"
+def scrape_summary(health: Health, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``status.scrape``: which source produced the figures (``scrape`` | ``prometheus``),
+    ``measuredAt`` (RFC 3339), the serving group's id and, per role, ``reachable/ready``
+    pods; with ``health.problem`` (no figures this interval) ``problem`` (its reason)
+    instead of the pod counts.
+
+    ``previous``: the current ``status.scrape``; its ``measuredAt`` is kept when everything
+    else is unchanged (the measurement that first found these figures), so unchanged
+    figures cause no write at rest; that they are current is SLOMet's to say (Unknown,
+    NoRecentMeasurement, once no measurement is younger than the runtime's bound).
+    """
+    out: dict[str, Any] = {"source": health.source, "group": (health.serving_key or "")[:6]}
+    if health.problem is not None:
+        out["problem"] = health.problem[0]
+    else:
+        for role in ("prefill", "decode", "gateway"):
+            out[role] = f"{health.reachable.get(role, 0)}/{health.ready.get(role, 0)}"
+    measured_at = rfc3339(health.evaluated_at)
+    if previous:
+        kept = previous.get("measuredAt")
+        if parse_rfc3339(kept) is not None and {k: v for k, v in previous.items() if k != "measuredAt"} == out:
+            measured_at = kept
+    out["measuredAt"] = measured_at
     return out
 
 
@@ -268,9 +289,12 @@ def health_views(health: Health) -> tuple[tuple, tuple]:
         tuple((t.metric, t.percentile, t.met) for t in slo.targets) if slo else None,  # SLOTargetMissed events
         (degraded.status, degraded.reason),
         kvstore[:-1] if kvstore else None,
+        health.problem[0] if health.problem else None,  # SLOMet Unknown: PrometheusUnavailable, NoSeries ...
     )
-    figures = (repr(scrape_summary(health)), repr(slo.to_status()) if slo else None,
-               slo_met["message"] if slo_met else None, degraded.message, kvstore[-1] if kvstore else None)
+    summary = {k: v for k, v in scrape_summary(health).items() if k != "measuredAt"}
+    figures = (repr(summary), repr(slo.to_status()) if slo else None,
+               slo_met["message"] if slo_met else None, degraded.message, kvstore[-1] if kvstore else None,
+               health.problem[1] if health.problem else None)
     return conditions, figures
 
 
@@ -346,7 +370,9 @@ def valid_status(
         degraded,
         Cond("Warning", "True" if warns else "False", "CatalogWarnings" if warns else "NoWarnings", problems_message(warns)),
     ]
-    if slo_enabled and health is not None and health.slo is not None:
+    if slo_enabled and health is not None and health.problem is not None:
+        conds.append(Cond("SLOMet", "Unknown", health.problem[0], health.problem[1]))
+    elif slo_enabled and health is not None and health.slo is not None:
         c = slo_condition(health.slo)
         conds.append(Cond(c["type"], c["status"], c["reason"], c["message"]))
     elif slo_enabled and health is None and health_stale is not None:
@@ -387,7 +413,8 @@ def valid_status(
     gw = target.workloads.get("gateway") if target else None
     if health is not None:
         slo_block = health.slo.to_status() if slo_enabled and health.slo is not None else None
-        scrape = scrape_summary(health)
+        # measuredAt moves with the figures: keep it only while status.slo stays as it was too
+        scrape = scrape_summary(health, previous.get("scrape") if slo_block == previous.get("slo") else None)
     elif health_stale is not None:
         slo_block = scrape = None
     else:

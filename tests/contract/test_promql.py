@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from sglang_pd_operator.api.v1alpha1 import SLOSpec
+from sglang_pd_operator.metrics import promql
 from sglang_pd_operator.metrics.histogram import INF, histogram_quantile
 from sglang_pd_operator.metrics.monitoring import prometheus_rule_spec, render_monitoring
 
@@ -146,8 +147,11 @@ def test_promtool_counts_a_kv_failure_once_per_dp_shard(promtool, tmp_path):
             "input_series": series,
             "promql_expr_test": [
                 {"expr": "sglang_pd:kv_transfer_failures:increase5m", "eval_time": "20m",
-                 "exp_samples": [{"labels": 'sglang_pd:kv_transfer_failures:increase5m{namespace="ns",deployment="d"}',
-                                  "value": 5}]},
+                 "exp_samples": [{"labels": 'sglang_pd:kv_transfer_failures:increase5m'
+                                            '{namespace="ns",deployment="d",failure="transfer"}', "value": 5}]},
+                # what --slo-source prometheus asks: the same expression over every deployment
+                {"expr": promql.kv_failures(300, ""), "eval_time": "20m",
+                 "exp_samples": [{"labels": '{namespace="ns",deployment="d",failure="transfer"}', "value": 5}]},
             ],
             "alert_rule_test": [
                 {"eval_time": "20m", "alertname": "SGLangPDKVTransferFailing", "exp_alerts": [{

@@ -26,6 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,64 @@ def start_smg(procs: Processes, args: list[str], *, kubeconfig: Path, name: str 
     smg = smg_binary()
     assert smg is not None
     procs.start(name, [smg, "launch", *args], env={"KUBECONFIG": str(kubeconfig)})
+
+
+@dataclass
+class PDStack:
+    """A PDDeployment's pods served for real: one simulator per engine pod and the real smg
+    on the gateway pod's address. ``engine``: the engine pods; ``by_role``: prefill / decode
+    pods; ``gateway``: smg's URL; ``served``: the served model name; ``key``: the compat key."""
+
+    engine: list[dict[str, Any]]
+    by_role: dict[str, list[dict[str, Any]]]
+    gateway_pod: dict[str, Any]
+    gateway: str
+    served: str
+    key: str
+
+
+def serve_pd(cluster, procs: Processes, ready: dict[str, Any], *, sim_extra: list[str]) -> PDStack:
+    """Start a simulator for every engine pod of the Ready PDDeployment ``ready`` (``sim_extra``
+    appended to each one's arguments, plus ``--seed <i>``) and smg with the operator's rendered
+    gateway arguments; returns once smg registered every prefill and decode pod."""
+    from opkit import kget, pods, wait_for
+
+    ns, name = ready["metadata"]["namespace"], ready["metadata"]["name"]
+    lbl = "pd.sglang-operator.io"
+    model = ready["spec"]["model"]
+    served = model["servedModelName"]
+    engine = pods(cluster, ns, f"{lbl}/deployment={name},{lbl}/role in (prefill,decode)")
+    by_role = {r: [p for p in engine if p["metadata"]["labels"][f"{lbl}/role"] == r] for r in ("prefill", "decode")}
+    for i, p in enumerate(engine):
+        start_simulator(procs, p, model=model["name"], served_model_name=served, extra=["--seed", str(i), *sim_extra])
+    wait_answering([f"http://{p['status']['podIP']}:30000/health" for p in engine])
+    key = ready["status"]["compatKey"]
+    rendered = kget(cluster, "deployment", f"{name}-{key[:6]}-gateway", "-n", ns)
+    rendered = rendered["spec"]["template"]["spec"]["containers"][0]["args"]
+    (gw_pod,) = pods(cluster, ns, f"{lbl}/deployment={name},{lbl}/role=gateway")
+    args = with_address(rendered, host=gw_pod["status"]["podIP"])
+    gateway = f"http://{gw_pod['status']['podIP']}:{args[args.index('--port') + 1]}"
+    start_smg(procs, args, kubeconfig=cluster.kubeconfig)
+    wait_answering([gateway + "/health"], timeout=30)
+    n_p, n_d = len(by_role["prefill"]), len(by_role["decode"])
+    wait_for(lambda: (w := get_json(gateway + "/workers"))["stats"]["prefill_count"] == n_p
+             and w["stats"]["decode_count"] == n_d, timeout=60, what=f"smg registered {n_p} prefill + {n_d} decode")
+    return PDStack(engine=engine, by_role=by_role, gateway_pod=gw_pod, gateway=gateway, served=served, key=key)
+
+
+def run_load(gateway: str, model: str, out: Path, *, requests: int, concurrency: int, max_tokens: int,
+             background: bool = False):
+    """tools/loadgen.py against ``gateway``, as a user would run it: its JSON report (``out``),
+    or with ``background`` the running process."""
+    argv = [sys.executable, str(LOADGEN), "--url", gateway, "--model", model, "--requests", str(requests),
+            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--out", str(out)]
+    env = {"PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin"}
+    if background:
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=out.parent, env=env)
+    res = subprocess.run(argv, capture_output=True, text=True, cwd=out.parent, timeout=180, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    print(res.stdout)
+    return json.loads(out.read_text())
 
 
 # --------------------------------------------------------------------------- readiness

@@ -27,25 +27,14 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 from helpers import load_example
-from opkit import OperatorProcess, condition, kapply, kget, pods, wait_for
+from opkit import OperatorProcess, condition, kapply, kget, wait_for
 from prometheus_client.parser import text_string_to_metric_families
-from simkit import (
-    LOADGEN,
-    get_json,
-    post_json,
-    smg_binary,
-    start_simulator,
-    start_smg,
-    wait_answering,
-    with_address,
-)
+from simkit import post_json, run_load, serve_pd, smg_binary
 
 from sglang_pd_operator.api.v1alpha1 import parse_duration
 from sglang_pd_operator.metrics import exposition as ex
@@ -92,20 +81,6 @@ def _status_measured(obj, metric: str) -> float | None:
     return None
 
 
-def _run_load(gateway: str, model: str, out, *, requests: int, concurrency: int, max_tokens: int,
-              background: bool = False):
-    argv = [sys.executable, str(LOADGEN), "--url", gateway, "--model", model, "--requests", str(requests),
-            "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--out", str(out)]
-    if background:
-        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=out.parent,
-                                env={"PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin"})
-    res = subprocess.run(argv, capture_output=True, text=True, cwd=out.parent, timeout=180,
-                         env={"PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin"})
-    assert res.returncode == 0, res.stdout + res.stderr
-    print(res.stdout)
-    return json.loads(out.read_text())
-
-
 def _events(cluster, ns, reason):
     got = kget(cluster, "events", "-n", ns, "--field-selector", f"involvedObject.name={NAME},reason={reason}")
     return (got or {}).get("items", [])
@@ -139,29 +114,11 @@ def _run(cluster, ns, procs, op, doc, tmp_path, t_start):
     kapply(cluster, doc)
     ready = wait_for(lambda: (o := _pdd(cluster, ns)) and (c := condition(o, "Ready")) and c["status"] == "True" and o,
                      timeout=90, what="Ready")
-    model = ready["spec"]["model"]
-    served = model["servedModelName"]
-    engine = pods(cluster, ns, f"{LBL}/deployment={NAME},{LBL}/role in (prefill,decode)")
-    by_role = {r: [p for p in engine if p["metadata"]["labels"][f"{LBL}/role"] == r] for r in ("prefill", "decode")}
+    stack = serve_pd(cluster, procs, ready, sim_extra=[
+        "--ttft-median", str(TTFT_MEDIAN), "--ttft-sigma", str(TTFT_SIGMA), "--itl-median", str(ITL_MEDIAN),
+        "--itl-sigma", str(ITL_SIGMA), "--prefill-median", "0.1", "--slow-factor", str(SLOW_FACTOR)])
+    engine, by_role, gateway, served = stack.engine, stack.by_role, stack.gateway, stack.served
     assert len(by_role["prefill"]) == 1 and len(by_role["decode"]) == 2
-    for i, p in enumerate(engine):
-        start_simulator(procs, p, model=model["name"], served_model_name=served, extra=[
-            "--seed", str(i), "--ttft-median", str(TTFT_MEDIAN), "--ttft-sigma", str(TTFT_SIGMA),
-            "--itl-median", str(ITL_MEDIAN), "--itl-sigma", str(ITL_SIGMA), "--prefill-median", "0.1",
-            "--slow-factor", str(SLOW_FACTOR)])
-    wait_answering([f"http://{p['status']['podIP']}:30000/health" for p in engine])
-    # the real smg with the operator's arguments, on the gateway pod's address
-    key = ready["status"]["compatKey"]
-    rendered = kget(cluster, "deployment", f"{NAME}-{key[:6]}-gateway", "-n", ns)
-    rendered = rendered["spec"]["template"]["spec"]["containers"][0]["args"]
-    (gw_pod,) = pods(cluster, ns, f"{LBL}/deployment={NAME},{LBL}/role=gateway")
-    gw_ip = gw_pod["status"]["podIP"]
-    args = with_address(rendered, host=gw_ip)
-    gateway = f"http://{gw_ip}:{args[args.index('--port') + 1]}"
-    start_smg(procs, args, kubeconfig=cluster.kubeconfig)
-    wait_answering([gateway + "/health"], timeout=30)
-    wait_for(lambda: (w := get_json(gateway + "/workers"))["stats"]["prefill_count"] == 1
-             and w["stats"]["decode_count"] == 2, timeout=60, what="smg registered 1 prefill + 2 decode")
     # the operator reaches every pod (baselines taken) and there is no traffic yet
     obj = wait_for(lambda: (o := _pdd(cluster, ns)) and (o["status"].get("scrape") or {}).get("decode") == "2/2"
                    and o["status"]["scrape"]["prefill"] == "1/1" and o["status"]["scrape"]["gateway"] == "1/1"
@@ -171,7 +128,7 @@ def _run(cluster, ns, procs, op, doc, tmp_path, t_start):
 
     # ---- 1. agreement with the load script's own client-side figures
     t_load = time.monotonic()
-    load = _run_load(gateway, served, tmp_path / "load.json", requests=160, concurrency=8, max_tokens=16)
+    load = run_load(gateway, served, tmp_path / "load.json", requests=160, concurrency=8, max_tokens=16)
     summary = load["summary"]
     assert summary["failed"] == 0, summary["errors"]
     n_req = summary["ttft_seconds"]["count"]
@@ -215,7 +172,7 @@ def _run(cluster, ns, procs, op, doc, tmp_path, t_start):
     for p in engine:
         post_json(f"http://{p['status']['podIP']}:30000/simulator/mode", {"mode": "slow"})
     t_switch = time.monotonic()
-    bg = _run_load(gateway, served, tmp_path / "slow.json", requests=24, concurrency=4, max_tokens=8, background=True)
+    bg = run_load(gateway, served, tmp_path / "slow.json", requests=24, concurrency=4, max_tokens=8, background=True)
     try:
         obj = wait_for(lambda: (o := _pdd(cluster, ns)) and condition(o, "SLOMet")["status"] == "False" and o,
                        timeout=30, interval=0.2, what="SLOMet False")

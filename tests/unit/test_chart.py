@@ -163,6 +163,25 @@ def test_single_replica_values(rendered):
     assert [r["metadata"]["name"] for r in by_kind(objs, "ClusterRole")] == ["pd-sglang-pd-operator"]
 
 
+def test_slo_source_values_become_flags_the_cli_accepts_and_a_mounted_secret(rendered):
+    from sglang_pd_operator.cli import main
+
+    assert {"--slo-source=scrape", "--slo-interval=15"} <= set(operator_args(rendered["default-values"]))
+    objs = rendered["prometheus-source-values"]
+    args = operator_args(objs)
+    creds = "/etc/sglang-pd-operator/prometheus"
+    assert {"--slo-source=prometheus", "--slo-interval=30", "--prometheus-url=https://prometheus-operated.monitoring:9090",
+            f"--prometheus-bearer-token-file={creds}/token", f"--prometheus-ca-file={creds}/ca.crt"} <= set(args)
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "prometheus-credentials", "mountPath": creds, "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    assert {"name": "prometheus-credentials", "secret": {"secretName": "prometheus-reader"}} in pod["volumes"]
+    # the CLI parses every rendered flag (files replaced by real ones: click checks they exist)
+    run = main.commands["run"]
+    ctx = run.make_context("run", [a.replace(f"{creds}/ca.crt", str(ROOT / "README.md"))
+                                   for a in args[args.index("run") + 1:]])
+    assert ctx.params["slo_source"] == "prometheus" and ctx.params["prometheus_url"].startswith("https://")
+
+
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
@@ -177,6 +196,9 @@ def test_single_replica_values(rendered):
         (["serviceMonitor.interval=often"], "/serviceMonitor/interval"),
         (["metrics.port=0"], "/metrics/port"),
         (["serviceMonitor.enabled=true", "metrics.service.enabled=false"], "needs metrics.service.enabled"),
+        (["slo.source=prom"], "/slo/source"),
+        (["slo.source=prometheus"], "/slo/prometheus/url"),
+        (["slo.prometheus.url=prometheus:9090"], "/slo/prometheus/url"),
     ],
 )
 def test_wrong_values_fail_at_render_naming_the_value(sets, message):

@@ -90,7 +90,8 @@ def test_slo_met_false_names_the_target_and_idle_status_does_not_change():
     assert st["slo"]["met"] is False and st["slo"]["window"] == "1m"
     targets = {t["metric"]: t for t in st["slo"]["targets"]}
     assert targets["itl"]["met"] is False and targets["ttft"]["met"] is True
-    assert st["scrape"] == {"group": KEY[:6], "prefill": "1/1", "decode": "1/1", "gateway": "1/1"}
+    assert st["scrape"] == {"source": "scrape", "group": KEY[:6], "prefill": "1/1", "decode": "1/1", "gateway": "1/1",
+                            "measuredAt": S.rfc3339(feed.t)}
     assert not any(v is None for v in st["slo"].values())
     # no traffic for longer than the window: Unknown, then nothing moves any more
     for _ in range(5):
@@ -187,3 +188,23 @@ def test_stale_health_turns_slo_met_unknown_after_the_bound_and_drops_the_figure
     # never any health: counted from the runtime's start (scraper off)
     idle = Runtime(kube=None, health_max_age_s=60.0, started_at=0.0)  # type: ignore[arg-type]
     assert "since it started" in idle.health_stale("ns", "other", now=61.0)
+
+
+def test_measured_at_is_kept_while_the_figures_stay_and_moves_with_them():
+    """An idle deployment writes nothing at rest (issue 15): a measurement that finds the same
+    figures keeps measuredAt; that they are current is SLOMet's to say (NoRecentMeasurement)."""
+    feed = Feed()
+    st = status({}, feed.health())
+    first = st["scrape"]["measuredAt"]
+    assert st["scrape"]["source"] == "scrape" and first == S.rfc3339(feed.t)
+    for _ in range(3):  # 45 s of the same (idle) figures: nothing to write
+        again = status(st, feed.health())
+        assert merge_patch(S.comparable(st), S.comparable(again)) == {}
+        st = again
+    feed.t += 3600  # an hour of unchanged figures: still no write
+    again = status(st, feed.health())
+    assert merge_patch(S.comparable(st), S.comparable(again)) == {} and again["scrape"]["measuredAt"] == first
+    st = again
+    feed.pod.traffic(10, ttft=0.1)  # the figures move: measuredAt with them
+    st = status(st, feed.health())
+    assert st["scrape"]["measuredAt"] == S.rfc3339(feed.t)

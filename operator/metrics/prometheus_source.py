@@ -1,0 +1,492 @@
+"""``--slo-source prometheus``: read every PDDeployment's SLO figures from the cluster's Prometheus.
+
+The same shape as :class:`~sglang_pd_operator.metrics.scraper.Scraper` from the outside:
+an object with an async :meth:`PrometheusSource.run` loop, built from a
+``list_deployments()`` callable, that hands a
+:class:`~sglang_pd_operator.metrics.scraper.Health` per deployment to ``on_health``,
+calls ``on_forget(key)`` for a deployment that disappeared and ``on_pass()`` after every
+pass (the liveness heartbeat). The reconcile writes the same conditions and status
+fields from it as from the scraper (``reconcilers/status.py``).
+
+Each pass (every ``interval`` seconds):
+
+1. lists the PDDeployments (``list_deployments``, run in a worker thread);
+2. builds ONE batched set of instant queries (``promql.window_queries`` per distinct SLO
+   window, plus ``promql.targets_up`` and ``promql.newest_sample``), each grouped by
+   ``namespace, deployment`` over every deployment at once: the number of queries grows
+   with the distinct (window, target percentile) pairs, never with pods or deployments.
+   They are the expressions the PrometheusRule records (``monitoring.prometheus_rule_spec``
+   renders them from the same builders), all evaluated at one instant (``time=``);
+3. per deployment: the target percentiles and their verdicts (``slo.target_result``),
+   attainment and burn rates (``SLOEvaluator.record_interval``: one rule for both
+   sources), KV transfer latency and failures, and per role how many of the serving
+   group's targets answered Prometheus' latest scrape (``up``; ``ready`` comes from the
+   PDDeployment's own ``status.rollout.groups``);
+4. hands each deployment's Health (``source="prometheus"``) to ``on_health``.
+
+Never stale True: when a query fails (Prometheus unreachable, an HTTP or PromQL error,
+a timeout) every deployment gets a Health with ``problem=("PrometheusUnavailable", why)``;
+a deployment whose serving group has no ``up`` series gets ``("NoSeries", ...)`` and one
+whose newest sample is older than ``max_data_age_s`` gets ``("StaleSeries", ...)``. Such
+a Health carries no SLO result and no reachable pods; the status shows ``SLOMet``
+Unknown with that reason.
+
+With ``kvCache.hicache.storage.backend: mooncake`` the Mooncake master is still probed
+directly (one request per such deployment, ``scraper.probe_master``), when a
+``list_pods(namespace)`` callable is given.
+
+Authentication: an optional bearer token file (read every pass, so a rotated token is
+picked up) and TLS (CA bundle, client certificate and key), e.g. from a mounted Secret
+(the chart's ``slo.prometheus.secretName``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import ssl
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from ..api.v1alpha1 import SLOSpec, parse_duration
+from . import promql
+from .operator_metrics import OperatorMetrics
+from .health import Health
+from .scraper import (
+    NO_SLO,
+    SCRAPED_ROLES,
+    HealthCallback,
+    deployment_targets,
+    mooncake_storage_of,
+    probe_master,
+    serving_key,
+    slo_spec_of,
+)
+from .slo import (
+    PERCENTILES,
+    ROLE_DECODE,
+    SLO_METRICS,
+    SOURCES,
+    KVTransferResult,
+    SLOEvaluator,
+    SLOResult,
+    TargetResult,
+    format_duration,
+    target_result,
+)
+
+log = logging.getLogger(__name__)
+
+SOURCE = "prometheus"
+#: Reasons of an Unknown ``SLOMet`` from this source.
+UNAVAILABLE, NO_SERIES, STALE_SERIES = "PrometheusUnavailable", "NoSeries", "StaleSeries"
+#: Queries in flight at once.
+DEFAULT_CONCURRENCY = 8
+NO_KV_TRANSFER = KVTransferResult(latency_seconds={p: None for p in PERCENTILES}, transfers=0.0,
+                                  transfer_failures=0.0, bootstrap_failures=0.0, failures_per_second=0.0,
+                                  failure_ratio=None)
+
+
+class PrometheusError(RuntimeError):
+    """A query got no usable answer: the message names the URL and what went wrong."""
+
+
+@dataclass(frozen=True)
+class PrometheusSettings:
+    """Where and how to reach Prometheus' HTTP API.
+
+    ``url``: its base URL (``http://prometheus-operated.monitoring:9090``; a path prefix
+    such as ``/prometheus`` is kept). ``bearer_token_file``: a file holding a bearer token
+    (sent as ``Authorization: Bearer``, read on every pass). ``ca_file``: CA bundle to
+    verify an https URL; ``cert_file`` / ``key_file``: a client certificate;
+    ``insecure_skip_verify``: do not verify the server's certificate (test setups only).
+    Raises ValueError for a URL that is not http(s) or a key without a certificate.
+    """
+
+    url: str
+    bearer_token_file: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    insecure_skip_verify: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"Prometheus URL {self.url!r} must start with http:// or https://")
+        if self.key_file and not self.cert_file:
+            raise ValueError("a Prometheus client key needs its certificate (cert_file)")
+
+    def ssl_context(self) -> ssl.SSLContext | bool | None:
+        """The TLS setup for aiohttp: None (defaults), False (no verification) or a context."""
+        if self.insecure_skip_verify:
+            return False
+        if not (self.ca_file or self.cert_file):
+            return None
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+        return ctx
+
+    def headers(self) -> dict[str, str]:
+        """The request headers: the bearer token when a token file is set (read now)."""
+        if not self.bearer_token_file:
+            return {}
+        with open(self.bearer_token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+Sample = tuple[Mapping[str, str], float]
+
+
+async def instant_query(session: aiohttp.ClientSession, settings: PrometheusSettings, expr: str,
+                        at: float, *, timeout: float) -> list[Sample]:
+    """Evaluate ``expr`` at Unix time ``at`` through ``POST /api/v1/query``: [(labels, value)].
+
+    A scalar answer is one sample without labels. NaN values are kept (histogram_quantile
+    without observations). Raises :class:`PrometheusError` on no answer, a non-200 answer,
+    ``status`` other than ``success`` (the PromQL error is in the message) or a timeout.
+    """
+    url = settings.url.rstrip("/") + "/api/v1/query"
+    # Prometheus parses durations without fractions ("1.6s" is refused): whole milliseconds
+    form = {"query": expr, "time": f"{at:.3f}", "timeout": f"{max(1, round(timeout * 1000))}ms"}
+    try:
+        async with session.post(url, data=form, headers=settings.headers(), ssl=settings.ssl_context(),
+                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            try:
+                body = await resp.json(content_type=None)
+            except ValueError:
+                body = None
+            if resp.status != 200 or not isinstance(body, dict) or body.get("status") != "success":
+                why = (body or {}).get("error") if isinstance(body, dict) else None
+                raise PrometheusError(f"{url}: HTTP {resp.status}{': ' + why if why else ''}")
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+        raise PrometheusError(f"{url}: {type(err).__name__}: {err}".rstrip(": ")) from err
+    data = body.get("data") or {}
+    kind, result = data.get("resultType"), data.get("result")
+    if kind == "scalar":
+        return [({}, float(result[1]))]
+    if kind != "vector":
+        raise PrometheusError(f"{url}: expected an instant vector, got {kind!r} for {expr}")
+    return [(r.get("metric") or {}, float(r["value"][1])) for r in result]
+
+
+@dataclass(frozen=True)
+class _Deployment:
+    """What one pass needs of a PDDeployment body."""
+
+    namespace: str
+    name: str
+    serving_key: str
+    slo_spec: SLOSpec | None
+    window_s: float
+    ready: Mapping[str, int]
+    body: Mapping[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def serving_ready(body: Mapping[str, Any], key: str) -> dict[str, int]:
+    """Ready pods per role of the group ``key``, from the body's ``status.rollout.groups``
+    (``"ready/desired"`` per role, written by the reconcile from the Deployments' status)."""
+    out = {r: 0 for r in SCRAPED_ROLES}
+    for g in ((body.get("status") or {}).get("rollout") or {}).get("groups") or []:
+        if g.get("key") != key:
+            continue
+        for role in SCRAPED_ROLES:
+            try:
+                out[role] = int(str(g.get(role) or "0/0").split("/")[0])
+            except ValueError:
+                pass
+    return out
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else value
+
+
+class PrometheusSource:
+    """The Prometheus query loop (see the module docstring).
+
+    ``list_deployments()`` -> PDDeployment bodies (blocking, run in a worker thread).
+    ``prometheus``: :class:`PrometheusSettings`. ``on_health(health)`` (plain or async)
+    receives each deployment's figures; ``on_forget(key)`` a deployment that disappeared;
+    ``on_pass()`` is called after every pass. ``namespaces``: the namespaces the operator
+    watches (None: all; a matcher on every query). ``interval``, ``timeout`` (default
+    ``min(10, 0.8 * interval)``), ``max_data_age_s`` (default ``max(60, 4 * interval)``, the
+    runtime's bound on a Health's age) in seconds. ``list_pods(namespace)``: optional, to
+    probe Mooncake masters. ``clock``: Unix time source.
+    """
+
+    def __init__(
+        self,
+        *,
+        list_deployments: Callable[[], list[dict[str, Any]]],
+        prometheus: PrometheusSettings,
+        on_health: HealthCallback | None = None,
+        on_forget: Callable[[str], None] | None = None,
+        on_pass: Callable[[], None] | None = None,
+        metrics: OperatorMetrics | None = None,
+        namespaces: Sequence[str] | None = None,
+        interval: float = 15.0,
+        timeout: float | None = None,
+        max_data_age_s: float | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        list_pods: Callable[[str], list[dict[str, Any]]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError("interval must be > 0")
+        self.list_deployments = list_deployments
+        self.prometheus = prometheus
+        self.on_health = on_health
+        self.on_forget = on_forget
+        self.on_pass = on_pass
+        self.metrics = metrics
+        self.namespaces = list(namespaces) if namespaces else None
+        self.interval = interval
+        self.timeout = timeout if timeout is not None else min(10.0, 0.8 * interval)
+        self.max_data_age_s = max_data_age_s if max_data_age_s is not None else max(60.0, 4 * interval)
+        self.concurrency = concurrency
+        self.list_pods = list_pods
+        self.clock = clock
+        # attainment and burn rates: the evaluator's own per-interval bookkeeping
+        self.evaluator = SLOEvaluator(resolution_s=min(5.0, interval / 2))
+        self._known: set[str] = set()
+        #: figures of the last pass: queries sent and seconds until the last answer
+        self.last_queries = 0
+        self.last_query_seconds = 0.0
+
+    # ------------------------------------------------------------------ loop
+    async def run(self) -> None:
+        """Query every ``interval`` seconds until cancelled; a failing pass is logged and retried."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            try:
+                await self.query_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("SLO pass (Prometheus) failed")
+            if self.on_pass is not None:
+                self.on_pass()
+            next_at += self.interval
+            delay = next_at - loop.time()
+            if delay < 0:
+                log.warning("SLO pass (Prometheus) took %.1fs, longer than the %.1fs interval",
+                            self.interval - delay, self.interval)
+                next_at, delay = loop.time(), 0
+            await asyncio.sleep(delay)
+
+    def queries(self, deployments: Sequence[_Deployment]) -> dict[tuple[float | None, str], str]:
+        """The batched queries for ``deployments``: (window seconds or None, name) -> PromQL.
+
+        One :func:`promql.window_queries` set per distinct window (with the percentiles any
+        deployment of that window targets), plus the reachability and freshness queries.
+        """
+        sel = promql.selector(namespaces=self.namespaces)
+        targets: dict[float, dict[str, set[float]]] = defaultdict(lambda: defaultdict(set))
+        for d in deployments:
+            per_window = targets[d.window_s]
+            for metric in SLO_METRICS:
+                spec_targets = getattr(d.slo_spec, metric) if d.slo_spec is not None else None
+                if spec_targets is None:
+                    continue
+                for pname, q in PERCENTILES.items():
+                    if getattr(spec_targets, pname) is not None:
+                        per_window[metric].add(q)
+        out: dict[tuple[float | None, str], str] = {}
+        for window_s, per_window in sorted(targets.items()):
+            for name, expr in promql.window_queries(window_s, per_window, sel).items():
+                out[(window_s, name)] = expr
+        if deployments:
+            out[(None, "up")] = promql.targets_up(sel)
+            out[(None, "newest")] = promql.newest_sample(sel)
+        return out
+
+    async def query_once(self) -> list[Health]:
+        """One pass over every PDDeployment; returns the healths handed to ``on_health``."""
+        bodies = await asyncio.to_thread(self.list_deployments)
+        deployments = []
+        for b in bodies:
+            key = serving_key(b)
+            if not key:
+                continue
+            spec = slo_spec_of(b)
+            window_s = parse_duration((spec or NO_SLO).window)
+            deployments.append(_Deployment(namespace=b["metadata"]["namespace"], name=b["metadata"]["name"],
+                                           serving_key=key, slo_spec=spec, window_s=window_s,
+                                           ready=serving_ready(b, key), body=b))
+        queries = self.queries(deployments)
+        now = self.clock()
+        started = time.perf_counter()
+        answers: dict[tuple[float | None, str], list[Sample]] = {}
+        problem: tuple[str, str] | None = None
+        semaphore = asyncio.Semaphore(self.concurrency)
+        async with aiohttp.ClientSession() as session:
+            async def ask(name: tuple[float | None, str], expr: str) -> None:
+                async with semaphore:
+                    answers[name] = await instant_query(session, self.prometheus, expr, now, timeout=self.timeout)
+
+            try:
+                await asyncio.gather(*(ask(n, e) for n, e in queries.items()))
+            except PrometheusError as err:
+                problem = (UNAVAILABLE, f"cannot read the SLO figures from Prometheus: {err}")
+                log.warning("SLO pass: %s", problem[1])
+            masters = await self._probe_masters(session, deployments)
+        self.last_queries = len(queries)
+        self.last_query_seconds = time.perf_counter() - started
+        index = _Index(answers)
+        healths = [self._health(d, index, now, problem, masters.get(d.key)) for d in deployments]
+        self._forget_gone({d.key for d in deployments})
+        if self.on_health is not None:
+            for h in healths:
+                await self._deliver(h)
+        return healths
+
+    async def _deliver(self, health: Health) -> None:
+        try:
+            result = self.on_health(health)  # type: ignore[misc]
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception:
+            log.exception("on_health for %s failed", health.key)
+
+    async def _probe_masters(self, session: aiohttp.ClientSession,
+                             deployments: Sequence[_Deployment]) -> dict[str, Any]:
+        """Mooncake master health of each deployment that uses it (needs ``list_pods``)."""
+        wanted = [d for d in deployments if mooncake_storage_of(d.body) is not None]
+        if not wanted or self.list_pods is None:
+            return {}
+        namespaces = sorted({d.namespace for d in wanted})
+        pod_lists = await asyncio.gather(*(asyncio.to_thread(self.list_pods, ns) for ns in namespaces))
+        pods = dict(zip(namespaces, pod_lists))
+        timeout = min(5.0, 0.8 * self.interval)
+
+        async def one(d: _Deployment) -> tuple[str, Any]:
+            return d.key, await probe_master(session, deployment_targets(d.body, pods[d.namespace]), timeout=timeout)
+
+        return dict(await asyncio.gather(*(one(d) for d in wanted)))
+
+    def _forget_gone(self, present: set[str]) -> None:
+        for key in self._known - present:
+            self.evaluator.forget(key)
+            if self.metrics is not None:
+                self.metrics.remove(key)
+                self.metrics.kvstore.remove(key)
+            if self.on_forget is not None:
+                self.on_forget(key)
+        self._known = set(present)
+
+    # ------------------------------------------------------------------ one deployment
+    def _health(self, d: _Deployment, index: _Index, now: float, problem: tuple[str, str] | None,
+                master: Any) -> Health:
+        if self.metrics is not None:
+            if master is not None:
+                self.metrics.kvstore.publish(d.key, master)
+            else:
+                self.metrics.kvstore.clear_health(d.key)
+        reachable = {r: 0 for r in SCRAPED_ROLES}
+        if problem is None:
+            up = index.get((None, "up"), d, **{promql.COMPAT_KEY_LABEL: d.serving_key})
+            if not up:
+                problem = (NO_SERIES, f"Prometheus has no series of the serving group's pods (up{{namespace="
+                                      f"\"{d.namespace}\",deployment=\"{d.name}\",{promql.COMPAT_KEY_LABEL}="
+                                      f"\"{d.serving_key[:12]}...\"}}): is the PDDeployment's PodMonitor selected "
+                                      "by this Prometheus (podMonitorSelector / namespace selector)?")
+            else:
+                newest = index.value((None, "newest"), d)
+                age = None if newest is None else now - newest
+                if age is None or age > self.max_data_age_s:
+                    problem = (STALE_SERIES, f"Prometheus' newest sample of this PDDeployment's pods is "
+                                             f"{format_duration(round(age or 0))} old (more than "
+                                             f"{format_duration(self.max_data_age_s)}); its scrape has stopped")
+            for labels, value in up:
+                if labels.get("role") in reachable and problem is None:
+                    reachable[labels["role"]] += int(value)
+        if problem is not None:
+            if self.metrics is not None:
+                self.metrics.remove(d.key)
+            return Health(namespace=d.namespace, name=d.name, serving_key=d.serving_key, evaluated_at=now,
+                          ready=dict(d.ready), reachable=reachable, slo=None, kv_transfer=NO_KV_TRANSFER,
+                          kvstore=master, source=SOURCE, problem=problem)
+        kv = self._kv_transfer(d, index)
+        result = self._slo(d, index, now, kv)
+        if self.metrics is not None:
+            if d.slo_spec is not None:
+                self.metrics.publish(result)
+            else:
+                self.metrics.remove(d.key)
+        return Health(namespace=d.namespace, name=d.name, serving_key=d.serving_key, evaluated_at=now,
+                      ready=dict(d.ready), reachable=reachable, slo=result if d.slo_spec is not None else None,
+                      kv_transfer=kv, kvstore=master, source=SOURCE)
+
+    def _slo(self, d: _Deployment, index: _Index, now: float, kv: KVTransferResult) -> SLOResult:
+        spec = d.slo_spec or NO_SLO
+        w = d.window_s
+        targets: list[TargetResult] = []
+        traffic = False
+        for metric in SLO_METRICS:
+            spec_targets = getattr(spec, metric)
+            if spec_targets is None:
+                continue
+            seen = index.value((w, f"observations:{metric}"), d) or 0.0
+            traffic = traffic or seen > 0
+            for pname, q in PERCENTILES.items():
+                raw = getattr(spec_targets, pname)
+                if raw is None:
+                    continue
+                measured = _finite(index.value((w, f"quantile:{metric}:{q:g}"), d)) if seen > 0 else None
+                targets.append(target_result(metric, pname, raw, measured, observations=seen, resolution=None,
+                                             role=ROLE_DECODE, family=SOURCES[metric].family))
+        known = [t for t in targets if t.met is not None]
+        met = None if not known else all(t.met for t in known)
+        attainment, burn = self.evaluator.record_interval(d.key, w, spec.objective, met, now)
+        return SLOResult(deployment=d.key, evaluated_at=now, window_seconds=w, objective=spec.objective,
+                         targets=tuple(targets), met=met, no_traffic=not traffic, attainment=attainment,
+                         burn_rates=burn, kv_transfer=kv)
+
+    @staticmethod
+    def _kv_transfer(d: _Deployment, index: _Index) -> KVTransferResult:
+        w = d.window_s
+        latency = {p: _finite(index.value((w, f"kv_latency:{q:g}"), d)) for p, q in PERCENTILES.items()}
+        failures = {labels.get("failure"): value for labels, value in index.get((w, "kv_failures"), d)}
+        transfer = failures.get(promql.FAILURE_TRANSFER, 0.0)
+        bootstrap = failures.get(promql.FAILURE_BOOTSTRAP, 0.0)
+        requests = index.value((w, "requests"), d) or 0.0
+        return KVTransferResult(
+            latency_seconds=latency, transfers=index.value((w, "kv_transfers"), d) or 0.0,
+            transfer_failures=transfer, bootstrap_failures=bootstrap,
+            failures_per_second=(transfer + bootstrap) / w,
+            failure_ratio=(transfer + bootstrap) / requests if requests > 0 else None,
+        )
+
+
+class _Index:
+    """The answers of one pass, indexed by query name and deployment (namespace, name)."""
+
+    def __init__(self, answers: Mapping[tuple[float | None, str], list[Sample]]) -> None:
+        self._by: dict[tuple[float | None, str], dict[tuple[str, str], list[Sample]]] = {}
+        for name, samples in answers.items():
+            per = self._by.setdefault(name, {})
+            for labels, value in samples:
+                per.setdefault((labels.get("namespace", ""), labels.get("deployment", "")), []).append((labels, value))
+
+    def get(self, name: tuple[float | None, str], d: _Deployment, **match: str) -> list[Sample]:
+        """Samples of query ``name`` for deployment ``d`` whose labels include ``match``."""
+        samples = self._by.get(name, {}).get((d.namespace, d.name), [])
+        return [s for s in samples if all(s[0].get(k) == v for k, v in match.items())]
+
+    def value(self, name: tuple[float | None, str], d: _Deployment) -> float | None:
+        """The one value of query ``name`` for ``d`` (None when absent)."""
+        samples = self.get(name, d)
+        return samples[0][1] if samples else None
