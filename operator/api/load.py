@@ -21,7 +21,7 @@ from .crd import MAX_NAME_LENGTH
 
 if TYPE_CHECKING:
     from ..planning.problems import Problem
-from .v1alpha1 import API_VERSION, GROUP, PDDeployment
+from .v1alpha1 import API_VERSION, GROUP, PATTERN_FORMS, PDDeployment
 
 
 @dataclass(frozen=True)
@@ -236,7 +236,34 @@ def _field_error(err: dict[str, Any]) -> FieldError:
         return FieldError(path, "required field is missing", f"add {path} (see {explain})")
     got = err.get("input")
     shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
+    if err["type"] == "string_pattern_mismatch" and loc and loc[0] == "spec":
+        return FieldError(path, f"{got!r} is not of the form this field takes", _pattern_fix(loc, err, explain))
+    if err["type"] == "literal_error" and isinstance(got, str):
+        return FieldError(path, f"{err['msg']}{shown}", _enum_fix(loc, got, explain))
     return FieldError(path, f"{err['msg']}{shown}", _type_fix(err) or f"see {explain} for the allowed values")
+
+
+def _pattern_fix(loc: list[Any], err: dict[str, Any], explain: str) -> str:
+    """For a string that fails its pattern: the field's own description (what it takes, with
+    an example), then the pattern itself for the exact grammar."""
+    pattern = (err.get("ctx") or {}).get("pattern")
+    if pattern in PATTERN_FORMS:
+        return f"write {PATTERN_FORMS[pattern]}"
+    described = (_schema_at(loc).get("description") or "").strip().rstrip(".")
+    grammar = f" (the pattern is {pattern})" if pattern else ""
+    if described:
+        return f"the field takes: {described}{grammar}"
+    return f"see {explain}{grammar}"
+
+
+def _enum_fix(loc: list[Any], got: str, explain: str) -> str:
+    """For a value outside an enum: the allowed value it most likely means (case or a close
+    spelling, as ``flashmla-mega`` for ``flashmla_mega``), else where the values are listed."""
+    allowed = [str(v) for v in (_schema_at(loc).get("enum") or [])]
+    same_case = [v for v in allowed if v.lower() == got.lower().replace("-", "_")
+                 or v.lower() == got.lower().replace("_", "-")]
+    close = same_case or difflib.get_close_matches(got, allowed, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else f"see {explain} for the allowed values"
 
 
 def rule_violations(obj: dict[str, Any]) -> list[FieldError]:

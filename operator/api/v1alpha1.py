@@ -43,14 +43,21 @@ Duration = Annotated[
     str,
     Field(pattern=DURATION_PATTERN, description="A duration: a number with unit ms, s, m or h, e.g. 800ms, 15s, 5m."),
 ]
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 Quantity = Annotated[
     str,
-    Field(
-        pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$",
-        description="A Kubernetes resource quantity, e.g. 64Gi, 500m, 16.",
-    ),
+    Field(pattern=QUANTITY_PATTERN, description="A Kubernetes resource quantity, e.g. 64Gi, 500m, 16."),
 ]
-DNSLabel = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNSLabel = Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)]
+
+#: The shared string forms, in words, for errors that would otherwise quote the regex
+#: (a field's own description says what it is for, not how it is written).
+PATTERN_FORMS: dict[str, str] = {
+    DURATION_PATTERN: "a duration: a number with unit ms, s, m or h, e.g. 800ms, 15s, 5m, 1h30m (no spaces)",
+    QUANTITY_PATTERN: "a Kubernetes resource quantity, e.g. 64Gi, 500m, 16",
+    DNS_LABEL_PATTERN: "a DNS label: lower-case letters, digits and '-', starting and ending with a letter or digit",
+}
 
 
 def cel(rule: str, message: str, *, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
