@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from . import kernelbuild, v1alpha1
+from . import kernelbuild, rolescale, v1alpha1
 
 _DROP_KEYS = {"title", "default", "examples"}
 MAX_NAME_LENGTH = 40
@@ -135,6 +135,7 @@ def _crd(
     status_schema: dict[str, Any],
     printer_columns: list[dict[str, Any]],
     name_rule: dict[str, str] = _PDD_NAME_RULE,
+    subresources: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -156,7 +157,7 @@ def _crd(
                     "name": v1alpha1.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": subresources or {"status": {}},
                     "additionalPrinterColumns": printer_columns,
                     "schema": {
                         "openAPIV3Schema": {
@@ -212,9 +213,54 @@ def kernelbuild_crd() -> dict[str, Any]:
     )
 
 
+def _rolescale_printer_columns() -> list[dict[str, Any]]:
+    return [
+        {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Current", "type": "integer", "jsonPath": ".status.replicas"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {"name": "Controller", "type": "string", "jsonPath": ".status.controller"},
+        {"name": "Selector", "type": "string", "jsonPath": ".status.selector", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+def rolescale_crd() -> dict[str, Any]:
+    """The PDRoleScale CRD (``pdrs``) with the ``/scale`` subresource, from ``PDRoleScaleSpec``/``Status``.
+
+    ``/scale`` maps ``spec.replicas``, ``status.replicas`` and ``status.selector`` (the string
+    form the HPA controller parses), so kubectl scale, HPA and KEDA drive it as a Deployment.
+    """
+    spec_schema = structural_schema(rolescale.PDRoleScaleSpec)
+    status_schema = structural_schema(rolescale.PDRoleScaleStatus)
+    status_schema["x-kubernetes-preserve-unknown-fields"] = True
+    return _crd(
+        kind=rolescale.KIND,
+        plural=rolescale.PLURAL,
+        short_names=[rolescale.SHORT_NAME],
+        description=rolescale.PDRoleScale.__doc__ or "",
+        spec_schema=spec_schema,
+        status_schema=status_schema,
+        printer_columns=_rolescale_printer_columns(),
+        name_rule={
+            "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH + len('-prefill')}",
+            "message": f"metadata.name must be at most {MAX_NAME_LENGTH + len('-prefill')} characters "
+            "(<PDDeployment>-<role>); the operator names these objects, do not create them by hand",
+        },
+        subresources={
+            "status": {},
+            "scale": {
+                "specReplicasPath": rolescale.SPEC_REPLICAS_PATH,
+                "statusReplicasPath": rolescale.STATUS_REPLICAS_PATH,
+                "labelSelectorPath": rolescale.LABEL_SELECTOR_PATH,
+            },
+        },
+    )
+
+
 def all_crds() -> dict[str, dict[str, Any]]:
     """File name (under ``crds/``) -> CRD dict, for every kind this operator serves."""
-    return {"pddeployments.yaml": pddeployment_crd(), "kernelbuilds.yaml": kernelbuild_crd()}
+    return {"pddeployments.yaml": pddeployment_crd(), "kernelbuilds.yaml": kernelbuild_crd(),
+            "pdrolescales.yaml": rolescale_crd()}
 
 
 def render_yaml(crd: dict[str, Any]) -> str:

@@ -184,12 +184,15 @@ def role_launch(plan: Plan, role: RolePlan) -> dict[str, Any]:
     return {"configYaml": config_yaml(role), "args": engine_command(role), "env": env}
 
 
-def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> list[dict[str, Any]]:
+def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None,
+                replicas: int | None = None) -> list[dict[str, Any]]:
     """ConfigMap, Deployment and headless Service of ``role`` in the plan's compat group.
 
     ``owner`` is the PDDeployment's {apiVersion, kind, name, uid}; without a uid (the
-    ``render`` command) no ownerReferences are written. Raises AssertionError on a plan
-    with errors (render only valid plans).
+    ``render`` command) no ownerReferences are written. ``replicas``: the role's count
+    when ``spec.<role>.replicas`` is omitted (its PDRoleScale's, ``planning/scaling.py``);
+    ignored when the spec sets it. Raises AssertionError on a plan with errors (render
+    only valid plans).
     """
     assert plan.valid, "render needs a valid plan"
     name, ns, key = plan.name, plan.namespace, plan.compat_key
@@ -231,7 +234,8 @@ def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> lis
     }
     if uses_rdma(plan):
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
-    replicas = role.inputs.spec.replicas
+    if role.inputs.spec.replicas is not None:
+        replicas = role.inputs.spec.replicas
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": L.selector_labels(name, component, key)},
         # in place (same key): surge one pod within rollout.maxSurgeGPUs, so the last ready pod
@@ -251,7 +255,7 @@ def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> lis
             },
         },
     }
-    if replicas is not None:  # omitted: an autoscaler owns replicas (server-side apply leaves it alone)
+    if replicas is not None:  # omitted only by a caller that knows no count: server-side apply leaves it alone
         deployment_spec = {"replicas": replicas, **deployment_spec}
     deployment = {
         "apiVersion": "apps/v1",

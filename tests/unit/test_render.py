@@ -104,10 +104,21 @@ def test_config_change_rolls_pods_and_replicas_do_not(gb300_doc, catalog):
     assert plan3.compat_key == key and ann(objs3, "decode") != ann(objs, "decode") and ann(objs3, "prefill") == ann(objs, "prefill")
 
 
-def test_omitted_replicas_are_left_to_an_autoscaler(gb300_doc, catalog):
+def test_omitted_replicas_are_owned_by_the_roles_pdrolescale(gb300_doc, catalog):
+    """A role without replicas gets a PDRoleScale named after the deployment and role (no compat key:
+    it survives rollouts), seeded at minReplicas (else 1), and its Deployment that count."""
     del gb300_doc["spec"]["decode"]["replicas"]
     plan, objs = _objs(gb300_doc, catalog)
-    assert "replicas" not in objs[("Deployment", f"dsv41-flash-{plan.compat_key[:6]}-decode")]["spec"]
+    assert objs[("Deployment", f"dsv41-flash-{plan.compat_key[:6]}-decode")]["spec"]["replicas"] == 1
+    scale = objs[("PDRoleScale", "dsv41-flash-decode")]
+    assert scale["spec"] == {"replicas": 1}
+    assert "pd.sglang-operator.io/compat-key" not in scale["metadata"]["labels"]
+    assert scale["metadata"]["labels"]["pd.sglang-operator.io/role"] == "decode"
+    assert ("PDRoleScale", "dsv41-flash-prefill") not in objs  # prefill's count is in the spec
+    gb300_doc["spec"]["autoscaling"] = {"decode": {"minReplicas": 3, "maxReplicas": 6}}
+    plan, objs = _objs(gb300_doc, catalog)
+    assert objs[("PDRoleScale", "dsv41-flash-decode")]["spec"] == {"replicas": 3}
+    assert objs[("Deployment", f"dsv41-flash-{plan.compat_key[:6]}-decode")]["spec"]["replicas"] == 3
 
 
 def _deployment(objs, plan, role):
