@@ -71,14 +71,15 @@ class Watcher:
 
     api: k8s.ApiClient
     namespace: str
+    name: str = NAME
     samples: list[Sample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def _sample(self) -> Sample:
         apps, core = k8s.AppsV1Api(self.api), k8s.CoreV1Api(self.api)
-        deps = apps.list_namespaced_deployment(self.namespace, label_selector=f"{LBL}/deployment={NAME}").items
+        deps = apps.list_namespaced_deployment(self.namespace, label_selector=f"{LBL}/deployment={self.name}").items
         try:
-            svc = core.read_namespaced_service(NAME, self.namespace)
+            svc = core.read_namespaced_service(self.name, self.namespace)
             service_key = (svc.spec.selector or {}).get(f"{LBL}/compat-key")
         except k8s.ApiException:
             service_key = None
