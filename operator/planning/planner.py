@@ -33,7 +33,9 @@ prefill queues, else to decode.
 
 **When.** A role is under pressure (*up*) when a target attributed to it is missed,
 when the error budget burns faster than the objective allows (short-window burn rate
->= 1) while its worst target is within 20% of the target, or when its own queue holds
+>= 1) while its worst target is within 20% of the target and one of its targets was missed
+within the window (the burn rate counts bad intervals of any target: it must be this role's),
+or when its own queue holds
 at least one request per replica while its worst target is that close: the queue and
 the burn rate act before the window's percentile crosses the target. It is *idle*
 (*down*) when no target of it is missed or burning, its queues are (nearly) empty, and
@@ -214,7 +216,8 @@ class RoleMemory:
     ``pressure`` and ``since``: the last reading and when it began (stabilization);
     ``last_scale``: when the planner last changed the count; ``up_load``: load per pod
     (:meth:`RoleLoad.load`) when it last had to add a replica; ``blocked``: the last step up
-    was refused by maxReplicas or the GPU budget (its Warning was sent).
+    was refused by maxReplicas or the GPU budget (its Warning was sent); ``last_miss``: when a
+    target attributed to the role was last missed (the burn rate then speaks for this role).
     """
 
     pressure: Pressure = "hold"
@@ -222,18 +225,21 @@ class RoleMemory:
     last_scale: float | None = None
     up_load: float | None = None
     blocked: bool = False
+    last_miss: float | None = None
 
 
 # --------------------------------------------------------------------------- outputs
 @dataclass(frozen=True)
 class Reading:
     """The stateless reading of one role: pressure, the step factor it asks for, why (with figures),
-    and whether only lagging figures (window percentiles, burn rates) back an *up*."""
+    whether only lagging figures (window percentiles, burn rates) back an *up*, and whether a target
+    attributed to the role is missed now."""
 
     pressure: Pressure
     factor: float = 1.0
     why: str = ""
     lagging_only: bool = False
+    missed: bool = False
 
 
 @dataclass(frozen=True)
@@ -334,13 +340,16 @@ def read(s: Signals, *, replicas: Mapping[str, int], memory: Mapping[str, RoleMe
             factor = min(MAX_STEP_FACTOR, max((t.ratio or 1.0) for t, _ in missed[role]))
             text = "; ".join(t.describe() for t, _ in missed[role])
             out[role] = Reading("up", factor, f"{text} ({burn_txt}); {missed[role][0][1]}",
-                                lagging_only=queue < QUEUE_HIGH)
+                                lagging_only=queue < QUEUE_HIGH, missed=True)
             continue
         if close and queue >= QUEUE_HIGH:
             out[role] = Reading("up", 1.0, f"{w.describe()} is close and {role} queues {queue:.2g}/replica "
                                 f"({burn_txt})")
             continue
-        if close and burning:
+        # the burn rate counts bad intervals of any target: it speaks for a role that missed within the window
+        mem = memory.get(role)
+        own_burn = mem is not None and mem.last_miss is not None and s.at - mem.last_miss <= s.window_s
+        if close and burning and own_burn:
             out[role] = Reading("up", 1.0, f"{w.describe()} is close and the error budget burns at {s.burn_short:.2g}x "
                                 "the sustainable rate", lagging_only=True)
             continue
@@ -419,7 +428,7 @@ def decide(
                                      f"{settings.external[role]} scales {role}; the planner steps aside")
             continue
         since = mem.since if mem.pressure == rd.pressure and mem.since is not None else now
-        mem = replace(mem, pressure=rd.pressure, since=since)
+        mem = replace(mem, pressure=rd.pressure, since=since, last_miss=now if rd.missed else mem.last_miss)
         if n < b.min_replicas or n > b.max_replicas:  # kubectl scale (or a new bound) left the range
             want = min(max(n, b.min_replicas), b.max_replicas)
             gpus, want, fit = _fit(gpus, n, want, role, settings)

@@ -130,6 +130,7 @@ def memory_of(previous: Mapping[str, Any]) -> dict[str, P.RoleMemory]:
             last_scale=parse_rfc3339(r.get("lastScaleTime")),
             up_load=float(r["upLoad"]) if isinstance(r.get("upLoad"), (int, float)) else None,
             blocked=bool(r.get("blocked")),
+            last_miss=parse_rfc3339(r.get("lastMiss")),
         )
     return out
 
@@ -144,6 +145,7 @@ def _role_block(replicas: int, controller: str, d: P.RoleDecision | None) -> dic
             "lastScaleTime": rfc3339(m.last_scale) if m.last_scale is not None else None,
             "upLoad": round(m.up_load, 3) if m.up_load is not None else None,
             "blocked": True if m.blocked else None,
+            "lastMiss": rfc3339(m.last_miss) if m.last_miss is not None else None,
             "reason": d.reason[:512],
         })
     return {k: v for k, v in block.items() if v is not None}

@@ -104,10 +104,27 @@ def test_queue_acts_before_the_window_percentile_crosses_the_target():
     assert P.read(calm, replicas={}, memory={})["prefill"].pressure == "hold"
 
 
-def test_burn_rate_acts_early_when_a_target_is_close():
+def test_burn_rate_acts_early_when_the_roles_target_is_close_again():
+    """The budget still burns from prefill's miss 10 s ago and TTFT is within 20% again: act before the
+    next miss. Without a miss of its own (or one older than the window) a role ignores the burn rate."""
     s = signals(ttft(0.7), burn=3.0)
-    r = P.read(s, replicas={}, memory={})
+    recent = {"prefill": P.RoleMemory(last_miss=990.0)}
+    r = P.read(s, replicas={}, memory=recent)
     assert r["prefill"].pressure == "up" and r["prefill"].lagging_only and "burns at 3x" in r["prefill"].why
+    assert P.read(s, replicas={}, memory={})["prefill"].pressure == "hold"
+    old = {"prefill": P.RoleMemory(last_miss=900.0)}
+    assert P.read(s, replicas={}, memory=old)["prefill"].pressure == "hold"
+
+
+def test_a_burn_from_one_roles_miss_does_not_scale_the_other():
+    """TTFT (prefill's) was missed and burns the budget; ITL is close but never missed: decode holds,
+    also once TTFT recovered while the burn rate still counts its bad intervals."""
+    mem = {"prefill": P.RoleMemory(last_miss=995.0)}
+    s = signals(ttft(0.5), itl(0.0189, target=0.02), burn=90.0, decode=P.RoleLoad(pods=1, running=1, known=True))
+    r = P.read(s, replicas={"prefill": 2, "decode": 1}, memory=mem)
+    assert r["decode"].pressure == "hold", r["decode"]
+    d = decide(signals(ttft(1.7), burn=20.0), memory=held("up", 0.0))
+    assert d.roles["prefill"].memory.last_miss == 1000.0 and d.roles["decode"].memory.last_miss is None
 
 
 def test_up_waits_for_stabilization_unless_the_burn_is_fast():
@@ -257,8 +274,8 @@ def test_signals_from_either_sources_health():
 
 
 def test_memory_round_trips_through_status():
-    d = P.RoleDecision(3, P.RoleMemory(pressure="up", since=1000.0, last_scale=990.0, up_load=4.25, blocked=True),
-                       "why")
+    d = P.RoleDecision(3, P.RoleMemory(pressure="up", since=1000.0, last_scale=990.0, up_load=4.25, blocked=True,
+                                       last_miss=980.0), "why")
     block = _role_block(3, "planner", d)
     assert block["since"] == "1970-01-01T00:16:40Z" and block["upLoad"] == 4.25
     assert memory_of({"autoscaling": {"decode": block}})["decode"] == d.memory
