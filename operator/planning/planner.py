@@ -48,8 +48,9 @@ rate is at the page threshold, 14.4); after a step up, the window's percentile s
 holds the requests from before it, so for one SLO window only the role's own queue
 (an instantaneous signal) may add more. *down* acts once it has lasted
 ``scaleDownStabilization`` and as long since the role was last scaled, one replica at a
-time. A step up multiplies the count by the worst miss ratio (measured / target, at
-most 2x), at least +1; early steps (burn, queue) add one.
+time. A step up multiplies the count by the worst miss ratio (measured / target), at least
++1 and at most 2x or +4 replicas, whichever is more (the HPA's default scale-up policy);
+early steps (burn, queue) add one.
 
 Bounds: [minReplicas, maxReplicas] (minReplicas >= 1: a serving role never goes to zero),
 and ``maxGPUs`` over every group that exists: an added replica costs its GPUs once per
@@ -85,8 +86,10 @@ BURN_FAST = 14.4
 DOWN_LOAD_FRACTION = 0.7
 #: Without a learned load: every target scaled by n/(n-1) must stay below this fraction of its value.
 DOWN_RATIO = 0.9
-#: Largest factor of one step up.
+#: One step up adds at most this factor of the count, or :data:`MAX_STEP_PODS` replicas when that is more
+#: (the HorizontalPodAutoscaler's default scale-up policy: 100% or 4 pods per period, whichever is more).
 MAX_STEP_FACTOR = 2.0
+MAX_STEP_PODS = 4
 
 
 # --------------------------------------------------------------------------- inputs
@@ -337,7 +340,7 @@ def read(s: Signals, *, replicas: Mapping[str, int], memory: Mapping[str, RoleMe
         close = w is not None and (w.ratio or 0) >= NEAR_TARGET
         burn_txt = f"burn rate {s.burn_short:.2g}" if s.burn_short is not None else "burn rate unknown"
         if missed[role]:
-            factor = min(MAX_STEP_FACTOR, max((t.ratio or 1.0) for t, _ in missed[role]))
+            factor = max((t.ratio or 1.0) for t, _ in missed[role])
             text = "; ".join(t.describe() for t, _ in missed[role])
             out[role] = Reading("up", factor, f"{text} ({burn_txt}); {missed[role][0][1]}",
                                 lagging_only=queue < QUEUE_HIGH, missed=True)
@@ -479,7 +482,8 @@ def _step_up(role: str, n: int, b: RoleBounds, mem: RoleMemory, rd: Reading, sig
         look = window - since_scale
         return (RoleDecision(n, mem, f"under pressure: {rd.why}; the window still holds requests from before the "
                              f"last step ({_dur(since_scale)} ago), and {role} does not queue"), gpus, [], look)
-    want = min(ceil_step(n, rd.factor), b.max_replicas)
+    cap = max(MAX_STEP_FACTOR, (n + MAX_STEP_PODS) / n)
+    want = min(ceil_step(n, min(rd.factor, cap)), b.max_replicas)
     gpus_after, want, fit = _fit(gpus, n, want, role, settings)
     if want <= n:
         why = (f"at maxReplicas {b.max_replicas}" if n >= b.max_replicas else

@@ -197,10 +197,23 @@ def test_a_burning_budget_holds_the_way_down():
 
 
 # ------------------------------------------------------------------ bounds and budget
+def test_a_step_up_follows_the_miss_ratio_within_hpas_default_policy():
+    big = signals(ttft(4.0), prefill=P.RoleLoad(pods=1, waiting=30, known=True))   # 6.7x the target
+    wide = settings(bounds={"prefill": P.RoleBounds(1, 20), "decode": P.RoleBounds(1, 20)})
+    one = P.decide(signals=big, replicas={"prefill": 1, "decode": 1}, memory=held("up", 0.0), settings=wide, now=1000.0)
+    assert one.replicas("prefill", 1) == 5            # +4 pods is more than 2x at one replica
+    ten = P.decide(signals=big, replicas={"prefill": 10, "decode": 1}, memory=held("up", 0.0), settings=wide,
+                   now=1000.0)
+    assert ten.replicas("prefill", 10) == 20          # 2x is more than +4 at ten
+    small = P.decide(signals=signals(ttft(0.9)), replicas={"prefill": 4, "decode": 1}, memory=held("up", 0.0),
+                     settings=wide, now=1000.0)
+    assert small.replicas("prefill", 4) == 5          # ceil(4 x 1.125)
+
+
 def test_max_replicas_and_the_gpu_budget_bound_every_step():
     s = signals(ttft(2.4), prefill=P.RoleLoad(pods=3, waiting=9, known=True))
     d = decide(s, replicas={"prefill": 3, "decode": 1}, memory=held("up", 0.0))
-    assert d.replicas("prefill", 3) == 4  # 2x wanted, maxReplicas 4
+    assert d.replicas("prefill", 3) == 4  # 4x missed: +4 wanted (HPA's default policy), maxReplicas 4
     # 24 GPUs in use of 28: one more prefill replica (4 GPUs) fits, the doubling does not
     d = decide(s, replicas={"prefill": 2, "decode": 1}, memory=held("up", 0.0), max_gpus=28, gpus_in_use=24)
     assert d.replicas("prefill", 2) == 3 and "cut from 4 by maxGPUs 28" in d.roles["prefill"].reason
