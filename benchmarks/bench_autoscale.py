@@ -129,6 +129,7 @@ class Run:
     decode: list[int] = field(default_factory=list)
     ttft_p90: float | None = None
     itl_p90: float | None = None
+    decisions: list[str] = field(default_factory=list)
 
 
 class Sampler:
@@ -244,6 +245,9 @@ def one_run(cluster, work: Path, trace_name: str, trace: str, config: str, count
                                env={"PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin"},
                                timeout=run.duration_s + 180)
         _measure(run, json.loads(out.read_text()), sampler)
+        events = (_kubectl_json(cluster, "events", "-n", ns, "--field-selector", "reason=PlannerScaled") or {})
+        run.decisions = [e["message"] for e in sorted(events.get("items", []),
+                                                      key=lambda e: e.get("firstTimestamp") or "")]
     finally:
         procs.stop_all()
         cluster.kubectl("delete", "pdd", NAME, "-n", ns, "--wait=true", "--timeout=60s", check=False)

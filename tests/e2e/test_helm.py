@@ -419,18 +419,21 @@ def test_failover_lost_lease_and_graceful_release(kc, release, app_ns):
 
 
 def test_replicas_left_to_an_autoscaler_are_not_reset(kc, release, app_ns):
-    """decode.replicas omitted in Git: an autoscaler (here: kubectl scale as field manager hpa) owns it."""
+    """decode.replicas omitted in Git: an autoscaler (here: a /scale patch as field manager hpa) owns it
+    through the role's PDRoleScale, which the operator (as the chart's ServiceAccount) created."""
     doc = example(app_ns, decode={"parallelism": {"tp": 4}})
     gitops_apply(kc, doc)
     obj = wait_for(lambda: (o := ready(kc, app_ns)) and "replicas" not in o["spec"]["decode"] and o, timeout=60,
                    what="Ready with decode.replicas omitted")
     decode = f"{NAME}-{obj['status']['compatKey'][:6]}-decode"
-    kc.kubectl("patch", "deployment", decode, "-n", app_ns, "--subresource=scale", "--field-manager=hpa",
+    assert kget(kc, "pdrs", f"{NAME}-decode", "-n", app_ns)["spec"]["replicas"] == 1
+    kc.kubectl("patch", "pdrs", f"{NAME}-decode", "-n", app_ns, "--subresource=scale", "--field-manager=hpa",
                "--type=merge", "-p", '{"spec":{"replicas":2}}')
     wait_for(lambda: (o := ready(kc, app_ns)) and o["status"]["decode"]["replicas"] == "2/2", timeout=60, what="2/2")
     gitops_apply(kc, doc)  # a sync
     time.sleep(6)  # several resyncs
     assert kget(kc, "deployment", decode, "-n", app_ns)["spec"]["replicas"] == 2
+    assert kget(kc, "pdrs", f"{NAME}-decode", "-n", app_ns)["status"]["replicas"] == 2
     diff = kc.kubectl("diff", "--server-side", f"--field-manager={GITOPS}", "-f", "-", input=yaml.safe_dump(doc), check=False)
     assert diff.returncode == 0, diff.stdout
 

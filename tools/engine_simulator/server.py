@@ -306,8 +306,8 @@ class EngineSimulator:
 
     async def _client(self) -> aiohttp.ClientSession:
         """The session decode uses for the KV handshake with prefill's bootstrap port (closed at cleanup)."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
+        if self._session is None:  # no connection limit: every request decode holds KV for waits on its own
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
     async def _close(self, app: web.Application) -> None:
