@@ -359,13 +359,13 @@ def test_load_model_handshakes_are_not_capped_by_a_connection_pool():
     prefill's bootstrap queue (decode short of KV memory) stays empty while its waiting queue is long.
     (An HTTP pool of 100 connections on decode's side once showed as a bootstrap queue.)"""
     async def main():
-        prefill = await start_process(config("prefill", prefill=LogNormal(0.01, 0.0), load_model=True,
+        prefill = await start_process(config("prefill", prefill=LogNormal(0.04, 0.0), load_model=True,
                                              kv_transfer_ms=LogNormal(1.0, 0.0)))
         decode = await start_process(config("decode", itl=LogNormal(0.001, 0.0), load_model=True, max_running=256))
         try:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
                 tasks = [asyncio.create_task(_pd_request(s, prefill, decode, i, 2)) for i in range(120)]
-                await asyncio.sleep(0.6)
+                await asyncio.sleep(0.5)
                 busy = _gauges(await (await s.get(prefill.url + "/metrics")).text())
                 await asyncio.gather(*tasks)
         finally:
