@@ -50,6 +50,7 @@ for extra in (ROOT / "tests" / "e2e", ROOT / "tools"):
         sys.path.insert(0, str(extra))
 
 from loadgen import parse_trace, percentile, rate_at  # noqa: E402
+from opkit import kget, wait_for  # noqa: E402
 from simkit import (  # noqa: E402
     LOADGEN,
     Processes,
@@ -189,21 +190,6 @@ def doc(namespace: str, config: str, counts: tuple[int, int] | None) -> dict:
     return d
 
 
-def _kubectl_json(cluster, *args: str):
-    res = cluster.kubectl("get", *args, "-o", "json", check=False)
-    return json.loads(res.stdout) if res.returncode == 0 else None
-
-
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.5)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 def one_run(cluster, work: Path, trace_name: str, trace: str, config: str, counts: tuple[int, int] | None,
             log) -> Run:
     """Deploy, serve, replay ``trace``, measure, tear down (a fresh namespace per run)."""
@@ -223,20 +209,21 @@ def one_run(cluster, work: Path, trace_name: str, trace: str, config: str, count
         with SimulatorFleet(cluster.api_client(), procs, ns, NAME, model=model, served_model_name=served, extra=SIM), \
                 Prober(cluster.api_client(), ns):
             cluster.kubectl("apply", "--server-side", "--field-manager=bench", "-f", "-", input=yaml.safe_dump(d))
-            _wait(lambda: any(c["type"] == "Ready" and c["status"] == "True" for c in
-                              ((_kubectl_json(cluster, "pdd", NAME, "-n", ns) or {}).get("status") or {})
-                              .get("conditions", [])), 180, "Ready")
-            gw = _wait(lambda: [p for p in (_kubectl_json(cluster, "pods", "-n", ns, "-l", f"{LBL}/role=gateway")
-                                            or {}).get("items", []) if p["status"].get("podIP")], 60, "gateway pod")[0]
+            wait_for(lambda: any(c["type"] == "Ready" and c["status"] == "True" for c in
+                                 ((kget(cluster, "pdd", NAME, "-n", ns) or {}).get("status") or {})
+                                 .get("conditions", [])), timeout=180, what="Ready")
+            gw = wait_for(lambda: [p for p in (kget(cluster, "pods", "-n", ns, "-l", f"{LBL}/role=gateway")
+                                               or {}).get("items", []) if p["status"].get("podIP")],
+                          timeout=60, what="gateway pod")[0]
             key = gw["metadata"]["labels"][f"{LBL}/compat-key"]
-            dep = _kubectl_json(cluster, "deployment", f"{NAME}-{key[:6]}-gateway", "-n", ns)
+            dep = kget(cluster, "deployment", f"{NAME}-{key[:6]}-gateway", "-n", ns)
             args = with_address(dep["spec"]["template"]["spec"]["containers"][0]["args"], host=gw["status"]["podIP"])
             gateway = f"http://{gw['status']['podIP']}:{args[args.index('--port') + 1]}"
             start_smg(procs, args, kubeconfig=cluster.kubeconfig)
             wait_answering([gateway + "/health"], timeout=60)
             want = counts or (1, 1)
-            _wait(lambda: (s := get_json(gateway + "/workers")["stats"])["prefill_count"] == want[0]
-                  and s["decode_count"] == want[1], 120, "smg registered the workers")
+            wait_for(lambda: (s := get_json(gateway + "/workers")["stats"])["prefill_count"] == want[0]
+                     and s["decode_count"] == want[1], timeout=120, what="smg registered the workers")
             log(f"  {trace_name}/{config}: serving {want[0]} prefill + {want[1]} decode; replaying {run.duration_s:.0f}s")
             argv = [sys.executable, str(LOADGEN), "--url", gateway, "--model", served, "--trace", trace,
                     "--max-tokens", str(MAX_TOKENS), "--completions", "--out", str(out), "--timeout", "60"]
@@ -245,7 +232,7 @@ def one_run(cluster, work: Path, trace_name: str, trace: str, config: str, count
                                env={"PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin"},
                                timeout=run.duration_s + 180)
         _measure(run, json.loads(out.read_text()), sampler)
-        events = (_kubectl_json(cluster, "events", "-n", ns, "--field-selector", "reason=PlannerScaled") or {})
+        events = (kget(cluster, "events", "-n", ns, "--field-selector", "reason=PlannerScaled") or {})
         run.decisions = [e["message"] for e in sorted(events.get("items", []),
                                                       key=lambda e: e.get("firstTimestamp") or "")]
     finally:
@@ -253,7 +240,7 @@ def one_run(cluster, work: Path, trace_name: str, trace: str, config: str, count
         cluster.kubectl("delete", "pdd", NAME, "-n", ns, "--wait=true", "--timeout=60s", check=False)
         for obj in policy:
             cluster.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "--wait=false", check=False)
-        _wait(lambda: not (_kubectl_json(cluster, "pods", "-n", ns) or {"items": [1]})["items"], 120, "pods gone")
+        wait_for(lambda: not (kget(cluster, "pods", "-n", ns) or {"items": [1]})["items"], timeout=120, what="pods gone")
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         cluster.kubectl("delete", "pv", f"model-store-{ns}", "--wait=false", check=False)
     return run

@@ -192,18 +192,30 @@ def _kernelbuild_printer_columns() -> list[dict[str, Any]]:
     ]
 
 
-def kernelbuild_crd() -> dict[str, Any]:
-    """The KernelBuild CRD (``kb``) as a dict, from ``KernelBuildSpec``/``Status``."""
-    spec_schema = structural_schema(kernelbuild.KernelBuildSpec)
-    status_schema = structural_schema(kernelbuild.KernelBuildStatus)
+def _kind_crd(module: Any, model: type[BaseModel], spec_model: type[BaseModel], status_model: type[BaseModel], *,
+              printer_columns: list[dict[str, Any]], name_rule: dict[str, str],
+              subresources: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The CRD of a kind whose module names it (``KIND``, ``PLURAL``, ``SHORT_NAME``): schema from the
+    spec and status models (status keeps unknown fields), description from the kind's docstring."""
+    status_schema = structural_schema(status_model)
     status_schema["x-kubernetes-preserve-unknown-fields"] = True
     return _crd(
-        kind=kernelbuild.KIND,
-        plural=kernelbuild.PLURAL,
-        short_names=[kernelbuild.SHORT_NAME],
-        description=kernelbuild.KernelBuild.__doc__ or "",
-        spec_schema=spec_schema,
+        kind=module.KIND,
+        plural=module.PLURAL,
+        short_names=[module.SHORT_NAME],
+        description=model.__doc__ or "",
+        spec_schema=structural_schema(spec_model),
         status_schema=status_schema,
+        printer_columns=printer_columns,
+        name_rule=name_rule,
+        subresources=subresources,
+    )
+
+
+def kernelbuild_crd() -> dict[str, Any]:
+    """The KernelBuild CRD (``kb``) as a dict, from ``KernelBuildSpec``/``Status``."""
+    return _kind_crd(
+        kernelbuild, kernelbuild.KernelBuild, kernelbuild.KernelBuildSpec, kernelbuild.KernelBuildStatus,
         printer_columns=_kernelbuild_printer_columns(),
         name_rule={
             "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
@@ -230,16 +242,8 @@ def rolescale_crd() -> dict[str, Any]:
     ``/scale`` maps ``spec.replicas``, ``status.replicas`` and ``status.selector`` (the string
     form the HPA controller parses), so kubectl scale, HPA and KEDA drive it as a Deployment.
     """
-    spec_schema = structural_schema(rolescale.PDRoleScaleSpec)
-    status_schema = structural_schema(rolescale.PDRoleScaleStatus)
-    status_schema["x-kubernetes-preserve-unknown-fields"] = True
-    return _crd(
-        kind=rolescale.KIND,
-        plural=rolescale.PLURAL,
-        short_names=[rolescale.SHORT_NAME],
-        description=rolescale.PDRoleScale.__doc__ or "",
-        spec_schema=spec_schema,
-        status_schema=status_schema,
+    return _kind_crd(
+        rolescale, rolescale.PDRoleScale, rolescale.PDRoleScaleSpec, rolescale.PDRoleScaleStatus,
         printer_columns=_rolescale_printer_columns(),
         name_rule={
             "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH + len('-prefill')}",

@@ -123,11 +123,7 @@ def test_promtool_evaluates_percentiles_and_fires_the_fast_burn_alert(promtool, 
             ],
         }],
     }
-    test_file = tmp_path / "test.yaml"
-    test_file.write_text(yaml.safe_dump(test, sort_keys=False))
-    proc = subprocess.run([str(promtool), "test", "rules", str(test_file)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_rule_test(promtool, tmp_path, test)
 
 
 def test_promtool_counts_a_kv_failure_once_per_dp_shard(promtool, tmp_path):
@@ -165,11 +161,7 @@ def test_promtool_counts_a_kv_failure_once_per_dp_shard(promtool, tmp_path):
             ],
         }],
     }
-    test_file = tmp_path / "test.yaml"
-    test_file.write_text(yaml.safe_dump(test, sort_keys=False))
-    proc = subprocess.run([str(promtool), "test", "rules", str(test_file)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_rule_test(promtool, tmp_path, test)
 
 
 def test_promtool_evaluates_the_planners_load_gauges_once_per_shard(promtool, tmp_path):
@@ -211,6 +203,11 @@ def test_promtool_evaluates_the_planners_load_gauges_once_per_shard(promtool, tm
             ],
         }],
     }
+    run_rule_test(promtool, tmp_path, test)
+
+
+def run_rule_test(promtool: Path, tmp_path: Path, test: dict) -> None:
+    """``promtool test rules`` on ``test`` (a rule test file as a dict); fails with promtool's output."""
     test_file = tmp_path / "test.yaml"
     test_file.write_text(yaml.safe_dump(test, sort_keys=False))
     proc = subprocess.run([str(promtool), "test", "rules", str(test_file)], capture_output=True, text=True,
