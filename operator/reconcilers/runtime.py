@@ -188,6 +188,14 @@ class Runtime:
             self._planned.pop((namespace, name), None)
 
     # ------------------------------------------------------------------ the planner
+    def mark_planned(self, namespace: str, name: str, planned: bool) -> None:
+        """Whether the built-in planner scales the deployment (its last reconcile says so)."""
+        with self._locks_guard:
+            if planned:
+                self._planned.setdefault((namespace, name), ())
+            else:
+                self._planned.pop((namespace, name), None)
+
     def planner_moved(self, health: Health) -> bool:
         """True when ``health`` moves what the built-in planner reads of a deployment it scales
         (``scaling.pressure_view``): the control loop then reconciles it at once, without waiting
@@ -323,12 +331,8 @@ class Runtime:
                     autoscalers=self.autoscalers,
                 )
             with self._locks_guard:
-                key = (meta["namespace"], meta["name"])
-                self._uses[key] = outcome.kernelbuilds
-                if outcome.autoscaled:
-                    self._planned.setdefault(key, ())
-                else:
-                    self._planned.pop(key, None)
+                self._uses[(meta["namespace"], meta["name"])] = outcome.kernelbuilds
+            self.mark_planned(meta["namespace"], meta["name"], outcome.autoscaled)
             ok = True
             return outcome
         except k8s.ApiException as e:
