@@ -314,7 +314,8 @@ def _own_queue(role: str, s: Signals) -> float:
 
 
 def read(s: Signals, *, replicas: Mapping[str, int], memory: Mapping[str, RoleMemory]) -> dict[str, Reading]:
-    """Each role's :class:`Reading` from the figures (stateless but for the learned ``up_load``).
+    """Each role's :class:`Reading` from the figures; of the memory only the learned ``up_load`` (the way
+    down) and ``last_miss`` (whose the burn rate is) count.
 
     ``replicas``: each role's count now (the projection of one replica fewer).
     """
