@@ -24,7 +24,9 @@ to look again. No I/O, no clock of its own.
   join the running batch, ``num_running_reqs`` = the decode batch, ``token_usage`` = the
   KV pool's fill.
 
-So: ITL and per-user speed (TPOT) grow with the decode batch -> decode. TTFT is prefill
+So: ITL and per-user speed (TPOT) grow with the decode batch -> decode (unless decode holds at
+most one request per replica: then its step time is the engine's floor, and the planner
+holds and says so). TTFT is prefill
 queueing + prefill + transfer + decode admission: prefill when its waiting queue or
 decode's transfer queue hold requests, decode when its prealloc queue, prefill's
 bootstrap queue or its KV pool say decode cannot admit, both when both do, and prefill
@@ -340,6 +342,12 @@ def read(s: Signals, *, replicas: Mapping[str, int], memory: Mapping[str, RoleMe
         w = worst[role]
         close = w is not None and (w.ratio or 0) >= NEAR_TARGET
         burn_txt = f"burn rate {s.burn_short:.2g}" if s.burn_short is not None else "burn rate unknown"
+        if missed[role] and _at_the_floor(role, missed[role], load):
+            text = "; ".join(t.describe() for t, _ in missed[role])
+            out[role] = Reading("hold", why=f"{text}, but decode's batch is {load.load(role):.2g}/replica: at a batch "
+                                "of one the step time is the engine's floor, more replicas would not lower it",
+                                missed=True)
+            continue
         if missed[role]:
             factor = max((t.ratio or 1.0) for t, _ in missed[role])
             text = "; ".join(t.describe() for t, _ in missed[role])
@@ -359,6 +367,14 @@ def read(s: Signals, *, replicas: Mapping[str, int], memory: Mapping[str, RoleMe
             continue
         out[role] = _idle_or_hold(role, s, load, queue, replicas.get(role, 1), memory.get(role), w, burning, burn_txt)
     return out
+
+
+def _at_the_floor(role: str, missed: list[tuple[TargetSignal, str]], load: RoleLoad) -> bool:
+    """Decode misses only step-time targets (ITL, per-user speed) while it holds at most one request per
+    replica: a decode step's time grows with the batch, and at a batch of one it is what the engine does
+    alone (model, GPU, parallelism), which another replica does not change."""
+    return (role == "decode" and load.known and load.load(role) <= 1.0
+            and all(t.metric in ("itl", "perUserSpeed") for t, _ in missed))
 
 
 def _idle_or_hold(role: str, s: Signals, load: RoleLoad, queue: float, n: int, mem: RoleMemory | None,

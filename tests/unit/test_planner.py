@@ -88,9 +88,17 @@ def test_itl_miss_is_decodes_never_prefills():
     assert r["prefill"].pressure != "up"
 
 
+def test_an_itl_miss_at_a_batch_of_one_is_the_engines_floor_not_capacity():
+    s = signals(itl(0.05), decode=P.RoleLoad(pods=2, running=1, known=True))
+    r = P.read(s, replicas={"prefill": 1, "decode": 2}, memory={})
+    assert r["decode"].pressure == "hold" and "engine's floor" in r["decode"].why and r["decode"].missed
+    busy = signals(itl(0.05), decode=P.RoleLoad(pods=2, running=6, known=True))
+    assert P.read(busy, replicas={"prefill": 1, "decode": 2}, memory={})["decode"].pressure == "up"
+
+
 def test_speed_miss_is_decodes():
     speed = P.TargetSignal("perUserSpeed", "p90", 20.0, 40.0, False)
-    r = P.read(signals(speed), replicas={}, memory={})
+    r = P.read(signals(speed, decode=P.RoleLoad(pods=1, running=8, known=True)), replicas={}, memory={})
     assert r["decode"].pressure == "up" and r["decode"].factor == 2.0 and r["prefill"].pressure != "up"
     assert speed.describe() == "perUserSpeed p90 20 tok/s < 40 tok/s"
 
