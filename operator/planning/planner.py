@@ -37,9 +37,9 @@ prefill queues, else to decode.
 when the error budget burns faster than the objective allows (short-window burn rate
 >= 1) while its worst target is within 20% of the target and one of its targets was missed
 within the window (the burn rate counts bad intervals of any target: it must be this role's),
-or when its own queue holds
-at least one request per replica while its worst target is that close: the queue and
-the burn rate act before the window's percentile crosses the target. It is *idle*
+or when its own queue holds at least one request per replica while its worst target is at
+60% of the target or more: the queue and the burn rate act before the window's percentile
+crosses the target. It is *idle*
 (*down*) when no target of it is missed or burning, its queues are (nearly) empty, and
 one replica fewer would carry at most 70% of the load per replica at which the planner
 last had to add one (learned: ``RoleMemory.up_load``), or, before any was learned, its
@@ -78,8 +78,11 @@ QUEUE_HIGH = 1.0
 QUEUE_LOW = 0.25
 #: KV pool fill (``sglang:token_usage``) at which decode cannot admit more.
 TOKEN_USAGE_HIGH = 0.9
-#: A target is "close" at this fraction of its value (early action on burn rate or queue).
+#: A target is "close" at this fraction of its value (early action on a burning budget).
 NEAR_TARGET = 0.8
+#: With the role's own queue at one request per replica, a target counts as close from this fraction:
+#: queueing grows latency fast, and the window's percentile lags behind it.
+QUEUE_NEAR_TARGET = 0.6
 #: Short-window burn rate from which the planner acts early (the budget burns faster than allowed).
 BURN_EARLY = 1.0
 #: Short-window burn rate that skips the scale-up stabilization (the page threshold, metrics/slo.py).
@@ -354,7 +357,7 @@ def read(s: Signals, *, replicas: Mapping[str, int], memory: Mapping[str, RoleMe
             out[role] = Reading("up", factor, f"{text} ({burn_txt}); {missed[role][0][1]}",
                                 lagging_only=queue < QUEUE_HIGH, missed=True)
             continue
-        if close and queue >= QUEUE_HIGH:
+        if w is not None and (w.ratio or 0) >= QUEUE_NEAR_TARGET and queue >= QUEUE_HIGH:
             out[role] = Reading("up", 1.0, f"{w.describe()} is close and {role} queues {queue:.2g}/replica "
                                 f"({burn_txt})")
             continue

@@ -108,7 +108,9 @@ def test_queue_acts_before_the_window_percentile_crosses_the_target():
     s = signals(ttft(0.7), prefill=P.RoleLoad(pods=1, waiting=2, known=True))  # 88% of target, queueing
     r = P.read(s, replicas={}, memory={})
     assert r["prefill"].pressure == "up" and r["prefill"].factor == 1.0 and not r["prefill"].lagging_only
-    calm = signals(ttft(0.5), prefill=P.RoleLoad(pods=1, waiting=2, known=True))  # far from target
+    early = signals(ttft(0.5), prefill=P.RoleLoad(pods=1, waiting=2, known=True))  # 62%, queueing
+    assert P.read(early, replicas={}, memory={})["prefill"].pressure == "up"
+    calm = signals(ttft(0.4), prefill=P.RoleLoad(pods=1, waiting=2, known=True))  # 50%: far from target
     assert P.read(calm, replicas={}, memory={})["prefill"].pressure == "hold"
 
 
