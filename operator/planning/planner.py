@@ -29,8 +29,8 @@ most one request per replica: then its step time is the engine's floor, and the 
 holds and says so). TTFT is prefill
 queueing + prefill + transfer + decode admission: prefill when its waiting queue or
 decode's transfer queue hold requests, decode when its prealloc queue, prefill's
-bootstrap queue or its KV pool say decode cannot admit, both when both do, and prefill
-when neither does (TTFT's PD share is prefill's). e2e goes with TTFT's attribution when
+bootstrap queue or its KV pool say decode cannot admit, both when both do comparably (each
+side at least half the other's), and prefill when neither does (TTFT's PD share is prefill's). e2e goes with TTFT's attribution when
 prefill queues, else to decode.
 
 **When.** A role is under pressure (*up*) when a target attributed to it is missed,
@@ -83,6 +83,8 @@ NEAR_TARGET = 0.8
 #: With the role's own queue at one request per replica, a target counts as close from this fraction:
 #: queueing grows latency fast, and the window's percentile lags behind it.
 QUEUE_NEAR_TARGET = 0.6
+#: Both roles share a TTFT miss when each side's queue is at least this fraction of the other's.
+BOTH_SIDES = 0.5
 #: Short-window burn rate from which the planner acts early (the budget burns faster than allowed).
 BURN_EARLY = 1.0
 #: Short-window burn rate that skips the scale-up stabilization (the page threshold, metrics/slo.py).
@@ -305,7 +307,11 @@ def attribute(metric: str, s: Signals) -> tuple[tuple[str, ...], str]:
     prefill_side, decode_side, figures = _queue_sides(s)
     if metric == "e2e":
         return (("prefill",) if prefill_side >= QUEUE_HIGH else ("decode",)), figures
-    roles = tuple(r for r, q in (("prefill", prefill_side), ("decode", decode_side)) if q >= QUEUE_HIGH)
+    # a side counts when it queues, and is not dwarfed by the other (a transient bootstrap entry beside a
+    # long prefill queue is not decode's shortage)
+    top = max(prefill_side, decode_side)
+    roles = tuple(r for r, q in (("prefill", prefill_side), ("decode", decode_side))
+                  if q >= QUEUE_HIGH and q >= BOTH_SIDES * top)
     if not roles:
         roles = ("prefill",)
         figures += " (no queue on either side: TTFT's PD share is prefill's)"

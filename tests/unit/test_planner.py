@@ -74,6 +74,10 @@ def test_ttft_miss_with_both_sides_queueing_scales_both_and_without_queues_prefi
                    decode=P.RoleLoad(pods=1, prealloc=2, known=True))
     assert {r: x.pressure for r, x in P.read(both, replicas={}, memory={}).items()} == {"prefill": "up",
                                                                                          "decode": "up"}
+    dwarfed = signals(ttft(2.2), prefill=P.RoleLoad(pods=1, waiting=31, bootstrap=1, known=True),
+                      decode=P.RoleLoad(pods=1, transfer=34, running=1, known=True))
+    assert {r: x.pressure for r, x in P.read(dwarfed, replicas={}, memory={}).items()} == {"prefill": "up",
+                                                                                            "decode": "hold"}
     neither = signals(ttft(1.2))
     r = P.read(neither, replicas={}, memory={})
     assert r["prefill"].pressure == "up" and r["decode"].pressure != "up"
