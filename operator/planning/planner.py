@@ -27,8 +27,8 @@ to look again. No I/O, no clock of its own.
 So: ITL and per-user speed (TPOT) grow with the decode batch -> decode (unless decode holds at
 most one request per replica: then its step time is the engine's floor, and the planner
 holds and says so). TTFT is prefill
-queueing + prefill + transfer + decode admission: prefill when its waiting queue or
-decode's transfer queue hold requests, decode when its prealloc queue, prefill's
+queueing + prefill + transfer + decode admission: prefill when its waiting queue holds
+requests (decode's transfer queue stands in without prefill's gauges), decode when its prealloc queue, prefill's
 bootstrap queue or its KV pool say decode cannot admit, both when both do comparably (each
 side at least half the other's), and prefill when neither does (TTFT's PD share is prefill's). e2e goes with TTFT's attribution when
 prefill queues, else to decode.
@@ -286,9 +286,14 @@ def _seconds(v: float) -> str:
 
 
 def _queue_sides(s: Signals) -> tuple[float, float, str]:
-    """(prefill-side, decode-side) queue per replica and the figures, for attributing TTFT."""
+    """(prefill-side, decode-side) queue per replica and the figures, for attributing TTFT.
+
+    Prefill's side is its waiting queue (decode's transfer queue stands in only when prefill's
+    gauges were not read: it also holds every request while prefill computes it). Decode's side
+    is its prealloc and waiting queues, prefill's bootstrap queue, and a full KV pool.
+    """
     p, d = s.role("prefill"), s.role("decode")
-    prefill_side = max(p.per_pod(p.waiting), d.per_pod(d.transfer))
+    prefill_side = p.per_pod(p.waiting) if p.known else d.per_pod(d.transfer)
     decode_side = max(d.per_pod(d.prealloc), p.per_pod(p.bootstrap), d.per_pod(d.waiting))
     if d.token_usage is not None and d.token_usage >= TOKEN_USAGE_HIGH:
         decode_side = max(decode_side, QUEUE_HIGH)
@@ -319,9 +324,16 @@ def attribute(metric: str, s: Signals) -> tuple[tuple[str, ...], str]:
 
 
 def _own_queue(role: str, s: Signals) -> float:
-    """The role's own queue per replica: prefill waiting (+ decode's transfer queue), decode prealloc/waiting."""
-    prefill_side, decode_side, _ = _queue_sides(s)
-    return prefill_side if role == "prefill" else decode_side
+    """The role's own queue per replica: prefill's waiting queue; decode's prealloc and waiting queues (and a
+    full KV pool). Prefill's bootstrap queue is decode's side for attribution, but every request passes
+    through it for a moment, so it does not keep decode from being idle."""
+    if role == "prefill":
+        return _queue_sides(s)[0]
+    d = s.role("decode")
+    own = max(d.per_pod(d.prealloc), d.per_pod(d.waiting))
+    if d.token_usage is not None and d.token_usage >= TOKEN_USAGE_HIGH:
+        own = max(own, QUEUE_HIGH)
+    return own
 
 
 def read(s: Signals, *, replicas: Mapping[str, int], memory: Mapping[str, RoleMemory]) -> dict[str, Reading]:
