@@ -18,6 +18,7 @@ Modules, lowest layer first (a module imports only modules above it in this list
 - ``state``      the run directory's state file (what was started, on which ports)
 - ``nodes``      node-pools.yaml -> Node objects (pure)
 - ``lws``        the LeaderWorkerSet controller's config, CRDs, RBAC, webhook configs (pure)
+- ``poddns``     pod DNS names (an LWS leader address) answered from the API server
 - ``rest``       a minimal HTTPS client for /readyz and creating objects (no kubernetes lib)
 - ``components`` command lines of the five control-plane components, run dir layout (pure)
 - ``teardown``   ``stop_run`` (one run, by its state file), ``sweep_stale_runs``

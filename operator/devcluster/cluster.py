@@ -101,6 +101,7 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
         crd_names = _install_lws_api(api=api, bins=bins)
         count = _create_nodes(api=api, network=network, node_pools=node_pools)
         _wait_settled(api=api, holder=holder, node_count=count)
+        settled_s = time.monotonic() - started
         _start_lws(layout=layout, bins=bins, holder=holder, api=api, crd_names=crd_names,
                    die_with_parent=die_with_parent)
         ready_s = time.monotonic() - started
@@ -111,12 +112,12 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
         if stop_hook:
             atexit.unregister(stop_hook)
         raise
-    timings = {"readyz": round(readyz_s, 2), "ready": round(ready_s, 2),
+    timings = {"readyz": round(readyz_s, 2), "nodes": round(settled_s, 2), "ready": round(ready_s, 2),
                "total": round(time.monotonic() - begin, 2)}
     if bins.build_seconds is not None:
         timings["build"] = round(bins.build_seconds, 1)
-    log(f"cluster: {count} fake GPU nodes Ready, LeaderWorkerSet controller serving, "
-        f"{ready_s:.1f}s after start (pod network {network})")
+    log(f"cluster: {count} fake GPU nodes Ready {settled_s:.1f}s after start, the LeaderWorkerSet "
+        f"controller serving its webhooks {ready_s:.1f}s after start (pod network {network})")
     log(f"cluster: kubeconfig {layout.kubeconfig}")
     log(f"cluster: run dir    {run_dir} (logs in {layout.logs})")
     return Cluster(run_dir=run_dir, kubeconfig=layout.kubeconfig, bin_dir=bins.dir,
