@@ -14,11 +14,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import subprocess
-import time
 
 import pytest
 import yaml
 from kubernetes import client as k8s
+from opkit import wait_for
 
 from sglang_pd_operator.devcluster import cluster as devcluster
 from sglang_pd_operator.devcluster import supervise
@@ -28,17 +28,6 @@ pytestmark = pytest.mark.e2e
 LWS = "leaderworkerset.sigs.k8s.io"
 NAME = "engine"
 SIZE, REPLICAS = 4, 2
-
-
-def wait_for(predicate, *, what: str, timeout_s: float = 90.0, every_s: float = 0.25):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(every_s)
 
 
 def leaderworkerset(name: str = NAME) -> dict:
@@ -80,7 +69,7 @@ def groups(pods) -> dict[str, dict[str, str]]:
 def test_leaderworkerset_groups_run_on_kwok_and_a_worker_loss_recreates_its_group(cluster, namespace):
     core, apps = k8s.CoreV1Api(cluster.api_client()), k8s.AppsV1Api(cluster.api_client())
     apply(cluster, namespace, leaderworkerset())
-    pods = wait_for(lambda: all_running(core, namespace), what="8 LWS pods Running and Ready")
+    pods = wait_for(lambda: all_running(core, namespace), timeout=90, what="8 LWS pods Running and Ready")
 
     # the controller's objects: leader StatefulSet, a worker StatefulSet per group owned by
     # its leader pod, the headless Service the leader address lives under
@@ -112,7 +101,7 @@ def test_leaderworkerset_groups_run_on_kwok_and_a_worker_loss_recreates_its_grou
         nodes.add(pod.spec.node_name)
     assert len(nodes) == SIZE * REPLICAS, "one 4-GPU GB300 node per rank"
     assert wait_for(lambda: (o := json.loads(cluster.kubectl("get", "lws", NAME, "-n", namespace, "-o", "json").stdout))
-                    .get("status", {}).get("readyReplicas") == REPLICAS and o, what="LWS readyReplicas 2")
+                    .get("status", {}).get("readyReplicas") == REPLICAS and o, timeout=90, what="LWS readyReplicas 2")
 
     # RecreateGroupOnPodRestart: losing one worker of group 1 recreates all of group 1
     before = groups(pods)
@@ -126,7 +115,7 @@ def test_leaderworkerset_groups_run_on_kwok_and_a_worker_loss_recreates_its_grou
         fresh = set(after["1"].values()) & set(before["1"].values())
         return after if not fresh else None
 
-    after = wait_for(recreated, what="group 1 recreated (every pod new) and Ready")
+    after = wait_for(recreated, timeout=90, what="group 1 recreated (every pod new) and Ready")
     assert after["0"] == before["0"], "group 0 was touched"
     assert sorted(after["1"]) == sorted(before["1"])
 
@@ -145,7 +134,7 @@ def test_a_stopped_lws_controller_refuses_only_lws_objects(cluster, namespace):
                                        "spec": {"containers": [{"name": "c", "image": "example.invalid/c:1"}]}}}}
         apply(cluster, namespace, plain)
         wait_for(lambda: (apps.read_namespaced_deployment("plain", namespace).status.available_replicas or 0) == 2,
-                 what="the plain Deployment Available with the LWS controller stopped")
+                 timeout=90, what="the plain Deployment Available with the LWS controller stopped")
         # a LeaderWorkerSet is refused (failurePolicy Fail): never admitted without defaulting
         refused = apply(cluster, namespace, leaderworkerset(), check=False)
         assert refused.returncode != 0 and "mleaderworkerset.kb.io" in refused.stderr, refused.stderr
@@ -153,4 +142,4 @@ def test_a_stopped_lws_controller_refuses_only_lws_objects(cluster, namespace):
         devcluster.start_lws_controller(cluster.run_dir)
     assert supervise.run_status(cluster.run_dir)["lws"]["serving"]
     apply(cluster, namespace, leaderworkerset())
-    wait_for(lambda: all_running(core, namespace), what="LWS pods Running after the controller restarted")
+    wait_for(lambda: all_running(core, namespace), timeout=90, what="LWS pods Running after the controller restarted")
