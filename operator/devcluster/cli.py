@@ -60,14 +60,16 @@ def build_cmd() -> None:
 @cluster.command()
 @_run_dir_option
 @click.option("--detach", is_flag=True, help="Return once ready; stop later with `down`.")
-def up(run_dir: Path | None, detach: bool) -> None:
+@click.option("--no-lws", is_flag=True,
+              help="Leave the LeaderWorkerSet controller, its CRDs and webhooks out.")
+def up(run_dir: Path | None, detach: bool, no_lws: bool) -> None:
     """Start the cluster; print the `export KUBECONFIG=...` and `export PATH=...` lines to use it."""
     run_dir = run_dir or paths.default_run_dir()
     if not detach:
         # SIGTERM behaves like Ctrl-C: unwind, so the finally below stops the cluster.
         signal.signal(signal.SIGTERM, _interrupt)
     try:
-        running = start_cluster(run_dir=run_dir, detach=detach, log=_echo)
+        running = start_cluster(run_dir=run_dir, detach=detach, log=_echo, lws=not no_lws)
     except (ClusterError, build.BuildError, gomod.GoModuleDownloadError,
             gomod.GoToolMissing) as err:
         raise click.ClickException(str(err)) from err

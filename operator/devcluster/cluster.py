@@ -56,13 +56,14 @@ _PORT_RETRIES = 3
 
 
 def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
-                  node_pools: Path | None = None) -> Cluster:
+                  node_pools: Path | None = None, lws: bool = True) -> Cluster:
     """Start a cluster in ``run_dir`` and return once it is usable.
 
     "Usable": /readyz answers 200, every fake node is Ready without the not-ready taint
     and the ``default`` ServiceAccount exists, so Deployments and Jobs run at once; the
     LeaderWorkerSet API is served and the LWS controller's webhooks answer and are
-    registered, so LeaderWorkerSets run at once too.
+    registered, so LeaderWorkerSets run at once too. ``lws=False`` leaves LWS out
+    entirely (no CRDs, no controller, no webhooks): a cluster without LeaderWorkerSet.
     ``detach=False`` ties the components to this process (they get SIGTERM if it dies,
     and an atexit hook stops them); ``detach=True`` leaves them running for ``down``.
 
@@ -98,12 +99,13 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
         log(f"cluster: reached /readyz in {readyz_s:.1f}s ({cached})")
         _start_controllers(layout=layout, bins=bins, holder=holder, network=network,
                            die_with_parent=die_with_parent)
-        crd_names = _install_lws_api(api=api, bins=bins)
+        crd_names = _install_lws_api(api=api, bins=bins) if lws else []
         count = _create_nodes(api=api, network=network, node_pools=node_pools)
         _wait_settled(api=api, holder=holder, node_count=count)
         settled_s = time.monotonic() - started
-        _start_lws(layout=layout, bins=bins, holder=holder, api=api, crd_names=crd_names,
-                   die_with_parent=die_with_parent)
+        if lws:
+            _start_lws(layout=layout, bins=bins, holder=holder, api=api, crd_names=crd_names,
+                       die_with_parent=die_with_parent)
         ready_s = time.monotonic() - started
         holder.update(phase="ready")
     except BaseException:
@@ -116,8 +118,10 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
                "total": round(time.monotonic() - begin, 2)}
     if bins.build_seconds is not None:
         timings["build"] = round(bins.build_seconds, 1)
-    log(f"cluster: {count} fake GPU nodes Ready {settled_s:.1f}s after start, the LeaderWorkerSet "
-        f"controller serving its webhooks {ready_s:.1f}s after start (pod network {network})")
+    serving = (f", the LeaderWorkerSet controller serving its webhooks {ready_s:.1f}s after start"
+               if lws else " (no LeaderWorkerSet: lws=False)")
+    log(f"cluster: {count} fake GPU nodes Ready {settled_s:.1f}s after start{serving} "
+        f"(pod network {network})")
     log(f"cluster: kubeconfig {layout.kubeconfig}")
     log(f"cluster: run dir    {run_dir} (logs in {layout.logs})")
     return Cluster(run_dir=run_dir, kubeconfig=layout.kubeconfig, bin_dir=bins.dir,

@@ -33,7 +33,8 @@ def run_status(run_dir: Path) -> dict:
         if ready:
             items = (api.get_json("/api/v1/nodes?labelSelector=type%3Dkwok") or {}).get("items", [])
             result["nodes"] = {"total": len(items), "ready": sum(cluster.node_ready(n) for n in items)}
-        result["lws"] = _lws_status(st)
+        if "lws-webhook" in st.ports:
+            result["lws"] = _lws_status(st)
     return result
 
 

@@ -21,7 +21,7 @@ from kubernetes import client as k8s
 from opkit import wait_for
 
 from sglang_pd_operator.devcluster import cluster as devcluster
-from sglang_pd_operator.devcluster import supervise
+from sglang_pd_operator.devcluster import state, supervise
 
 pytestmark = pytest.mark.e2e
 
@@ -143,3 +143,20 @@ def test_a_stopped_lws_controller_refuses_only_lws_objects(cluster, namespace):
     assert supervise.run_status(cluster.run_dir)["lws"]["serving"]
     apply(cluster, namespace, leaderworkerset())
     wait_for(lambda: all_running(core, namespace), timeout=90, what="LWS pods Running after the controller restarted")
+
+
+def test_a_cluster_without_lws_has_no_crds_webhooks_or_controller(tmp_path):
+    """``start_cluster(lws=False)`` (``up --no-lws``): the cluster a test of "LWS is not
+    installed" needs."""
+    running = devcluster.start_cluster(run_dir=tmp_path / "run", lws=False, log=lambda line: None)
+    try:
+        st = state.load(running.run_dir)
+        assert [p.name for p in st.processes] == ["etcd", "kube-apiserver", "kube-controller-manager",
+                                                  "kube-scheduler", "kwok"]
+        missing = running.kubectl("get", "crd", "leaderworkersets.leaderworkerset.x-k8s.io", check=False)
+        assert missing.returncode != 0 and "NotFound" in missing.stderr
+        hooks = running.kubectl("get", "mutatingwebhookconfigurations,validatingwebhookconfigurations", "-o", "name")
+        assert "lws-" not in hooks.stdout
+        assert "lws" not in supervise.run_status(running.run_dir)
+    finally:
+        running.stop(log=lambda line: None)
