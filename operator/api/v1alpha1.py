@@ -551,8 +551,12 @@ class DisaggregationSpec(_Model):
 
 
 # --------------------------------------------------------------------------- roles
+#: Most nodes one replica may span (LeaderWorkerSet ``size``): one GPU per node at tp 64.
+MAX_NODES_PER_REPLICA = 64
+
+
 class ParallelismSpec(_Model):
-    """Parallelism of one engine replica (one pod)."""
+    """Parallelism of one engine replica: one pod, or with ``nodes`` > 1 one pod per node."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -568,6 +572,14 @@ class ParallelismSpec(_Model):
                     "parallelism.dp: must divide parallelism.tp when dpAttention is on; set dp to a divisor of tp",
                     field_path=".dp",
                 ),
+                cel(
+                    "!has(self.nodes) || self.nodes == 1 || !has(self.dp) || self.dp == 1 || "
+                    "(has(self.dpAttention) && self.dpAttention)",
+                    "parallelism.dp: data-parallel replicas across nodes are refused by SGLang (check_server_args: "
+                    "\"multi-node data-parallel replicas are not supported\"); turn dpAttention on (attention DP "
+                    "across nodes), or use nodes 1 and scale with replicas",
+                    field_path=".dp",
+                ),
             ]
         }
     )
@@ -579,8 +591,12 @@ class ParallelismSpec(_Model):
     nodes: int = Field(
         default=1,
         ge=1,
-        le=1,
-        description="Nodes per replica (--nnodes). v1alpha1 serves single-node replicas only.",
+        le=MAX_NODES_PER_REPLICA,
+        description=(
+            "Nodes per replica (--nnodes). Above 1 a replica is one LeaderWorkerSet group (sigs.k8s.io/lws, an "
+            "optional dependency) of this many pods, each with tp x pp / nodes GPUs: a whole node of the "
+            "accelerator. Data parallelism across nodes is attention DP only (dpAttention)."
+        ),
     )
 
 
