@@ -102,6 +102,8 @@ def _printer_columns() -> list[dict[str, Any]]:
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
         {"name": "Prefill", "type": "string", "jsonPath": ".status.prefill.replicas"},
         {"name": "Decode", "type": "string", "jsonPath": ".status.decode.replicas"},
+        {"name": "Pods", "type": "string", "jsonPath": ".status.pods",
+         "description": "Ready/desired engine pods: a replica spanning nodes has one pod per node"},
         {"name": "KV Layout", "type": "string", "jsonPath": ".status.kvLayout"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

@@ -949,10 +949,15 @@ class RoleStatus(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    desired: int = Field(default=0, description="Desired replicas.")
-    ready: int = Field(default=0, description="Ready replicas at the current pod template.")
-    replicas: str = Field(default="0/0", description="ready/desired, for kubectl get.")
+    desired: int = Field(default=0, description="Desired replicas (a multi-node replica is one group of pods).")
+    ready: int = Field(
+        default=0,
+        description="Ready replicas at the current pod template (a multi-node replica: every pod of its group Ready).",
+    )
+    replicas: str = Field(default="0/0", description="ready/desired replicas, for kubectl get.")
     updated: int = Field(default=0, description="Replicas running the current pod template.")
+    pods: str = Field(default="0/0", description="ready/desired pods (replicas x nodes per replica).")
+    nodesPerReplica: int | None = Field(default=None, description="Pods (nodes) of one replica.")
     kvLayout: str | None = Field(default=None, description="Predicted PD KV layout string of this role.")
     attentionBackend: str | None = Field(default=None, description="Resolved --dsv4-attn-backend.")
 
@@ -987,6 +992,7 @@ class PDDeploymentStatus(BaseModel):
     prefill: RoleStatus | None = Field(default=None, description="Prefill role.")
     decode: RoleStatus | None = Field(default=None, description="Decode role.")
     gateway: GatewayStatus | None = Field(default=None, description="smg gateway.")
+    pods: str | None = Field(default=None, description="ready/desired engine pods of both roles, for kubectl get.")
     compatKey: str | None = Field(default=None, description="Hash of every input that must be equal on both roles.")
     kvLayout: str | None = Field(default=None, description="The PD KV layout both roles resolve to.")
     problems: list[Problem] = Field(default_factory=list, description="Problems of the latest generation.")
