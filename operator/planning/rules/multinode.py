@@ -180,10 +180,37 @@ def deepep_v2_direct_one_node(*, spec: PDDeploymentSpec, role: RolePlan, catalog
     ]
 
 
+def kernel_cache_multi_node(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """Warn: a kernel cache (``kernels.cache`` auto or a KernelBuild name) for a role spanning nodes.
+
+    A KernelBuild runs its recipe in one Job on one node: the built-in recipes
+    (kernels/builds.yaml) start ``sglang.launch_server`` (and ``compile_deep_gemm``) with the
+    role's flags, and a server of ``--nnodes N`` waits for the other N-1 nodes, which never
+    come, until the build's timeout. The cache itself would serve every rank (one cache per
+    role: every node runs the same flags on the same node type), so the operator mounts a
+    Ready one in every pod of the group; this warns that the built-in recipes cannot make it.
+    """
+    if not role.inputs.multi_node or spec.kernels.cache == "none":
+        return []
+    return [
+        Problem(
+            field="spec.kernels.cache",
+            message=f"the {role.role} role spans {role.inputs.nodes} nodes; a KernelBuild warms up the role's server "
+            "in one Job on one node, where a server of --nnodes "
+            f"{role.inputs.nodes} waits for nodes that never join, so the build times out and the role waits at zero",
+            fix="use kernels.cache: none for a deployment with multi-node roles, or name a KernelBuild whose recipe "
+            "builds without starting the server",
+            rule="kernel_cache_multi_node",
+            severity="warning",
+        )
+    ]
+
+
 ROLE_RULES = (
     nodes_divide_ranks,
     replica_fills_nodes,
     no_data_parallel_across_nodes,
     dsv4_context_parallel_one_node,
     deepep_v2_direct_one_node,
+    kernel_cache_multi_node,
 )
