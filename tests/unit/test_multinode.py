@@ -314,12 +314,16 @@ def test_with_lws_the_group_is_applied_and_a_single_node_spec_needs_none(catalog
     assert {o["kind"] for o in single.applied} >= {"Deployment", "Service", "ConfigMap"}
 
 
-def test_the_loop_lists_an_optional_kind_only_while_it_is_served(monkeypatch):
+def _controller() -> tuple[Controller, Kube, Runtime]:
+    """The control loop on a Kube with an object cache and no API server."""
     kube = Kube(api_client=None, cache=ObjectCache())  # type: ignore[arg-type]
     runtime = Runtime(kube=kube)
-    c = Controller(runtime=runtime, kernelbuilds=KernelBuildRuntime(kube=kube, catalog=runtime.catalog,
-                                                                     in_use=lambda ns: None),
-                   kube=kube, settings=LoopSettings())
+    kbs = KernelBuildRuntime(kube=kube, catalog=runtime.catalog, in_use=lambda ns: None)
+    return Controller(runtime=runtime, kernelbuilds=kbs, kube=kube, settings=LoopSettings()), kube, runtime
+
+
+def test_the_loop_lists_an_optional_kind_only_while_it_is_served(monkeypatch):
+    c, kube, runtime = _controller()
     watched = watched_kind(lws.API_VERSION, lws.KIND)
     assert watched is not None and watched.optional
     listed = []
@@ -337,3 +341,14 @@ def test_multi_node_examples_fit_the_name_limit(path):
     from sglang_pd_operator.api.crd import MAX_MULTI_NODE_NAME_LENGTH
 
     assert len(load_example(path)["metadata"]["name"]) <= MAX_MULTI_NODE_NAME_LENGTH
+
+
+def test_a_leader_worker_set_event_queues_its_pddeployment(catalog):
+    c, _, _ = _controller()
+    plan = _plan(catalog)
+    obj = _with_status(_objects(plan)[(lws.KIND, _name(plan, "decode"))], replicas=1, readyReplicas=0)
+    obj["metadata"].update(namespace="inference", resourceVersion="7")
+    watched = watched_kind(lws.API_VERSION, lws.KIND)
+    assert c.observe(watched, {"type": "ADDED", "object": obj}) == [("PDDeployment", "inference", plan.name)]
+    obj["metadata"]["resourceVersion"], obj["status"]["readyReplicas"] = "8", 1  # the group turned Ready
+    assert c.observe(watched, {"type": "MODIFIED", "object": obj}) == [("PDDeployment", "inference", plan.name)]
