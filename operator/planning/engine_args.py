@@ -108,7 +108,11 @@ MANAGED_ENV: dict[str, str] = {
     "SGLANG_JIT_CACHE_DIR": "spec.kernels.cache",
     "MC_FORCE_TCP": "spec.transfer.forceTCP",
     LOCAL_HOSTNAME_ENV: "spec.kvCache.hicache.storage (the pod IP)",
-    HOST_IP_ENV: "spec.<role>.parallelism.nodes (the pod IP of every rank; multi-node roles only)",
+    # the address a rank binds and gives its peers (utils/network.py get_local_ip_auto): only
+    # the pod's own IP works, which the operator sets on multi-node ranks and SGLang finds itself
+    # otherwise; a fixed value fails to bind (ZMQError: Cannot assign requested address)
+    HOST_IP_ENV: "the pod IP (SGLang detects it on one node; the operator sets it on every rank of a multi-node replica)",
+    "HOST_IP": "the pod IP (SGLANG_HOST_IP's fallback in SGLang's utils/network.py)",
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
-from ..engine_args import HOST_IP_ENV, MANAGED_ENV, MANAGED_FLAGS
+from ..engine_args import MANAGED_ENV, MANAGED_FLAGS
 from ..features import parse_flags
 from ..sglang_defaults import chunked_prefill_per_rank, chunked_prefill_size
 from ..structs import RolePlan
@@ -54,16 +54,17 @@ def extra_args_parse(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog
 
 
 def env_not_managed(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
-    """A variable the operator sets from a typed field cannot also come from env.
+    """A variable the operator sets from a typed field (or that only the pod can know) cannot come from env.
 
-    SGLANG_HOST_IP is the operator's on a role spanning nodes only (the pod IP of each rank,
-    render/multinode.py); a single-node role may set it.
+    SGLANG_HOST_IP / HOST_IP: the address a rank binds its KV and bootstrap sockets to and
+    gives its peers (sglang 0.5.23 utils/network.py get_local_ip_auto reads them first): a
+    fixed value is not the pod's IP, and the bind fails ("Cannot assign requested
+    address", which the SGLang oracle reproduces). The operator sets SGLANG_HOST_IP from the
+    pod IP on every rank of a multi-node replica; SGLang finds the pod IP itself otherwise.
     """
     problems = []
     for i, var in enumerate(role.inputs.spec.env):
         owner = MANAGED_ENV.get(var.name)
-        if var.name == HOST_IP_ENV and not role.inputs.multi_node:
-            owner = None
         if owner is not None:
             problems.append(
                 Problem(
