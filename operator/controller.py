@@ -330,17 +330,24 @@ class Controller:
         """LIST, every :data:`UNWATCHED_POLL_S`, each optional kind served now but not when the loop
         started: kopf scans resources once at start (resource scanning is off, it needs CRD
         list/watch the chart does not grant), so no watch reports their changes. A polled
-        change queues its PDDeployment as a watch event would, a few seconds later.
+        change queues its PDDeployment as a watch event would, a few seconds later; the
+        first poll of a kind that appeared queues every PDDeployment (one may have waited
+        for it).
         """
         if now < self._next_poll:
             return
         self._next_poll = now + UNWATCHED_POLL_S
         for watched in WATCHED:
             if watched.optional and watched.kind not in self._watched_optional and self.served(watched):
-                if not self.cache.synced(watched.api_version, watched.kind):
+                appeared = not self.cache.synced(watched.api_version, watched.kind)
+                if appeared:
                     log.warning("%s are served since the operator started: polled every %.0fs instead of watched; "
                                 "restart the operator to watch them", watched.plural, UNWATCHED_POLL_S)
                 self.sync_kind(watched)
+                if appeared:  # a PDDeployment that waited for the kind (LeaderWorkerSetMissing) goes on now
+                    for key in self._all_keys():
+                        if key[0] == PDDEPLOYMENT:
+                            self.queue.add(key)
 
     def _resync_due(self, previous: float, now: float, period: float) -> None:
         """Queue the keys whose offset in the resync period falls in (previous, now].

@@ -56,7 +56,7 @@ def missing_message(*, roles: list[str]) -> str:
         f"{' and '.join(roles)} span nodes, which needs the LeaderWorkerSet API ({API_VERSION}, CRD {CRD_NAME}); "
         f"the cluster does not serve it, so nothing was created. Install LeaderWorkerSet "
         f"{' or '.join(TESTED_VERSIONS)} (the versions tested), e.g. {INSTALL_HINT}; the operator notices it "
-        "within a minute"
+        "within half a minute"
     )
 
 

@@ -107,7 +107,8 @@ def test_without_lws_nothing_is_created_until_it_is_installed(bare_cluster, tmp_
     ns = f"mn-{uuid.uuid4().hex[:6]}"
     c.kubectl("create", "namespace", ns)
     kapply(c, model_store(ns))
-    op = OperatorProcess(kubeconfig=c.kubeconfig, log_path=tmp_path / "operator.log").start()
+    # the default resync (300 s): LWS installed later must be noticed without it
+    op = OperatorProcess(kubeconfig=c.kubeconfig, log_path=tmp_path / "operator.log", resync=300).start()
     try:
         kapply(c, [_doc(WIDE_EP, ns), _doc(EXAMPLES / "dsv41-flash-h200-flashmla.yaml", ns)])
 
@@ -136,8 +137,10 @@ def test_without_lws_nothing_is_created_until_it_is_installed(bare_cluster, tmp_
         # installing LWS later is noticed by the running operator (discovery, then a poll of the
         # kind kopf could not watch at start): the group is created and the API server takes it
         _install_lws_crd(c)
-        made = wait_for(lambda: (got := kget(c, "leaderworkersets", "-n", ns)) and got["items"], timeout=90,
+        installed = time.monotonic()
+        made = wait_for(lambda: (got := kget(c, "leaderworkersets", "-n", ns)) and got["items"], timeout=60,
                         what="the LeaderWorkerSet created after LWS was installed")
+        print(f"\nLWS installed: the operator created the group {time.monotonic() - installed:.1f}s later")
         (lws_obj,) = made
         assert lws_obj["spec"]["leaderWorkerTemplate"]["size"] == 16
         obj = kget(c, "pdd", "dsv41-flash-wide-ep", "-n", ns)

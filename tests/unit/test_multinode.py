@@ -352,3 +352,20 @@ def test_a_leader_worker_set_event_queues_its_pddeployment(catalog):
     assert c.observe(watched, {"type": "ADDED", "object": obj}) == [("PDDeployment", "inference", plan.name)]
     obj["metadata"]["resourceVersion"], obj["status"]["readyReplicas"] = "8", 1  # the group turned Ready
     assert c.observe(watched, {"type": "MODIFIED", "object": obj}) == [("PDDeployment", "inference", plan.name)]
+
+
+def test_a_kind_that_appears_after_start_is_polled_and_every_pddeployment_queued(monkeypatch):
+    c, kube, runtime = _controller()
+    served = frozenset()
+    monkeypatch.setattr(runtime, "kinds_served", lambda av: served)
+    monkeypatch.setattr(kube, "list_kind", lambda w, ns: [])
+    c.cache.upsert({"apiVersion": "pd.sglang-operator.io/v1alpha1", "kind": "PDDeployment",
+                    "metadata": {"name": "d", "namespace": "ns", "uid": "u", "resourceVersion": "1"}})
+    c._poll_unwatched(now=100.0)
+    assert c.queue.get(timeout=0) is None  # not served: nothing to do
+    served = frozenset({lws.KIND})
+    c._poll_unwatched(now=105.0)
+    assert c.queue.get(timeout=0) is None  # the next poll is due 10 s after the last one
+    c._poll_unwatched(now=111.0)
+    assert c.queue.get(timeout=0) == ("PDDeployment", "ns", "d")
+    assert kube.cache.synced(lws.API_VERSION, lws.KIND)
