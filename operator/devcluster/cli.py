@@ -46,7 +46,7 @@ def cluster() -> None:
 
 @cluster.command("build")
 def build_cmd() -> None:
-    """Build (or find in the cache) the seven binaries."""
+    """Build (or find in the cache) the eight binaries (control plane and LWS controller)."""
     try:
         bins = build.ensure_binaries(log=_echo)
     except (build.BuildError, gomod.GoModuleDownloadError, gomod.GoToolMissing) as err:
@@ -116,6 +116,11 @@ def status(run_dir: Path | None, as_json: bool) -> None:
                 _echo(f"{key + ':':<11} {info[key]}")
         if "nodes" in info:
             _echo(f"nodes:      {info['nodes']['ready']}/{info['nodes']['total']} Ready")
+        if "lws" in info:
+            lws = info["lws"]
+            serving = "serving" if lws.get("serving") else "NOT serving"
+            _echo(f"lws:        LeaderWorkerSet controller {lws.get('version') or '?'}, webhooks "
+                  f"{lws.get('webhook', '-')} ({serving})")
         for proc in info.get("processes", []):
             mark = "running" if proc["running"] else "gone"
             _echo(f"  {proc['name']:<24} pid {proc['pid']:<8} {mark:<8} {proc['log']}")
