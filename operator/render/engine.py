@@ -258,7 +258,7 @@ def pod_template(plan: Plan, role: RolePlan, *, pod: PodKind = "replica") -> dic
 
 
 def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> list[dict[str, Any]]:
-    """ConfigMap, workload and headless Service of ``role`` in the plan's compat group.
+    """ConfigMap, headless Service and workload of ``role`` in the plan's compat group.
 
     The workload is a Deployment for a single-node replica, a LeaderWorkerSet for a replica
     spanning nodes (render/multinode.py). ``owner`` is the PDDeployment's {apiVersion,
@@ -301,10 +301,14 @@ def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> lis
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": L.metadata(name=obj_name, namespace=ns, labels=labels, owner=owner),
+        # a multi-node role's Service is also its LeaderWorkerSet's subdomain, which LWS creates
+        # (as its controller) if it finds none: the PDDeployment owns it without claiming control
+        "metadata": L.metadata(name=obj_name, namespace=ns, labels=labels, owner=owner,
+                               controller=not role.inputs.multi_node),
         "spec": service_spec,
     }
-    return [config_map, workload, service]
+    # the Service before the workload: LWS then finds it and adopts it as the pods' subdomain
+    return [config_map, service, workload]
 
 
 def _deployment(plan: Plan, role: RolePlan, *, owner: dict | None, strategy: InPlaceStrategy,

@@ -21,10 +21,14 @@ Choices, and why:
   runs :func:`wait_for_leader_container`, which waits (bounded) until
   ``LWS_LEADER_ADDRESS`` resolves; the leader runs it too (its own name appears once its
   endpoint is published).
-- The group's headless Service is the operator's own (named like the LeaderWorkerSet, so
-  LWS adopts it as the pods' subdomain instead of creating one) with
-  ``publishNotReadyAddresses: true``: the leader's DNS record must exist before the
-  leader is Ready, or nobody could ever join it.
+- The group's headless Service is the operator's own (named like the LeaderWorkerSet and
+  applied before it, so LWS finds it and uses it as the pods' subdomain instead of
+  creating one) with ``publishNotReadyAddresses: true``: the leader's DNS record must
+  exist before the leader is Ready, or nobody could ever join it. Its owner reference to
+  the PDDeployment does not claim control: should LWS have created the Service first (it
+  was deleted while the group ran), LWS is its controller, and the operator's apply adds
+  its labels, selector and a second, non-controller owner instead of being refused
+  ("Only one reference can have Controller set to true", seen on the dev cluster).
 - ``rolloutStrategy``: RollingUpdate with the role's in-place strategy (a whole group is
   the unit LWS surges: maxSurge 1 / maxUnavailable 0, or 0 / 1 when rollout.maxSurgeGPUs
   cannot hold one more group).

@@ -88,13 +88,23 @@ def _install_lws_crd(cluster) -> None:
 # ---------------------------------------------------------------- 1. without the controller
 
 
+#: The dev cluster's LWS webhook configurations (operator/devcluster/lws.py: "lws-" + the module's names).
+LWS_WEBHOOKS = (("mutatingwebhookconfiguration", "lws-mutating-webhook-configuration"),
+                ("validatingwebhookconfiguration", "lws-validating-webhook-configuration"))
+
+
 @pytest.fixture(scope="module")
 def bare_cluster(tmp_path_factory, cluster_log):
-    """A dev cluster of this module's own, without the LeaderWorkerSet API (its CRD deleted if
-    the harness installed it): the session cluster's LWS must stay for part 2."""
+    """A dev cluster of this module's own, without LeaderWorkerSet: the harness's LWS controller
+    stopped, its webhook configurations and CRD deleted (the session cluster's LWS must stay for
+    part 2), i.e. a cluster where nobody installed LWS."""
     run_dir = tmp_path_factory.mktemp("bare-cluster")
     c = devcluster.start_cluster(run_dir=run_dir, log=cluster_log)
     try:
+        if hasattr(devcluster, "stop_lws_controller"):
+            devcluster.stop_lws_controller(run_dir)
+        for kind, name in LWS_WEBHOOKS:
+            c.kubectl("delete", kind, name, "--ignore-not-found")
         c.kubectl("delete", "crd", lws.CRD_NAME, "--ignore-not-found", "--wait=true", "--timeout=60s")
         install_crds(c)
         yield c
@@ -261,6 +271,22 @@ def test_wide_ep_converges_with_every_rank_ready_and_its_own_node_rank(lws_clust
     assert st["pods"] == "17/17"
     table = c.kubectl("get", "pdd", name, "-n", ns).stdout
     assert "17/17" in table, table
+    # the decode group's Service is the operator's, adopted by LWS as the pods' subdomain
+    svc_name = f"{name}-{st['compatKey'][:6]}-decode"
+    assert leader["spec"]["subdomain"] == svc_name
+    svc = kget(c, "service", svc_name, "-n", ns)
+    assert svc["spec"]["publishNotReadyAddresses"] is True and svc["metadata"]["labels"][f"{LBL}/role"] == "decode"
+    # deleted while the group runs, LWS recreates its own (as controller): the operator's apply joins it
+    c.kubectl("delete", "service", svc_name, "-n", ns)
+
+    def service_back():
+        got = kget(c, "service", svc_name, "-n", ns)
+        rec = condition(kget(c, "pdd", name, "-n", ns), "Reconciled")
+        labels = ((got or {}).get("metadata") or {}).get("labels") or {}
+        return got if labels.get(f"{LBL}/role") == "decode" and rec and rec["status"] == "True" else None
+
+    svc = wait_for(service_back, timeout=60, what="the group Service back with the operator's labels")
+    assert svc["spec"]["selector"][f"{LBL}/compat-key"] == st["compatKey"]
     print(f"\nwide-EP: {len(decode) + len(prefill)} engine pods on {len(nodes)} GB300 nodes (+1 gateway pod), "
           f"Ready {converged:.1f}s after apply")
 

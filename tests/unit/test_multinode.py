@@ -134,9 +134,15 @@ def test_the_oracle_expands_each_pod_like_the_kubelet(catalog):
 def test_the_group_service_publishes_not_ready_pods_under_the_lws_name(catalog):
     plan = _plan(catalog)
     objs = _objects(plan)
-    svc = objs[("Service", _name(plan, "decode"))]["spec"]
-    assert svc["publishNotReadyAddresses"] is True and svc["clusterIP"] == "None"
+    svc = objs[("Service", _name(plan, "decode"))]
+    assert svc["spec"]["publishNotReadyAddresses"] is True and svc["spec"]["clusterIP"] == "None"
     assert "publishNotReadyAddresses" not in objs[("Service", _name(plan, "prefill"))]["spec"]
+    # LWS creates the subdomain Service as its controller when it finds none: ours claims no control
+    assert svc["metadata"]["ownerReferences"][0]["controller"] is False
+    assert objs[("Service", _name(plan, "prefill"))]["metadata"]["ownerReferences"][0]["controller"] is True
+    # and comes before the LeaderWorkerSet, so LWS finds it
+    order = [(o["kind"], o["metadata"]["name"]) for o in render_all(plan, owner=OWNER)]
+    assert order.index(("Service", _name(plan, "decode"))) < order.index((lws.KIND, _name(plan, "decode")))
 
 
 def test_the_gateway_selects_leaders_of_multi_node_roles_only(catalog):
