@@ -467,14 +467,8 @@ def spec_key(doc: Mapping[str, Any]) -> str:
     return json.dumps(doc.get("spec"), sort_keys=True, default=str)
 
 
-def corpus(n: int, seed: int = 13, *, prefix: str | None = None) -> list[dict[str, Any]]:
-    """``n`` distinct generated PDDeployments, the same list for the same ``(n, seed)``.
-
-    Names are ``<prefix>-<index>`` (default prefix ``gen<seed>``), numbered in draw order
-    among the distinct specs; a redrawn duplicate is skipped.
-    """
-    rng = random.Random(seed)
-    prefix = prefix or f"gen{seed}"
+def _distinct(n: int, rng: random.Random, draw: Any, prefix: str) -> list[dict[str, Any]]:
+    """``n`` distinct documents from ``draw(rng, name)``, named ``<prefix>-<index>`` in draw order."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     draws = 0
@@ -482,13 +476,22 @@ def corpus(n: int, seed: int = 13, *, prefix: str | None = None) -> list[dict[st
         draws += 1
         if draws > 50 * n + 1000:
             raise RuntimeError(f"the generator keeps drawing duplicates: {len(out)} distinct of {draws} draws")
-        doc = generate_spec(rng, name=f"{prefix}-{len(out):05d}")
+        doc = draw(rng, f"{prefix}-{len(out):05d}")
         key = spec_key(doc)
         if key in seen:
             continue
         seen.add(key)
         out.append(doc)
     return out
+
+
+def corpus(n: int, seed: int = 13, *, prefix: str | None = None) -> list[dict[str, Any]]:
+    """``n`` distinct generated PDDeployments, the same list for the same ``(n, seed)``.
+
+    Names are ``<prefix>-<index>`` (default prefix ``gen<seed>``), numbered in draw order
+    among the distinct specs; a redrawn duplicate is skipped.
+    """
+    return _distinct(n, random.Random(seed), lambda rng, name: generate_spec(rng, name=name), prefix or f"gen{seed}")
 
 
 #: Nodes per replica of a role made to span nodes (3 rarely: it splits few shapes evenly).
@@ -557,22 +560,8 @@ def make_multi_node(rng: random.Random, doc: dict[str, Any]) -> dict[str, Any]:
 def multi_node_corpus(n: int, seed: int = 31, *, prefix: str | None = None) -> list[dict[str, Any]]:
     """``n`` distinct generated PDDeployments with a role spanning nodes (:func:`make_multi_node`),
     the same list for the same ``(n, seed)``; drawn from their own stream, so :func:`corpus` is unchanged."""
-    rng = random.Random(seed)
-    prefix = prefix or f"mn{seed}"
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    draws = 0
-    while len(out) < n:
-        draws += 1
-        if draws > 50 * n + 1000:
-            raise RuntimeError(f"the generator keeps drawing duplicates: {len(out)} distinct of {draws} draws")
-        doc = make_multi_node(rng, generate_spec(rng, name=f"{prefix}-{len(out):05d}"))
-        key = spec_key(doc)
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(doc)
-    return out
+    return _distinct(n, random.Random(seed), lambda rng, name: make_multi_node(rng, generate_spec(rng, name=name)),
+                     prefix or f"mn{seed}")
 
 
 def pddeployments(name: str = "hyp") -> Any:

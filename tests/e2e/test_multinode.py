@@ -25,9 +25,7 @@ The largest run's pods, nodes and convergence time are printed (``-s``).
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 import threading
 import time
 import uuid
@@ -39,7 +37,9 @@ import yaml
 from helpers import EXAMPLES, ROOT, load_example
 from kubernetes import client as k8s
 from opkit import OperatorProcess, condition, kapply, kget, model_store, pods, ready_now, wait_for
-from simkit import get_json, smg_binary, start_simulator, start_smg, wait_answering, with_address
+from simkit import get_json, serve_pd, smg_binary
+from test_helm import sa_kubeconfig
+from test_rollout import _selector_keys
 
 from sglang_pd_operator import lws
 from sglang_pd_operator.devcluster import cluster as devcluster
@@ -153,9 +153,10 @@ def test_without_lws_nothing_is_created_until_it_is_installed(bare_cluster, tmp_
         print(f"\nLWS installed: the operator created the group {time.monotonic() - installed:.1f}s later")
         (lws_obj,) = made
         assert lws_obj["spec"]["leaderWorkerTemplate"]["size"] == 16
-        obj = kget(c, "pdd", "dsv41-flash-wide-ep", "-n", ns)
-        rec = condition(obj, "Reconciled")
-        assert rec["status"] == "True", rec
+        # the reconcile that applied it writes status after its writes
+        reconciled = lambda: (o := kget(c, "pdd", "dsv41-flash-wide-ep", "-n", ns)) and \
+            (condition(o, "Reconciled") or {}).get("status") == "True" and o  # noqa: E731
+        obj = wait_for(reconciled, timeout=30, what="Reconciled True")
         # no LWS controller here: the group never gets pods, so the PDDeployment is not Ready
         assert condition(obj, "Ready")["status"] == "False"
         assert obj["status"]["decode"]["replicas"] == "0/1" and obj["status"]["decode"]["pods"] == "0/16"
@@ -193,19 +194,7 @@ def chart_operator(lws_cluster, tmp_path_factory):
             d["metadata"].setdefault("namespace", OPERATOR_NS)
     kapply(c, rbac)
     tmp = tmp_path_factory.mktemp("chart-sa")
-    admin = yaml.safe_load(Path(c.kubeconfig).read_text())
-    token = c.kubectl("create", "token", SA, "-n", OPERATOR_NS, "--duration=2h").stdout.strip()
-    kubeconfig = tmp / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "dev", "cluster": admin["clusters"][0]["cluster"]}],
-        "users": [{"name": SA, "user": {"token": token}}],
-        "contexts": [{"name": SA, "context": {"cluster": "dev", "user": SA, "namespace": OPERATOR_NS}}],
-        "current-context": SA,
-    }))
-    whoami = json.loads(subprocess.run([str(Path(c.bin_dir) / "kubectl"), "--kubeconfig", str(kubeconfig), "auth",
-                                        "whoami", "-o", "json"], capture_output=True, text=True, check=True).stdout)
-    assert whoami["status"]["userInfo"]["username"] == f"system:serviceaccount:{OPERATOR_NS}:{SA}"
+    kubeconfig = sa_kubeconfig(c, tmp / "kubeconfig", namespace=OPERATOR_NS, sa=SA)  # checks `auth whoami`
     op = OperatorProcess(kubeconfig=kubeconfig, log_path=tmp / "operator.log", extra_args=[
         "--leader-elect", f"--leader-elect-lease={SA}"], env={"POD_NAME": "mn-0", "POD_NAMESPACE": OPERATOR_NS}).start()
     yield op
@@ -298,26 +287,15 @@ def test_smg_lists_only_leaders(lws_cluster, chart_operator, ns, procs):
     name = "dsv41-flash-mn"
     kapply(c, _doc(MULTI_NODE, ns))
     ready = wait_for(lambda: ready_now(kget(c, "pdd", name, "-n", ns)), timeout=300, what="multi-node Ready")
-    engine = _engine_pods(c, ns, name)
-    assert len(engine) == 6
-    model = ready["spec"]["model"]
-    for p in engine:  # workers answer too: smg would register them if its selectors matched
-        start_simulator(procs, p, model=model["name"], served_model_name=model["servedModelName"])
-    wait_answering([f"http://{p['status']['podIP']}:30000/health" for p in engine])
-    key = ready["status"]["compatKey"]
-    gw = kget(c, "deployment", f"{name}-{key[:6]}-gateway", "-n", ns)
-    rendered = gw["spec"]["template"]["spec"]["containers"][0]["args"]
-    (gw_pod,) = pods(c, ns, f"{LBL}/deployment={name},{LBL}/role=gateway")
-    args = with_address(rendered, host=gw_pod["status"]["podIP"])
-    gateway = f"http://{gw_pod['status']['podIP']}:{args[args.index('--port') + 1]}"
-    start_smg(procs, args, kubeconfig=c.kubeconfig)
-    wait_answering([gateway + "/health"], timeout=30)
-    leaders = {f"http://{p['status']['podIP']}:30000" for p in engine
+    # a simulator on every engine pod, the workers' too (smg would register them if its selectors
+    # matched), and the real smg with the rendered arguments, until it registered the leaders
+    stack = serve_pd(c, procs, ready, sim_extra=[])
+    assert len(stack.engine) == 6
+    leaders = {f"http://{p['status']['podIP']}:30000" for p in stack.engine
                if p["metadata"]["labels"][lws.LABEL_WORKER_INDEX] == lws.LEADER_INDEX}
     assert len(leaders) == 2
-    wait_for(lambda: {w["url"] for w in get_json(gateway + "/workers")["workers"]} >= leaders, timeout=60,
-             what="smg registered both leaders")
     time.sleep(3)  # the workers' simulators answer too: time for smg to (wrongly) pick them up
+    gateway = stack.gateway
     workers = get_json(gateway + "/workers")
     assert {w["url"] for w in workers["workers"]} == leaders, (workers, procs.log("smg"))
     assert workers["stats"]["prefill_count"] == 1 and workers["stats"]["decode_count"] == 1
@@ -364,18 +342,6 @@ def test_deleting_a_worker_recreates_its_group_only(lws_cluster, chart_operator,
     ready = condition(obj, "Ready")
     left = "False" in seen or time.mktime(time.strptime(ready["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ")) >= deleted_at - 1
     assert left, f"the PDDeployment never left Ready ({seen[:20]} ...)"
-
-
-def _selector_keys(args: list[str]) -> set[str]:
-    keys, collecting = set(), False
-    for tok in args:
-        if tok in ("--prefill-selector", "--decode-selector"):
-            collecting = True
-        elif tok.startswith("--"):
-            collecting = False
-        elif collecting and tok.startswith(f"{LBL}/compat-key="):
-            keys.add(tok.split("=", 1)[1])
-    return keys
 
 
 @dataclass
