@@ -82,6 +82,12 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
+# With LeaderWorkerSet installed (an optional dependency, sigs.k8s.io/lws): a role whose
+# replicas span nodes is one LeaderWorkerSet per compat group: apply, prune, watched so
+# status follows its groups. Harmless without LWS (the kind does not exist).
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, list, watch, create, patch, delete]
 # Kernel build Jobs (one per attempt): create, delete stale or superseded attempts; watched
 # so a build's status follows its Job.
 - apiGroups: [batch]
