@@ -24,6 +24,12 @@ from . import kernelbuild, rolescale, v1alpha1
 
 _DROP_KEYS = {"title", "default", "examples"}
 MAX_NAME_LENGTH = 40
+#: Longest PDDeployment name when a role spans nodes. Its LeaderWorkerSet is named
+#: ``<name>-<group id>-<role>`` (name + 15), LWS names each group's worker StatefulSet
+#: ``<lws>-<group index>`` (+ up to 5 for 1024 replicas), and the StatefulSet controller
+#: labels every pod ``controller-revision-hash: <statefulset>-<hash>`` (+ up to 11), a
+#: label value of at most 63 characters: 32 + 15 + 5 + 11 = 63.
+MAX_MULTI_NODE_NAME_LENGTH = 32
 
 
 def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -96,6 +102,8 @@ def _printer_columns() -> list[dict[str, Any]]:
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
         {"name": "Prefill", "type": "string", "jsonPath": ".status.prefill.replicas"},
         {"name": "Decode", "type": "string", "jsonPath": ".status.decode.replicas"},
+        {"name": "Pods", "type": "string", "jsonPath": ".status.pods",
+         "description": "Ready/desired engine pods: a replica spanning nodes has one pod per node"},
         {"name": "KV Layout", "type": "string", "jsonPath": ".status.kvLayout"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
@@ -114,8 +122,22 @@ def pddeployment_crd() -> dict[str, Any]:
         spec_schema=spec_schema,
         status_schema=status_schema,
         printer_columns=_printer_columns(),
+        extra_rules=[_PDD_MULTI_NODE_NAME_RULE],
     )
 
+
+def _multi_node(role: str) -> str:
+    p = f"self.spec.{role}.parallelism"
+    return f"(has(self.spec.{role}) && has({p}) && has({p}.nodes) && {p}.nodes > 1)"
+
+
+_PDD_MULTI_NODE_NAME_RULE = {
+    "rule": f"!({_multi_node('prefill')} || {_multi_node('decode')}) || "
+    f"self.metadata.name.size() <= {MAX_MULTI_NODE_NAME_LENGTH}",
+    "message": f"metadata.name: at most {MAX_MULTI_NODE_NAME_LENGTH} characters when a role spans nodes "
+    "(parallelism.nodes > 1): its LeaderWorkerSet's StatefulSets label their pods with a revision name built from "
+    "<name>-<group id>-<role>-<group index>, which Kubernetes limits to 63 characters; choose a shorter name",
+}
 
 _PDD_NAME_RULE = {
     "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
@@ -135,6 +157,7 @@ def _crd(
     status_schema: dict[str, Any],
     printer_columns: list[dict[str, Any]],
     name_rule: dict[str, str] = _PDD_NAME_RULE,
+    extra_rules: list[dict[str, str]] = (),
     subresources: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
@@ -164,7 +187,7 @@ def _crd(
                             "type": "object",
                             "description": description.strip(),
                             "required": ["spec"],
-                            "x-kubernetes-validations": [dict(name_rule)],
+                            "x-kubernetes-validations": [dict(name_rule), *(dict(r) for r in extra_rules)],
                             "properties": {
                                 "apiVersion": {"type": "string", "description": "API version."},
                                 "kind": {"type": "string", "description": "Kind."},

@@ -551,8 +551,12 @@ class DisaggregationSpec(_Model):
 
 
 # --------------------------------------------------------------------------- roles
+#: Most nodes one replica may span (LeaderWorkerSet ``size``): one GPU per node at tp 64.
+MAX_NODES_PER_REPLICA = 64
+
+
 class ParallelismSpec(_Model):
-    """Parallelism of one engine replica (one pod)."""
+    """Parallelism of one engine replica: one pod, or with ``nodes`` > 1 one pod per node."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -568,6 +572,14 @@ class ParallelismSpec(_Model):
                     "parallelism.dp: must divide parallelism.tp when dpAttention is on; set dp to a divisor of tp",
                     field_path=".dp",
                 ),
+                cel(
+                    "!has(self.nodes) || self.nodes == 1 || !has(self.dp) || self.dp == 1 || "
+                    "(has(self.dpAttention) && self.dpAttention)",
+                    "parallelism.dp: data-parallel replicas across nodes are refused by SGLang (check_server_args: "
+                    "\"multi-node data-parallel replicas are not supported\"); turn dpAttention on (attention DP "
+                    "across nodes), or use nodes 1 and scale with replicas",
+                    field_path=".dp",
+                ),
             ]
         }
     )
@@ -579,8 +591,12 @@ class ParallelismSpec(_Model):
     nodes: int = Field(
         default=1,
         ge=1,
-        le=1,
-        description="Nodes per replica (--nnodes). v1alpha1 serves single-node replicas only.",
+        le=MAX_NODES_PER_REPLICA,
+        description=(
+            "Nodes per replica (--nnodes). Above 1 a replica is one LeaderWorkerSet group (sigs.k8s.io/lws, an "
+            "optional dependency) of this many pods, each with tp x pp / nodes GPUs: a whole node of the "
+            "accelerator. Data parallelism across nodes is attention DP only (dpAttention)."
+        ),
     )
 
 
@@ -1039,10 +1055,15 @@ class RoleStatus(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    desired: int = Field(default=0, description="Desired replicas.")
-    ready: int = Field(default=0, description="Ready replicas at the current pod template.")
-    replicas: str = Field(default="0/0", description="ready/desired, for kubectl get.")
+    desired: int = Field(default=0, description="Desired replicas (a multi-node replica is one group of pods).")
+    ready: int = Field(
+        default=0,
+        description="Ready replicas at the current pod template (a multi-node replica: every pod of its group Ready).",
+    )
+    replicas: str = Field(default="0/0", description="ready/desired replicas, for kubectl get.")
     updated: int = Field(default=0, description="Replicas running the current pod template.")
+    pods: str = Field(default="0/0", description="ready/desired pods (replicas x nodes per replica).")
+    nodesPerReplica: int | None = Field(default=None, description="Pods (nodes) of one replica.")
     kvLayout: str | None = Field(default=None, description="Predicted PD KV layout string of this role.")
     attentionBackend: str | None = Field(default=None, description="Resolved --dsv4-attn-backend.")
 
@@ -1106,6 +1127,7 @@ class PDDeploymentStatus(BaseModel):
     prefill: RoleStatus | None = Field(default=None, description="Prefill role.")
     decode: RoleStatus | None = Field(default=None, description="Decode role.")
     gateway: GatewayStatus | None = Field(default=None, description="smg gateway.")
+    pods: str | None = Field(default=None, description="ready/desired engine pods of both roles, for kubectl get.")
     compatKey: str | None = Field(default=None, description="Hash of every input that must be equal on both roles.")
     kvLayout: str | None = Field(default=None, description="The PD KV layout both roles resolve to.")
     problems: list[Problem] = Field(default_factory=list, description="Problems of the latest generation.")

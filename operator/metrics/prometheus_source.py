@@ -57,6 +57,7 @@ import aiohttp
 from ..api.v1alpha1 import SLOSpec, parse_duration
 from . import promql
 from .operator_metrics import OperatorMetrics
+from .periodic import run_every
 from .health import Health
 from . import exposition as ex
 from .scraper import (
@@ -273,24 +274,7 @@ class PrometheusSource:
     # ------------------------------------------------------------------ loop
     async def run(self) -> None:
         """Query every ``interval`` seconds until cancelled; a failing pass is logged and retried."""
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            try:
-                await self.query_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("SLO pass (Prometheus) failed")
-            if self.on_pass is not None:
-                self.on_pass()
-            next_at += self.interval
-            delay = next_at - loop.time()
-            if delay < 0:
-                log.warning("SLO pass (Prometheus) took %.1fs, longer than the %.1fs interval",
-                            self.interval - delay, self.interval)
-                next_at, delay = loop.time(), 0
-            await asyncio.sleep(delay)
+        await run_every(self.query_once, interval=self.interval, on_pass=self.on_pass, what="SLO pass (Prometheus)")
 
     def queries(self, deployments: Sequence[_Deployment]) -> dict[tuple[float | None, str], str]:
         """The batched queries for ``deployments``: (window seconds or None, name) -> PromQL.

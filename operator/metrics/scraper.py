@@ -69,7 +69,8 @@ from . import exposition as ex
 from .health import Health, MasterHealth
 from .kvstore import probe_master_async, transfer_families, transfer_summary
 from .operator_metrics import OperatorMetrics
-from .slo import LOAD_FAMILIES, ROLE_DECODE, ROLE_GATEWAY, ROLE_PREFILL, KVTransferResult, SLOEvaluator, SLOResult
+from .periodic import run_every
+from .slo import LOAD_FAMILIES, ROLE_DECODE, ROLE_GATEWAY, ROLE_PREFILL, SLOEvaluator
 
 log = logging.getLogger(__name__)
 
@@ -361,25 +362,7 @@ class Scraper:
     # ------------------------------------------------------------------ loop
     async def run(self) -> None:
         """Scrape every ``interval`` seconds until cancelled; a failing pass is logged and retried."""
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            try:
-                await self.scrape_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("SLO scrape pass failed")
-            if self.on_pass is not None:
-                self.on_pass()
-            next_at += self.interval
-            delay = next_at - loop.time()
-            if delay < 0:
-                log.warning("SLO scrape pass took %.1fs, longer than the %.1fs interval", self.interval - delay,
-                            self.interval)
-                next_at = loop.time()
-                delay = 0
-            await asyncio.sleep(delay)
+        await run_every(self.scrape_once, interval=self.interval, on_pass=self.on_pass, what="SLO scrape pass")
 
     async def scrape_once(self) -> list[Health]:
         """One pass over every PDDeployment; returns the healths handed to ``on_health``."""

@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
+from .. import lws
 from ..api.v1alpha1 import API_VERSION, parse_duration
 from ..catalog import Catalog
 from ..kernelbuild.gate import (
@@ -52,6 +53,8 @@ from .scaling import Autoscalers, reconcile_scaling, scale_serving_group, write_
 log = logging.getLogger(__name__)
 
 GROUP_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"))
+#: The workload of a role whose replicas span nodes, where the cluster serves it.
+MULTI_NODE_KINDS = ((lws.API_VERSION, lws.KIND),)
 
 
 @dataclass
@@ -89,9 +92,14 @@ def reconcile(
     monitoring: bool = False,
     health_stale: str | None = None,
     rule_memo: RuleMemo | None = None,
+    lws_served: bool = False,
     autoscalers: Autoscalers | None = None,
 ) -> Outcome:
     """Converge the children of the PDDeployment ``body`` (a dict as read from the API).
+
+    ``lws_served``: the cluster serves LeaderWorkerSets (sigs.k8s.io/lws). Without them a
+    spec with a role spanning nodes creates nothing: status says what to install
+    (:func:`_missing_lws`), and whatever serves keeps serving untouched.
 
     ``rule_memo``: remembers the CEL verdict per generation (``planning.plan.RuleMemo``).
     ``autoscalers``: the HPAs targeting PDRoleScales, by namespace (``scaling.list_autoscalers``,
@@ -118,7 +126,7 @@ def reconcile(
     try:
         return _reconcile(kube=tracked, body=body, catalog=catalog, now=now, health=health,  # type: ignore[arg-type]
                           monitoring=monitoring, health_stale=health_stale, rule_memo=rule_memo,
-                          autoscalers=autoscalers)
+                          lws_served=lws_served, autoscalers=autoscalers)
     except ApiException as e:
         reason, message = describe_api_error(e, call=tracked.last)
         _record_failure(kube, body, reason=reason, message=message, now=now)
@@ -135,6 +143,7 @@ def _reconcile(
     monitoring: bool,
     health_stale: str | None,
     rule_memo: RuleMemo | None,
+    lws_served: bool,
     autoscalers: Autoscalers | None = None,
 ) -> Outcome:
     writes_before = kube.total_writes
@@ -148,6 +157,11 @@ def _reconcile(
         outcome = _refuse(kube, body, problems, previous, generation, now)
         outcome.writes = kube.total_writes - writes_before
         return outcome
+    spanning = [f"{r.role} nodes {r.inputs.nodes}" for r in (plan.prefill, plan.decode) if r.inputs.multi_node]
+    if spanning and not lws_served:
+        outcome = _missing_lws(kube, body, plan, spanning, previous, generation, now)
+        outcome.writes = kube.total_writes - writes_before
+        return outcome
 
     # 2. kernels: each role's KernelBuild (created when missing); a built cache's digest enters the compat key
     gates = _kernel_gates(kube, plan)
@@ -155,7 +169,7 @@ def _reconcile(
         plan = with_kernel_compat(plan, gates)
 
     # 3. observe the compat groups that exist and the group the Service serves
-    observed = observe(kube, name=name, namespace=namespace)
+    observed = observe(kube, name=name, namespace=namespace, lws_served=lws_served)
 
     # 3b. each role's count: its PDRoleScale's when replicas is omitted (kubectl scale, HPA, KEDA), the planner's step
     owner = owner_of(body)
@@ -185,12 +199,13 @@ def _reconcile(
 
     # 7. delete groups that no longer serve (drained) or never did (cancelled, superseded)
     for key in decision.delete_keys:
-        _delete_group(kube, name=name, namespace=namespace, key=key)
+        _delete_group(kube, name=name, namespace=namespace, key=key, lws_served=lws_served)
 
     # 8. write status (only when changed) and an event per rollout transition
     shown = decision
     if decision.apply_target or decision.delete_keys:
-        observed, shown = _after_writes(kube, plan, observed, decision, rollout_before, now, counts)
+        observed, shown = _after_writes(kube, plan, observed, decision, rollout_before, now, counts,
+                                        lws_served=lws_served)
     new_status = S.valid_status(
         previous=previous,
         generation=generation,
@@ -250,6 +265,36 @@ def _refuse(
         first = errors(problems)[:3]
         summary = "; ".join(p.line() for p in first) + (" ..." if len(errors(problems)) > 3 else "")
         _event(kube, body, outcome, "Warning", "InvalidSpec", f"generation {generation} refused: {summary}")
+    return outcome
+
+
+def _missing_lws(
+    kube: Kube, body: dict[str, Any], plan: Plan, spanning: list[str], previous: dict, generation: int, now: float
+) -> Outcome:
+    """A valid spec with a role spanning nodes on a cluster without LeaderWorkerSets: nothing is created.
+
+    Not one object (not the single-node role, not the gateway, not a KernelBuild): a half
+    deployment would serve nothing and hold GPUs. ``Valid`` stays True (the spec is
+    right), ``Reconciled``, ``Ready`` and ``Progressing`` are False with reason
+    LeaderWorkerSetMissing naming the API, the versions tested and how to install it
+    (``lws.missing_message``); a group of an earlier generation keeps serving untouched.
+    One Warning event when the condition appears.
+    """
+    message = lws.missing_message(roles=spanning)
+    new_status = dict(previous)
+    new_status["observedGeneration"] = generation
+    new_status["conditions"] = S.merge_conditions(
+        previous.get("conditions") or [],
+        S.missing_dependency_conditions(reason=S.REASON_LWS_MISSING, message=message, problems=list(plan.problems),
+                                        generation=generation, previous=previous),
+        generation=generation,
+        now=now,
+    )
+    new_status["problems"] = [p.to_dict() for p in plan.problems]
+    outcome = Outcome(valid=True)
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Reconciled"), {})
+    if _write_status(kube, body, previous, new_status) and old.get("reason") != S.REASON_LWS_MISSING:
+        _event(kube, body, outcome, "Warning", S.REASON_LWS_MISSING, message)
     return outcome
 
 
@@ -322,7 +367,7 @@ def _rollout_settings(plan: Plan) -> RolloutSettings:
 
 def _after_writes(
     kube: Kube, plan: Plan, before: Observed, decision: RolloutDecision, rollout_before: RolloutStatus, now: float,
-    counts: dict[str, int],
+    counts: dict[str, int], *, lws_served: bool = False,
 ) -> tuple[Observed, RolloutDecision]:
     """The observation status shows after this reconcile's writes, and the decision made from it.
 
@@ -336,7 +381,7 @@ def _after_writes(
     ``before`` and ``decision``, the observation acted on. Events always come from
     ``decision``: they describe what was done.
     """
-    after = observe(kube, name=plan.name, namespace=plan.namespace)
+    after = observe(kube, name=plan.name, namespace=plan.namespace, lws_served=lws_served)
     prev = RolloutStatus(
         target_key=plan.compat_key,
         phase=decision.phase,
@@ -389,7 +434,7 @@ def _apply_group(
     if gates is not None:
         objects = gate_objects(objects, gates)
     for obj in objects:
-        if to_zero and obj["kind"] == "Deployment":
+        if to_zero and obj["kind"] in ("Deployment", lws.KIND):
             obj = {**obj, "spec": {**obj["spec"], "replicas": 0}}
         kube.apply(obj)
 
@@ -418,11 +463,15 @@ def _apply_monitoring(kube: Kube, plan: Plan, owner: dict[str, Any]) -> None:
                     plan.namespace, plan.name, str(e).splitlines()[0])
 
 
-def _delete_group(kube: Kube, *, name: str, namespace: str, key: str) -> None:
+def _delete_group(kube: Kube, *, name: str, namespace: str, key: str, lws_served: bool = False) -> None:
     selector = f"{L.LABEL_DEPLOYMENT}={name},{L.LABEL_COMPAT_KEY}={key},app.kubernetes.io/managed-by={L.MANAGED_BY}"
     for api_version, kind in GROUP_KINDS:
         for obj in kube.list(api_version, kind, namespace, selector):
             kube.delete(api_version, kind, obj["metadata"]["name"], namespace)
+    if lws_served:  # the kind exists only where LeaderWorkerSet is installed
+        for api_version, kind in MULTI_NODE_KINDS:
+            for obj in kube.list(api_version, kind, namespace, selector):
+                kube.delete(api_version, kind, obj["metadata"]["name"], namespace)
 
 
 def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any]) -> bool:

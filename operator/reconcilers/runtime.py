@@ -9,8 +9,8 @@ at a time; the lock keeps direct callers, such as tests, safe too).
 The SLO scraper stores each deployment's latest
 :class:`~sglang_pd_operator.metrics.health.Health` here (:meth:`Runtime.set_health`),
 saying whether a condition or only a figure moved; the reconcile reads it back to write
-status. Whether the cluster serves the Prometheus Operator's kinds is checked here too,
-at most every ``monitoring_check_ttl_s``. Each reconcile is in flight in
+status. Whether the cluster serves the Prometheus Operator's kinds and LeaderWorkerSets
+is checked here too, at most every ``monitoring_check_ttl_s``. Each reconcile is in flight in
 :attr:`Runtime.heartbeats` (``liveness.py``) while it holds its lock, so a frozen one
 turns ``/healthz`` to 503 after ``stuck_after_s``.
 """
@@ -27,6 +27,7 @@ from typing import Any, Callable
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from .. import lws
 from ..api.kernelbuild import KIND as KERNELBUILD_KIND
 from ..api.v1alpha1 import API_VERSION
 from ..catalog import CATALOG_FILES, Catalog, CatalogError, builtin_catalog, load_catalog
@@ -107,8 +108,8 @@ class Runtime:
     monitoring_check_ttl_s: float = 15.0
     _health: dict[tuple[str, str], tuple[Health, tuple, tuple]] = field(default_factory=dict)
     _health_guard: threading.Lock = field(default_factory=threading.Lock)
-    _monitoring: bool = False
-    _monitoring_checked: float = -1e18
+    #: group/version -> (kinds served, monotonic time of the check); see :meth:`kinds_served`.
+    _served: dict[str, tuple[frozenset[str], float]] = field(default_factory=dict)
     #: Unix time this runtime was made: the age of "no health yet" counts from here.
     started_at: float = field(default_factory=time.time)
     #: Liveness: each reconcile is in flight here while it holds its lock; stuck after ``stuck_after_s``.
@@ -243,29 +244,43 @@ class Runtime:
             return {b for d in deployments for b in self._uses[(namespace, d)]}
 
     # ------------------------------------------------------------------ cluster facts
-    def monitoring_available(self) -> bool:
-        """True when the API server serves PodMonitor and PrometheusRule (re-checked every ``monitoring_check_ttl_s``).
+    def kinds_served(self, api_version: str) -> frozenset[str]:
+        """The kinds the API server serves in ``api_version`` (re-checked every ``monitoring_check_ttl_s``).
 
-        Asks the API server's discovery for ``monitoring.coreos.com/v1`` directly rather
-        than ``Kube.has_kind``: the DynamicClient's discovery cache is a file shared by
-        processes and can still list kinds whose CRDs were deleted since.
+        Asks the API server's discovery directly rather than ``Kube.has_kind``: the
+        DynamicClient's discovery cache is a file shared by processes and can still list
+        kinds whose CRDs were deleted since. A 404 means none; any other failure keeps the
+        last answer (none before the first).
         """
         now = time.monotonic()
-        if now - self._monitoring_checked >= self.monitoring_check_ttl_s:
-            group, _, version = MONITORING_API_VERSION.partition("/")
-            try:
+        known = self._served.get(api_version)
+        if known is not None and now - known[1] < self.monitoring_check_ttl_s:
+            return known[0]
+        kinds = known[0] if known is not None else frozenset()
+        group, _, version = api_version.rpartition("/")
+        try:
+            if group:
                 listed = k8s.CustomObjectsApi(self.kube.api_client).get_api_resources(group, version)
-                kinds = {r.kind for r in listed.resources or []}
-                self._monitoring = {"PodMonitor", "PrometheusRule"} <= kinds
-            except k8s.ApiException as e:
-                if e.status == 404:
-                    self._monitoring = False
-                else:  # discovery failed: keep the last answer
-                    log.warning("cannot check for the Prometheus Operator's kinds: %s", e)
-            except Exception as e:
-                log.warning("cannot check for the Prometheus Operator's kinds: %s", e)
-            self._monitoring_checked = now
-        return self._monitoring
+            else:
+                listed = k8s.CoreV1Api(self.kube.api_client).get_api_resources()
+            kinds = frozenset(r.kind for r in listed.resources or [] if "/" not in r.name)
+        except k8s.ApiException as e:
+            if e.status == 404:
+                kinds = frozenset()
+            else:  # discovery failed: keep the last answer
+                log.warning("cannot check which kinds %s serves: %s", api_version, e)
+        except Exception as e:
+            log.warning("cannot check which kinds %s serves: %s", api_version, e)
+        self._served[api_version] = (kinds, now)
+        return kinds
+
+    def monitoring_available(self) -> bool:
+        """True when the API server serves PodMonitor and PrometheusRule (the Prometheus Operator's kinds)."""
+        return {"PodMonitor", "PrometheusRule"} <= self.kinds_served(MONITORING_API_VERSION)
+
+    def lws_available(self) -> bool:
+        """True when the API server serves LeaderWorkerSets (sigs.k8s.io/lws): multi-node roles can be created."""
+        return lws.KIND in self.kinds_served(lws.API_VERSION)
 
     def lock(self, namespace: str, name: str) -> threading.Lock:
         """The lock serializing reconciles of one object."""
@@ -327,6 +342,7 @@ class Runtime:
                     health=self.health(meta["namespace"], meta["name"]),
                     health_stale=self.health_stale(meta["namespace"], meta["name"]),
                     monitoring=self.monitoring_available(),
+                    lws_served=self.lws_available(),
                     rule_memo=self.rule_memo,
                     autoscalers=self.autoscalers,
                 )

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import lws
 from ..api import rolescale
 from ..api.v1alpha1 import API_VERSION, parse_duration
 from ..metrics.health import Health
@@ -275,8 +276,9 @@ def planner_settings(plan: Plan, observed: Observed, previous: Mapping[str, Any]
 def scale_serving_group(kube: Kube, plan: Plan, observed: Observed, *, serving_key: str,
                         counts: Mapping[str, int], scaled: tuple[str, ...]) -> None:
     """While a new group surges beside the serving one (``serving_key`` != the plan's key), give the
-    serving group's Deployments of the scaled roles their count through ``/scale`` (the new
-    group is rendered with it). Nothing when the plan's own group serves (it is rendered)."""
+    serving group's workloads of the scaled roles (a Deployment, or a multi-node role's
+    LeaderWorkerSet) their count through ``/scale`` (the new group is rendered with it).
+    Nothing when the plan's own group serves (it is rendered)."""
     if serving_key == plan.compat_key:
         return
     group = observed.groups.get(serving_key)
@@ -284,7 +286,11 @@ def scale_serving_group(kube: Kube, plan: Plan, observed: Observed, *, serving_k
         return
     for role in scaled:
         w = group.workloads.get(role)
-        if w is not None and w.desired != counts[role]:
+        if w is None or w.desired == counts[role]:
+            continue
+        if w.pods_per_replica > 1:  # a multi-node role's LeaderWorkerSet: its /scale counts groups
+            kube.scale(lws.API_VERSION, lws.KIND, w.name, plan.namespace, counts[role])
+        else:
             kube.scale("apps/v1", "Deployment", w.name, plan.namespace, counts[role])
 
 

@@ -8,9 +8,9 @@ download its schemas here, so they are generated (hack/kubeconform/schemas.py):
   kube-apiserver v1.36.3, generated once into
   ``~/.cache/sglang-pd-operator/kube-schemas/<key>/`` (the key covers the cluster's
   binaries and the generator), starting a dev cluster for the purpose only on a cache miss;
-- our CRD schemas from ``crds/`` (every run: they change with the API models), and the
-  Prometheus Operator's ServiceMonitor / PodMonitor / PrometheusRule CRDs from its pinned
-  Go module.
+- our CRD schemas from ``crds/`` (every run: they change with the API models), the
+  Prometheus Operator's ServiceMonitor / PodMonitor / PrometheusRule CRDs and
+  LeaderWorkerSet's CRD (the multi-node examples' workloads) from their pinned Go modules.
 
 Every resource must be *valid* in strict mode (unknown fields refused): nothing skipped,
 no missing schema. Negative cases prove the schemas bite.
@@ -88,7 +88,7 @@ def schema_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("schemas")
     os.symlink(cache / f"v{KUBE_VERSION}-standalone-strict", out / f"v{KUBE_VERSION}-standalone-strict")
     ours = [yaml.safe_load(p.read_text()) for p in sorted((ROOT / "crds").glob("*.yaml"))]
-    schemas.crd_schemas(ours + schemas.prometheus_operator_crds(), out)
+    schemas.crd_schemas(ours + schemas.prometheus_operator_crds() + schemas.lws_crds(), out)
     return out
 
 
@@ -162,7 +162,7 @@ def test_rendered_children_are_valid(kubeconform, schema_dir, catalog):
     hpas = [b for b in blocks if isinstance(b, dict) and b.get("kind") == "HorizontalPodAutoscaler"]
     assert hpas and hpas[0]["spec"]["scaleTargetRef"]["kind"] == "PDRoleScale"
     objs += hpas
-    assert {"PodMonitor", "PrometheusRule", "Deployment", "PDRoleScale", "HorizontalPodAutoscaler"} <= {
+    assert {"PodMonitor", "PrometheusRule", "Deployment", "LeaderWorkerSet", "PDRoleScale", "HorizontalPodAutoscaler"} <= {
         o["kind"] for o in objs}
     assert_all_valid(validate(kubeconform, schema_dir, yaml.safe_dump_all(objs)), expected=len(objs))
 
@@ -179,8 +179,13 @@ def test_rendered_children_are_valid(kubeconform, schema_dir, catalog):
           "spec": {"decode": {"replica": 2}}}, "replica"),
         ({"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": {"name": "x"},
           "spec": {"endpoints": [{"port": "metrics", "intervall": "30s"}], "selector": {}}}, "intervall"),
+        ({"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {"name": "x"},
+          "spec": {"startupPolicy": "LeaderStarted",
+                   "leaderWorkerTemplate": {"size": 2, "workerTemplate": {"spec": {"containers": []}}}}},
+         "startupPolicy"),
     ],
-    ids=["deployment-type", "service-unknown-field", "pdb-type", "pdd-unknown-field", "servicemonitor-unknown-field"],
+    ids=["deployment-type", "service-unknown-field", "pdb-type", "pdd-unknown-field", "servicemonitor-unknown-field",
+         "lws-enum"],
 )
 def test_schemas_refuse_wrong_objects(kubeconform, schema_dir, doc, needle):
     report = validate(kubeconform, schema_dir, yaml.safe_dump(doc))

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SIMULATOR = ROOT / "tools" / "engine_simulator"
 LOADGEN = ROOT / "tools" / "loadgen.py"
 BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"  # on every pod of a LeaderWorkerSet group
 
 
 def smg_binary() -> str | None:
@@ -189,7 +190,8 @@ class PDStack:
 def serve_pd(cluster, procs: Processes, ready: dict[str, Any], *, sim_extra: list[str]) -> PDStack:
     """Start a simulator for every engine pod of the Ready PDDeployment ``ready`` (``sim_extra``
     appended to each one's arguments, plus ``--seed <i>``) and smg with the operator's rendered
-    gateway arguments; returns once smg registered every prefill and decode pod."""
+    gateway arguments; returns once smg registered every prefill and decode pod it serves (of a
+    multi-node role, the LeaderWorkerSet leaders)."""
     from opkit import kget, pods, wait_for
 
     ns, name = ready["metadata"]["namespace"], ready["metadata"]["name"]
@@ -209,7 +211,10 @@ def serve_pd(cluster, procs: Processes, ready: dict[str, Any], *, sim_extra: lis
     gateway = f"http://{gw_pod['status']['podIP']}:{args[args.index('--port') + 1]}"
     start_smg(procs, args, kubeconfig=cluster.kubeconfig)
     wait_answering([gateway + "/health"], timeout=30)
-    n_p, n_d = len(by_role["prefill"]), len(by_role["decode"])
+    # smg serves every pod of a single-node role, the leader (worker index 0) of a multi-node one
+    serving = {r: [p for p in pods_ if p["metadata"]["labels"].get(LWS_WORKER_INDEX, "0") == "0"]
+               for r, pods_ in by_role.items()}
+    n_p, n_d = len(serving["prefill"]), len(serving["decode"])
     wait_for(lambda: (w := get_json(gateway + "/workers"))["stats"]["prefill_count"] == n_p
              and w["stats"]["decode_count"] == n_d, timeout=60, what=f"smg registered {n_p} prefill + {n_d} decode")
     return PDStack(engine=engine, by_role=by_role, gateway_pod=gw_pod, gateway=gateway, served=served, key=key)

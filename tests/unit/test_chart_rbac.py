@@ -304,6 +304,8 @@ def recorded(catalog) -> RecordingKube:
         kwargs = {"kube": kube, "body": body, "catalog": catalog}
         if "monitoring" in params:
             kwargs["monitoring"] = True  # a cluster with the Prometheus Operator: the widest case
+        if "lws_served" in params:
+            kwargs["lws_served"] = True  # and with LeaderWorkerSet: the multi-node examples apply theirs
         outcome = reconcile(**kwargs)
         assert outcome.valid, body["metadata"]["name"]
     # the KernelBuilds kernels.cache: auto created (nothing exists yet: storage, request, attempt 1's Job)

@@ -71,7 +71,8 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
 # PDRoleScales (one per role whose replicas is omitted): created at their seed count,
 # applied (labels, owner), deleted when the role's count is fixed again; watched so
 # kubectl scale, an HPA or KEDA reach the reconcile. The planner and the operator write
-# counts through /scale (a PDRoleScale's; a serving group's Deployment while a new group surges).
+# counts through /scale (a PDRoleScale's; a serving group's Deployment, or a multi-node role's
+# LeaderWorkerSet, while a new group surges).
 - apiGroups: [pd.sglang-operator.io]
   resources: [pdrolescales]
   verbs: [get, list, watch, create, patch, delete]
@@ -80,6 +81,9 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
   verbs: [patch]
 - apiGroups: [apps]
   resources: [deployments/scale]
+  verbs: [patch]
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets/scale]
   verbs: [patch]
 # Which PDRoleScale an HPA (or KEDA's) targets: the planner steps aside for it (read every 30 s).
 - apiGroups: [autoscaling]
@@ -99,6 +103,12 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
 # groups; watched so status follows readiness.
 - apiGroups: [apps]
   resources: [deployments]
+  verbs: [get, list, watch, create, patch, delete]
+# With LeaderWorkerSet installed (an optional dependency, sigs.k8s.io/lws): a role whose
+# replicas span nodes is one LeaderWorkerSet per compat group: apply, prune, watched so
+# status follows its groups. Harmless without LWS (the kind does not exist).
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
   verbs: [get, list, watch, create, patch, delete]
 # Kernel build Jobs (one per attempt): create, delete stale or superseded attempts; watched
 # so a build's status follows its Job.
