@@ -196,3 +196,22 @@ def test_every_object_and_pod_template_carries_the_label_the_operator_watches_by
             template = obj.get("spec", {}).get("template")
             if template is not None:
                 assert managed.items() <= template["metadata"]["labels"].items(), (path.name, kind, name)
+
+
+def test_a_multi_node_role_without_replicas_gets_its_pdrolescales_count_in_its_leaderworkerset(catalog):
+    """The count of a role spanning nodes is LeaderWorkerSet groups: the PDRoleScale's count, rendered."""
+    from helpers import EXAMPLES
+
+    from sglang_pd_operator.render import render_group
+
+    doc = yaml.safe_load((EXAMPLES / "dsv41-flash-gb300-multi-node.yaml").read_text())
+    doc["spec"]["decode"].pop("replicas", None)
+    plan = build_plan(parse_pddeployment(doc), catalog)
+    assert plan.valid and plan.decode.inputs.multi_node
+    lws = next(o for o in render_group(plan, replicas={"decode": 3}) if o["kind"] == "LeaderWorkerSet"
+               and o["metadata"]["name"].endswith("-decode"))
+    assert lws["spec"]["replicas"] == 3
+    assert "replicas" not in next(o for o in render_group(plan) if o["kind"] == "LeaderWorkerSet"
+                                  and o["metadata"]["name"].endswith("-decode"))["spec"]
+    _, objs = _objs(doc, catalog)
+    assert objs[("PDRoleScale", f"{plan.name}-decode")]["spec"] == {"replicas": 1}
