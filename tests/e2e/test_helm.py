@@ -104,6 +104,15 @@ def _chart_with_crd(tmp: Path, edit) -> Path:
     return src
 
 
+def _before_slo(spec: dict) -> None:
+    """The spec schema of a CRD from before spec.slo: without it and without what came later and refers
+    to it (spec.autoscaling and its CEL rules, which the API server would not compile without spec.slo)."""
+    spec["properties"].pop("slo")
+    spec["properties"].pop("autoscaling", None)
+    spec["x-kubernetes-validations"] = [r for r in spec.get("x-kubernetes-validations", [])
+                                        if "slo" not in r["rule"] and "autoscaling" not in r["rule"]]
+
+
 @pytest.fixture(scope="module")
 def charts(kc, tmp_path_factory) -> dict[str, Path]:
     """0.1.0: the chart as it is; 0.2.0: its CRD adds spec.notes; 0.0.9: its CRD lacks spec.slo."""
@@ -113,8 +122,7 @@ def charts(kc, tmp_path_factory) -> dict[str, Path]:
         "0.1.0": _package(kc, CHART, out, "0.1.0"),
         "0.2.0": _package(kc, _chart_with_crd(tmp_path_factory.mktemp("c2"), lambda s: s["properties"].update(notes=notes)),
                           out, "0.2.0"),
-        "0.0.9": _package(kc, _chart_with_crd(tmp_path_factory.mktemp("c0"), lambda s: s["properties"].pop("slo")),
-                          out, "0.0.9"),
+        "0.0.9": _package(kc, _chart_with_crd(tmp_path_factory.mktemp("c0"), _before_slo), out, "0.0.9"),
     }
 
 
@@ -520,7 +528,7 @@ def test_older_crd_is_refused_then_applied_by_the_operator(kc, release, charts, 
                             extra=("--crds=check",)).start()
     assert refused.exit_code(timeout=60) == 1
     assert re.search(r"the installed CRD pddeployments\.pd\.sglang-operator\.io is older than this operator: "
-                     r"it lacks v1alpha1: spec\.slo", refused.log()), refused.log_tail()
+                     r"it lacks (v1alpha1: spec\.autoscaling; )?v1alpha1: spec\.slo", refused.log()), refused.log_tail()
     assert lease_holder(kc) != "op-f"  # refused before taking part in the election
 
     applier = ChartOperator(kubeconfig=kubeconfig, log_path=tmp_path / "apply.log", identity="op-g",
