@@ -31,7 +31,7 @@ writes each PDRoleScale's status (serving group's pods, the selector, the contro
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import lws
@@ -110,6 +110,15 @@ def signals_from_health(health: Health | None) -> P.Signals | None:
     return P.Signals(at=health.evaluated_at, window_s=slo.window_seconds, targets=targets,
                      burn_short=slo.burn_rate_short, burn_long=slo.burn_rate_long, no_traffic=slo.no_traffic,
                      roles=roles)
+
+
+def per_replica(signals: P.Signals | None, ready: Mapping[str, int]) -> P.Signals | None:
+    """``signals`` with each role's loads divided by its serving group's ready replicas instead of the pods
+    that answered: a multi-node replica (a LeaderWorkerSet group) has ``nodes`` pods but one queue."""
+    if signals is None or signals.problem is not None:
+        return signals
+    roles = {r: replace(load, pods=ready[r]) if ready.get(r) else load for r, load in signals.roles.items()}
+    return replace(signals, roles=roles)
 
 
 def pressure_view(health: Health) -> tuple:
@@ -221,8 +230,8 @@ def reconcile_scaling(
         result.status = {"planner": OFF, **{r: _role_block(counts[r], controllers[r], None) for r in scaled}}
         return result
 
-    signals = signals_from_health(health)
     settings = planner_settings(plan, observed, previous, external, planned)
+    signals = per_replica(signals_from_health(health), settings.ready)
     decision = P.decide(signals=signals, replicas=counts, memory=memory_of(previous), settings=settings, now=now)
     before = dict(counts)
     for role, d in decision.roles.items():

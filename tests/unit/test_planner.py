@@ -15,7 +15,13 @@ from sglang_pd_operator.metrics.health import Health
 from sglang_pd_operator.metrics.slo import KVTransferResult, RoleSummary, SLOEvaluator, SLOResult, TargetResult
 from sglang_pd_operator.planning import planner as P
 from sglang_pd_operator.planning.scaling import role_counts, seed_replicas, surge_replicas
-from sglang_pd_operator.reconcilers.scaling import list_autoscalers, memory_of, signals_from_health, _role_block
+from sglang_pd_operator.reconcilers.scaling import (
+    _role_block,
+    list_autoscalers,
+    memory_of,
+    per_replica,
+    signals_from_health,
+)
 
 BOUNDS = {"prefill": P.RoleBounds(1, 4), "decode": P.RoleBounds(1, 6)}
 GPUS = {"prefill": 4, "decode": 4}
@@ -321,3 +327,17 @@ def test_an_hpa_targeting_a_pdrolescale_is_found():
             ]
 
     assert list_autoscalers(Kube(), "ns") == {"d-decode": "HorizontalPodAutoscaler/keda-hpa-d"}
+
+
+def test_loads_are_per_replica_of_the_serving_group_not_per_pod():
+    """A multi-node replica (a LeaderWorkerSet group of 4 pods) has one queue: 8 waiting over 2 groups is
+    4 per replica, not 1 per pod."""
+    import dataclasses
+
+    roles = {"prefill": RoleSummary("prefill", 8, {"num_queue_reqs": 8.0}, None)}
+    s = signals_from_health(dataclasses.replace(_health(roles), reachable={"prefill": 8, "decode": 1}))
+    assert s.role("prefill").per_pod(s.role("prefill").waiting) == 1.0   # per pod: looks idle-ish
+    grouped = per_replica(s, {"prefill": 2, "decode": 1})
+    assert grouped.role("prefill").per_pod(grouped.role("prefill").waiting) == 4.0  # per replica: it queues
+    assert grouped.role("decode").pods == 1
+    assert per_replica(s, {}) == s and per_replica(None, {"prefill": 2}) is None
