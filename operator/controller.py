@@ -8,7 +8,8 @@ KernelBuild it concerns. Everything else that calls for a reconcile goes through
 same :class:`~.workqueue.WorkQueue`:
 
 - an SLO figure that moved (the scraper thread; transitions at once, figures at most
-  every ``LoopSettings.slo_status_period_s``);
+  every ``LoopSettings.slo_status_period_s``; for a deployment the built-in planner scales,
+  a move of what the planner reads at once, ``Runtime.planner_moved``);
 - a time-based step a reconcile asked for (``Outcome.requeue_after``: a drain grace
   period or a progress deadline ending; a KernelBuild that is not finished);
 - a deployment whose SLO figures went stale (SLOMet turns Unknown);
@@ -244,7 +245,10 @@ class Controller:
         key2 = (health.namespace, health.name)
         self._stale_flagged.discard(key2)
         key: Key = (PDDEPLOYMENT, health.namespace, health.name)
-        if change is HealthChange.CONDITIONS:
+        if self.runtime.planner_moved(health):  # the built-in planner's reading moved: act now
+            self._figures_written[key2] = self.clock()
+            self.queue.add(key)
+        elif change is HealthChange.CONDITIONS:
             self._figures_written[key2] = self.clock()
             self.queue.add(key)
         elif change is HealthChange.FIGURES:

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from . import kernelbuild, v1alpha1
+from . import kernelbuild, rolescale, v1alpha1
 
 _DROP_KEYS = {"title", "default", "examples"}
 MAX_NAME_LENGTH = 40
@@ -158,6 +158,7 @@ def _crd(
     printer_columns: list[dict[str, Any]],
     name_rule: dict[str, str] = _PDD_NAME_RULE,
     extra_rules: list[dict[str, str]] = (),
+    subresources: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -179,7 +180,7 @@ def _crd(
                     "name": v1alpha1.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": subresources or {"status": {}},
                     "additionalPrinterColumns": printer_columns,
                     "schema": {
                         "openAPIV3Schema": {
@@ -214,18 +215,30 @@ def _kernelbuild_printer_columns() -> list[dict[str, Any]]:
     ]
 
 
-def kernelbuild_crd() -> dict[str, Any]:
-    """The KernelBuild CRD (``kb``) as a dict, from ``KernelBuildSpec``/``Status``."""
-    spec_schema = structural_schema(kernelbuild.KernelBuildSpec)
-    status_schema = structural_schema(kernelbuild.KernelBuildStatus)
+def _kind_crd(module: Any, model: type[BaseModel], spec_model: type[BaseModel], status_model: type[BaseModel], *,
+              printer_columns: list[dict[str, Any]], name_rule: dict[str, str],
+              subresources: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The CRD of a kind whose module names it (``KIND``, ``PLURAL``, ``SHORT_NAME``): schema from the
+    spec and status models (status keeps unknown fields), description from the kind's docstring."""
+    status_schema = structural_schema(status_model)
     status_schema["x-kubernetes-preserve-unknown-fields"] = True
     return _crd(
-        kind=kernelbuild.KIND,
-        plural=kernelbuild.PLURAL,
-        short_names=[kernelbuild.SHORT_NAME],
-        description=kernelbuild.KernelBuild.__doc__ or "",
-        spec_schema=spec_schema,
+        kind=module.KIND,
+        plural=module.PLURAL,
+        short_names=[module.SHORT_NAME],
+        description=model.__doc__ or "",
+        spec_schema=structural_schema(spec_model),
         status_schema=status_schema,
+        printer_columns=printer_columns,
+        name_rule=name_rule,
+        subresources=subresources,
+    )
+
+
+def kernelbuild_crd() -> dict[str, Any]:
+    """The KernelBuild CRD (``kb``) as a dict, from ``KernelBuildSpec``/``Status``."""
+    return _kind_crd(
+        kernelbuild, kernelbuild.KernelBuild, kernelbuild.KernelBuildSpec, kernelbuild.KernelBuildStatus,
         printer_columns=_kernelbuild_printer_columns(),
         name_rule={
             "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
@@ -235,9 +248,46 @@ def kernelbuild_crd() -> dict[str, Any]:
     )
 
 
+def _rolescale_printer_columns() -> list[dict[str, Any]]:
+    return [
+        {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Current", "type": "integer", "jsonPath": ".status.replicas"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {"name": "Controller", "type": "string", "jsonPath": ".status.controller"},
+        {"name": "Selector", "type": "string", "jsonPath": ".status.selector", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+def rolescale_crd() -> dict[str, Any]:
+    """The PDRoleScale CRD (``pdrs``) with the ``/scale`` subresource, from ``PDRoleScaleSpec``/``Status``.
+
+    ``/scale`` maps ``spec.replicas``, ``status.replicas`` and ``status.selector`` (the string
+    form the HPA controller parses), so kubectl scale, HPA and KEDA drive it as a Deployment.
+    """
+    return _kind_crd(
+        rolescale, rolescale.PDRoleScale, rolescale.PDRoleScaleSpec, rolescale.PDRoleScaleStatus,
+        printer_columns=_rolescale_printer_columns(),
+        name_rule={
+            "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH + len('-prefill')}",
+            "message": f"metadata.name must be at most {MAX_NAME_LENGTH + len('-prefill')} characters "
+            "(<PDDeployment>-<role>); the operator names these objects, do not create them by hand",
+        },
+        subresources={
+            "status": {},
+            "scale": {
+                "specReplicasPath": rolescale.SPEC_REPLICAS_PATH,
+                "statusReplicasPath": rolescale.STATUS_REPLICAS_PATH,
+                "labelSelectorPath": rolescale.LABEL_SELECTOR_PATH,
+            },
+        },
+    )
+
+
 def all_crds() -> dict[str, dict[str, Any]]:
     """File name (under ``crds/``) -> CRD dict, for every kind this operator serves."""
-    return {"pddeployments.yaml": pddeployment_crd(), "kernelbuilds.yaml": kernelbuild_crd()}
+    return {"pddeployments.yaml": pddeployment_crd(), "kernelbuilds.yaml": kernelbuild_crd(),
+            "pdrolescales.yaml": rolescale_crd()}
 
 
 def render_yaml(crd: dict[str, Any]) -> str:

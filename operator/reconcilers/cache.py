@@ -86,6 +86,7 @@ class WatchedKind:
 WATCHED: tuple[WatchedKind, ...] = (
     WatchedKind(API_VERSION, "PDDeployment", "pddeployments"),
     WatchedKind(API_VERSION, "KernelBuild", "kernelbuilds"),
+    WatchedKind(API_VERSION, "PDRoleScale", "pdrolescales", MANAGED_SELECTOR),
     WatchedKind("apps/v1", "Deployment", "deployments", MANAGED_SELECTOR),
     WatchedKind("v1", "Service", "services", MANAGED_SELECTOR),
     WatchedKind("v1", "ConfigMap", "configmaps", MANAGED_SELECTOR),

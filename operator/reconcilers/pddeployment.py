@@ -1,4 +1,4 @@
-"""Reconcile one PDDeployment: validate -> plan -> observe -> decide -> apply -> prune -> status.
+"""Reconcile one PDDeployment: validate -> plan -> observe -> scale -> decide -> apply -> prune -> status.
 
 Level-triggered and idempotent: it reads the object and what exists, converges, and
 writes status only when it changed, so running it twice on an unchanged spec makes no
@@ -36,6 +36,7 @@ from ..metrics.health import Health
 from ..planning.plan import RuleMemo, plan_object
 from ..planning.structs import Plan
 from ..planning.problems import Problem, errors
+from ..planning.scaling import gpus_of, surge_replicas
 from ..planning.rollout import GroupState, RolloutDecision, RolloutSettings, RolloutStatus, decide, next_step_in
 from ..render import render_group, render_shared
 from ..render import labels as L
@@ -47,6 +48,7 @@ from .kernelbuild import ensure_kernelbuild
 from .kube import Kube
 from .kvstore import kvstore_conditions, kvstore_events, prune_master
 from .observe import Observed, observe
+from .scaling import Autoscalers, reconcile_scaling, scale_serving_group, write_role_scale_status
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,8 @@ class Outcome:
 
     ``requeue_after``: seconds until a time-based rollout step is due (a drain grace
     period or a progress deadline ending), None when only an event can move it on;
-    ``kernelbuilds``: names of the KernelBuilds the spec uses (their changes concern it).
+    ``kernelbuilds``: names of the KernelBuilds the spec uses (their changes concern it);
+    ``autoscaled``: the built-in planner scales a role (its figures concern it at once).
     """
 
     valid: bool
@@ -70,6 +73,7 @@ class Outcome:
     decision: RolloutDecision | None = None
     requeue_after: float | None = None
     kernelbuilds: tuple[str, ...] = ()
+    autoscaled: bool = False
 
 
 def owner_of(body: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +93,7 @@ def reconcile(
     health_stale: str | None = None,
     rule_memo: RuleMemo | None = None,
     lws_served: bool = False,
+    autoscalers: Autoscalers | None = None,
 ) -> Outcome:
     """Converge the children of the PDDeployment ``body`` (a dict as read from the API).
 
@@ -97,6 +102,8 @@ def reconcile(
     (:func:`_missing_lws`), and whatever serves keeps serving untouched.
 
     ``rule_memo``: remembers the CEL verdict per generation (``planning.plan.RuleMemo``).
+    ``autoscalers``: the HPAs targeting PDRoleScales, by namespace (``scaling.list_autoscalers``,
+    cached by the runtime); None reads them from the API server when a role is scaled.
     A PDDeployment being deleted (``metadata.deletionTimestamp``) is left alone: its
     children go with it, and re-applying them would only hold its deletion up.
 
@@ -119,7 +126,7 @@ def reconcile(
     try:
         return _reconcile(kube=tracked, body=body, catalog=catalog, now=now, health=health,  # type: ignore[arg-type]
                           monitoring=monitoring, health_stale=health_stale, rule_memo=rule_memo,
-                          lws_served=lws_served)
+                          lws_served=lws_served, autoscalers=autoscalers)
     except ApiException as e:
         reason, message = describe_api_error(e, call=tracked.last)
         _record_failure(kube, body, reason=reason, message=message, now=now)
@@ -137,6 +144,7 @@ def _reconcile(
     health_stale: str | None,
     rule_memo: RuleMemo | None,
     lws_served: bool,
+    autoscalers: Autoscalers | None = None,
 ) -> Outcome:
     writes_before = kube.total_writes
     meta = body["metadata"]
@@ -163,14 +171,22 @@ def _reconcile(
     # 3. observe the compat groups that exist and the group the Service serves
     observed = observe(kube, name=name, namespace=namespace, lws_served=lws_served)
 
+    # 3b. each role's count: its PDRoleScale's when replicas is omitted (kubectl scale, HPA, KEDA), the planner's step
+    owner = owner_of(body)
+    scaling = reconcile_scaling(kube=kube, plan=plan, observed=observed, owner=owner, previous=previous,
+                                health=health, now=now, autoscalers=autoscalers)
+    counts = scaling.counts
+
     # 4. decide the rollout: which group serves, what to create, what to delete
     rollout_before = previous_rollout(previous)
-    decision = _decide(plan, observed.serving_key, observed.group_states(), rollout_before, now)
+    decision = _decide(plan, observed.serving_key, observed.group_states(), rollout_before, now, counts)
 
-    # 5. apply the target group (in place when its key is unchanged; held at zero without its kernels)
-    owner = owner_of(body)
+    # 5. apply the target group (in place when its key is unchanged; held at zero without its kernels);
+    #    the counts reach the serving group too while a new one surges beside it
     if decision.apply_target:
-        _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates)
+        _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates,
+                     replicas=_target_replicas(plan, observed, decision, counts))
+    scale_serving_group(kube, plan, observed, serving_key=decision.serving_key, counts=counts, scaled=scaling.scaled)
 
     # 6. apply the shared objects; the user-facing Service selects the serving group's gateway
     for obj in render_shared(plan, serving_key=decision.serving_key, owner=owner):
@@ -188,7 +204,8 @@ def _reconcile(
     # 8. write status (only when changed) and an event per rollout transition
     shown = decision
     if decision.apply_target or decision.delete_keys:
-        observed, shown = _after_writes(kube, plan, observed, decision, rollout_before, now, lws_served=lws_served)
+        observed, shown = _after_writes(kube, plan, observed, decision, rollout_before, now, counts,
+                                        lws_served=lws_served)
     new_status = S.valid_status(
         previous=previous,
         generation=generation,
@@ -206,10 +223,15 @@ def _reconcile(
         extra_conditions=_kernel_conditions(gates)
         + kvstore_conditions(plan=plan, health=health.kvstore if health else None, previous=previous),
     )
-    outcome = Outcome(valid=True, decision=decision,
-                      requeue_after=next_step_in(decision, _rollout_settings(plan), now),
-                      kernelbuilds=tuple(sorted({g.build_name for g in (gates or {}).values() if g.build_name})))
+    new_status["autoscaling"] = scaling.status
+    steps = [t for t in (next_step_in(decision, _rollout_settings(plan), now), scaling.next_look_s) if t is not None]
+    outcome = Outcome(valid=True, decision=decision, requeue_after=min(steps) if steps else None,
+                      kernelbuilds=tuple(sorted({g.build_name for g in (gates or {}).values() if g.build_name})),
+                      autoscaled=plan.spec.autoscaling is not None)
     _write_status(kube, body, previous, new_status)
+    write_role_scale_status(kube, plan, observed, scaling, serving_key=shown.serving_key)
+    for type_, reason, message in scaling.events:
+        _event(kube, body, outcome, type_, reason, message)
     for reason, message in decision.events:
         _event(kube, body, outcome, "Normal" if reason not in ("ProgressDeadlineExceeded",) else "Warning", reason, message)
     _warn_new_warnings(kube, body, previous, plan.problems, outcome)
@@ -317,12 +339,10 @@ def previous_rollout(previous: dict[str, Any]) -> RolloutStatus:
 
 
 def _decide(
-    plan: Plan, serving: str | None, groups: dict[str, GroupState], prev: RolloutStatus, now: float
+    plan: Plan, serving: str | None, groups: dict[str, GroupState], prev: RolloutStatus, now: float,
+    counts: dict[str, int],
 ) -> RolloutDecision:
-    target_gpus = sum(
-        (r.inputs.spec.replicas if r.inputs.spec.replicas is not None else 1) * r.inputs.gpus_per_replica
-        for r in (plan.prefill, plan.decode)
-    )
+    target_gpus = gpus_of(counts, {r: plan.role(r).inputs.gpus_per_replica for r in ("prefill", "decode")})
     return decide(
         target=plan.compat_key,
         serving=serving,
@@ -347,7 +367,7 @@ def _rollout_settings(plan: Plan) -> RolloutSettings:
 
 def _after_writes(
     kube: Kube, plan: Plan, before: Observed, decision: RolloutDecision, rollout_before: RolloutStatus, now: float,
-    *, lws_served: bool = False,
+    counts: dict[str, int], *, lws_served: bool = False,
 ) -> tuple[Observed, RolloutDecision]:
     """The observation status shows after this reconcile's writes, and the decision made from it.
 
@@ -371,7 +391,7 @@ def _after_writes(
         completed=decision.phase == "Complete"
         or (rollout_before.completed and rollout_before.target_key == plan.compat_key),
     )
-    again = _decide(plan, after.serving_key, after.group_states(), prev, now)
+    again = _decide(plan, after.serving_key, after.group_states(), prev, now, counts)
     turned_ready = any(g.ready and not (k in before.groups and before.groups[k].ready) for k, g in after.groups.items())
     if turned_ready or again.serving_key != decision.serving_key or not set(again.delete_keys) <= set(decision.delete_keys):
         return before, decision
@@ -394,10 +414,23 @@ def _kernel_conditions(gates: dict[str, KernelGateState] | None) -> list[S.Cond]
     return [S.Cond(c["type"], c["status"], c["reason"], c["message"])] if c else []
 
 
+def _target_replicas(plan: Plan, observed: Observed, decision: RolloutDecision,
+                     counts: dict[str, int]) -> dict[str, int]:
+    """The plan's group's replicas: the counts, or within ``rollout.maxSurgeGPUs`` while it surges
+    beside another serving group (``planning.scaling.surge_replicas``)."""
+    if decision.serving_key == plan.compat_key:
+        return counts
+    group = observed.groups.get(plan.compat_key)
+    current = {r: w.desired for r, w in group.workloads.items()} if group is not None else None
+    return surge_replicas(counts=counts, current=current, max_surge_gpus=plan.spec.rollout.maxSurgeGPUs,
+                          gpus_per_replica={r: plan.role(r).inputs.gpus_per_replica for r in ("prefill", "decode")})
+
+
 def _apply_group(
-    kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool, gates: dict[str, KernelGateState] | None
+    kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool, gates: dict[str, KernelGateState] | None,
+    replicas: dict[str, int] | None = None,
 ) -> None:
-    objects = render_group(plan, owner=owner)
+    objects = render_group(plan, owner=owner, replicas=replicas)
     if gates is not None:
         objects = gate_objects(objects, gates)
     for obj in objects:
@@ -410,6 +443,7 @@ def _apply_monitoring(kube: Kube, plan: Plan, owner: dict[str, Any]) -> None:
     """PodMonitor (engine and gateway pods) and, with ``spec.slo``, PrometheusRule; a rule
     left from a removed ``spec.slo`` is deleted."""
     objects = render_monitoring(
+        load=plan.spec.autoscaling is not None,
         name=plan.name,
         namespace=plan.namespace,
         slo_spec=plan.spec.slo,

@@ -42,6 +42,7 @@ from . import kernelbuild as kernelbuild_reconciler
 from . import status as S
 from .kube import ApiTimeouts, Kube, with_timeouts
 from .pddeployment import Outcome, reconcile
+from .scaling import list_autoscalers, pressure_view
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,11 @@ class Runtime:
     rule_memo: RuleMemo = field(default_factory=RuleMemo)
     #: (namespace, PDDeployment) -> the KernelBuilds its last reconcile used.
     _uses: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    #: Seconds an HPA listing of a namespace is reused (``scaling.list_autoscalers``).
+    autoscaler_ttl_s: float = 30.0
+    _autoscalers: dict[str, tuple[float, dict[str, str]]] = field(default_factory=dict)
+    #: PDDeployments the built-in planner scales (their last reconcile said so) -> last pressure view.
+    _planned: dict[tuple[str, str], tuple] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ SLO health
     def set_health(self, health: Health) -> HealthChange:
@@ -175,11 +181,53 @@ class Runtime:
             self._health.pop((namespace, name), None)
 
     def forget(self, namespace: str, name: str) -> None:
-        """The PDDeployment is gone: drop its health, lock and KernelBuild uses."""
+        """The PDDeployment is gone: drop its health, lock, KernelBuild uses and planner view."""
         self.forget_health(f"{namespace}/{name}")
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
             self._uses.pop((namespace, name), None)
+            self._planned.pop((namespace, name), None)
+
+    # ------------------------------------------------------------------ the planner
+    def mark_planned(self, namespace: str, name: str, planned: bool) -> None:
+        """Whether the built-in planner scales the deployment (its last reconcile says so)."""
+        with self._locks_guard:
+            if planned:
+                self._planned.setdefault((namespace, name), ())
+            else:
+                self._planned.pop((namespace, name), None)
+
+    def planner_moved(self, health: Health) -> bool:
+        """True when ``health`` moves what the built-in planner reads of a deployment it scales
+        (``scaling.pressure_view``): the control loop then reconciles it at once, without waiting
+        for the bounded rate of figure-only status writes. False for other deployments."""
+        key = (health.namespace, health.name)
+        with self._locks_guard:
+            if key not in self._planned:
+                return False
+        view = pressure_view(health)
+        with self._locks_guard:
+            if key not in self._planned:
+                return False
+            moved, self._planned[key] = self._planned[key] != view, view
+        return moved
+
+    def autoscalers(self, namespace: str) -> dict[str, str]:
+        """The HPAs of ``namespace`` that target PDRoleScales (``scaling.list_autoscalers``), re-read at
+        most every ``autoscaler_ttl_s``; a failed read keeps the last answer (or none)."""
+        now = time.monotonic()
+        with self._locks_guard:
+            cached = self._autoscalers.get(namespace)
+        if cached is not None and now - cached[0] < self.autoscaler_ttl_s:
+            return cached[1]
+        try:
+            found = list_autoscalers(self.kube, namespace)
+        except Exception as e:  # noqa: BLE001 - the planner must not stop on a failed read
+            log.warning("cannot list HorizontalPodAutoscalers in %s: %s", namespace, e)
+            found = cached[1] if cached is not None else {}
+        with self._locks_guard:
+            self._autoscalers[namespace] = (now, found)
+        return found
 
     # ------------------------------------------------------------------ KernelBuild uses
     def kernelbuild_users(self, namespace: str, build: str) -> list[str]:
@@ -296,9 +344,11 @@ class Runtime:
                     monitoring=self.monitoring_available(),
                     lws_served=self.lws_available(),
                     rule_memo=self.rule_memo,
+                    autoscalers=self.autoscalers,
                 )
             with self._locks_guard:
                 self._uses[(meta["namespace"], meta["name"])] = outcome.kernelbuilds
+            self.mark_planned(meta["namespace"], meta["name"], outcome.autoscaled)
             ok = True
             return outcome
         except k8s.ApiException as e:

@@ -257,13 +257,17 @@ def pod_template(plan: Plan, role: RolePlan, *, pod: PodKind = "replica") -> dic
             "spec": spec}
 
 
-def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> list[dict[str, Any]]:
+def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None,
+                replicas: int | None = None) -> list[dict[str, Any]]:
     """ConfigMap, headless Service and workload of ``role`` in the plan's compat group.
 
     The workload is a Deployment for a single-node replica, a LeaderWorkerSet for a replica
     spanning nodes (render/multinode.py). ``owner`` is the PDDeployment's {apiVersion,
     kind, name, uid}; without a uid (the ``render`` command) no ownerReferences are
-    written. Raises AssertionError on a plan with errors (render only valid plans).
+    written. ``replicas``: the role's count when ``spec.<role>.replicas`` is omitted (its
+    PDRoleScale's, ``planning/scaling.py``); ignored when the spec sets it; None (a caller
+    that knows no count) leaves the field out. Raises AssertionError on a plan with errors
+    (render only valid plans).
     """
     assert plan.valid, "render needs a valid plan"
     name, ns, key = plan.name, plan.namespace, plan.compat_key
@@ -281,11 +285,12 @@ def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> lis
     strategy = role_strategies(spec=plan.spec, prefill=plan.prefill, decode=plan.decode)[component]
     if role.inputs.multi_node:
         workload = leader_worker_set(
-            plan, role, owner=owner, strategy=strategy,
+            plan, role, owner=owner, strategy=strategy, replicas=replicas,
             leader=pod_template(plan, role, pod="leader"), worker=pod_template(plan, role, pod="worker"),
         )  # fmt: skip
     else:
-        workload = _deployment(plan, role, owner=owner, strategy=strategy, template=pod_template(plan, role))
+        workload = _deployment(plan, role, owner=owner, strategy=strategy, template=pod_template(plan, role),
+                               replicas=replicas)
     svc_ports = [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}]
     if component == "prefill":
         svc_ports.append(
@@ -312,8 +317,8 @@ def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> lis
 
 
 def _deployment(plan: Plan, role: RolePlan, *, owner: dict | None, strategy: InPlaceStrategy,
-                template: dict[str, Any]) -> dict[str, Any]:
-    """The apps/v1 Deployment of a single-node role."""
+                template: dict[str, Any], replicas: int | None = None) -> dict[str, Any]:
+    """The apps/v1 Deployment of a single-node role (``replicas``: as :func:`render_role`)."""
     name, ns, key, component = plan.name, plan.namespace, plan.compat_key, role.role
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": L.selector_labels(name, component, key)},
@@ -324,9 +329,9 @@ def _deployment(plan: Plan, role: RolePlan, *, owner: dict | None, strategy: InP
         "progressDeadlineSeconds": progress_deadline_seconds(plan.spec),
         "template": template,
     }
-    replicas = role.inputs.spec.replicas
-    if replicas is not None:  # omitted: an autoscaler owns replicas (server-side apply leaves it alone)
-        deployment_spec = {"replicas": replicas, **deployment_spec}
+    count = role.inputs.spec.replicas if role.inputs.spec.replicas is not None else replicas
+    if count is not None:  # None only from a caller that knows no count: server-side apply leaves it alone
+        deployment_spec = {"replicas": count, **deployment_spec}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -17,6 +17,9 @@ ANNOTATION_CONFIG_HASH = f"{DOMAIN}/config-hash"
 ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"  # read by smg 1.13 Kubernetes discovery
 MANAGED_BY = "sglang-pd-operator"
 FIELD_MANAGER = "sglang-pd-operator"
+#: The field manager of the built-in planner's writes to a PDRoleScale's /scale (its
+#: managedFields tell them apart from kubectl's, an HPA's or KEDA's).
+PLANNER_FIELD_MANAGER = "sglang-pd-operator-planner"
 GROUP_ID_LENGTH = 6
 
 ROLE_GATEWAY = "gateway"

@@ -93,13 +93,15 @@ def leader_worker_set(
     strategy: InPlaceStrategy,
     leader: dict[str, Any],
     worker: dict[str, Any],
+    replicas: int | None = None,
 ) -> dict[str, Any]:
     """The LeaderWorkerSet of a multi-node ``role`` in the plan's compat group.
 
     ``leader`` / ``worker``: the pod templates (:func:`~.engine.pod_template`);
-    ``strategy``: the role's in-place strategy. ``replicas`` is omitted when an autoscaler
-    owns it (spec replicas unset), as for a Deployment. Named like the role's Deployment
-    would be (``<name>-<group id>-<role>``), which is also its Service's name.
+    ``strategy``: the role's in-place strategy; ``replicas``: the role's count (groups)
+    when ``spec.<role>.replicas`` is omitted (its PDRoleScale's), as for a Deployment
+    (:func:`~.engine.render_role`). Named like the role's Deployment would be
+    (``<name>-<group id>-<role>``), which is also its Service's name.
     """
     name, ns, key, component = plan.name, plan.namespace, plan.compat_key, role.role
     spec: dict[str, Any] = {
@@ -113,8 +115,9 @@ def leader_worker_set(
             "workerTemplate": worker,
         },
     }
-    if role.inputs.spec.replicas is not None:
-        spec = {"replicas": role.inputs.spec.replicas, **spec}
+    count = role.inputs.spec.replicas if role.inputs.spec.replicas is not None else replicas
+    if count is not None:
+        spec = {"replicas": count, **spec}
     return {
         "apiVersion": lws.API_VERSION,
         "kind": lws.KIND,

@@ -18,6 +18,7 @@ no missing schema. Negative cases prove the schemas bite.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -129,7 +130,9 @@ def test_examples_are_valid_pddeployments(kubeconform, schema_dir):
 
 
 def test_rendered_children_are_valid(kubeconform, schema_dir, catalog):
-    """What the operator applies for every example (incl. PodMonitor/PrometheusRule) passes the schemas."""
+    """What the operator applies for every example (incl. PodMonitor/PrometheusRule), and for the first one
+    with both roles scaled by the planner (its PDRoleScales), passes the schemas; so does the PDDeployment
+    with spec.autoscaling and the HPA of docs/autoscaling.md pointed at a PDRoleScale."""
     from sglang_pd_operator.api.load import parse_pddeployment
     from sglang_pd_operator.metrics.monitoring import render_monitoring
     from sglang_pd_operator.planning.plan import build_plan
@@ -137,19 +140,30 @@ def test_rendered_children_are_valid(kubeconform, schema_dir, catalog):
     from sglang_pd_operator.render import render_all
 
     objs = []
-    for path in sorted(EXAMPLES.glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if not doc:
-                continue
-            plan = build_plan(parse_pddeployment(doc), catalog)
-            assert plan.valid, path
-            owner = {"apiVersion": "pd.sglang-operator.io/v1alpha1", "kind": "PDDeployment",
-                     "name": plan.name, "uid": "00000000-0000-0000-0000-000000000000"}
-            objs += render_all(plan, owner=owner)
-            objs += render_monitoring(name=plan.name, namespace=plan.namespace, slo_spec=plan.spec.slo,
-                                      pod_selector={L.LABEL_DEPLOYMENT: plan.name}, role_label=L.LABEL_ROLE,
-                                      labels=L.common_labels(plan.name), owner_references=L.owner_reference(owner))
-    assert {"PodMonitor", "PrometheusRule", "Deployment", "LeaderWorkerSet"} <= {o["kind"] for o in objs}
+    docs = [d for p in sorted(EXAMPLES.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    scaled = copy.deepcopy(docs[0])  # both roles left to their PDRoleScales and the planner
+    for role in ("prefill", "decode"):
+        scaled["spec"][role].pop("replicas", None)
+    scaled["spec"]["autoscaling"] = {"prefill": {"maxReplicas": 2}, "decode": {"minReplicas": 2, "maxReplicas": 4}}
+    objs.append(scaled)
+    for doc in [*docs, scaled]:
+        plan = build_plan(parse_pddeployment(doc), catalog)
+        assert plan.valid, doc["metadata"]["name"]
+        owner = {"apiVersion": "pd.sglang-operator.io/v1alpha1", "kind": "PDDeployment",
+                 "name": plan.name, "uid": "00000000-0000-0000-0000-000000000000"}
+        objs += render_all(plan, owner=owner)
+        objs += render_monitoring(name=plan.name, namespace=plan.namespace, slo_spec=plan.spec.slo,
+                                  pod_selector={L.LABEL_DEPLOYMENT: plan.name}, role_label=L.LABEL_ROLE,
+                                  labels=L.common_labels(plan.name), owner_references=L.owner_reference(owner),
+                                  load=plan.spec.autoscaling is not None)
+    # the HPA of docs/autoscaling.md, pointed at a PDRoleScale
+    text = (ROOT / "docs" / "autoscaling.md").read_text()
+    blocks = [yaml.safe_load(b.split("```", 1)[0]) for b in text.split("```yaml\n")[1:]]
+    hpas = [b for b in blocks if isinstance(b, dict) and b.get("kind") == "HorizontalPodAutoscaler"]
+    assert hpas and hpas[0]["spec"]["scaleTargetRef"]["kind"] == "PDRoleScale"
+    objs += hpas
+    assert {"PodMonitor", "PrometheusRule", "Deployment", "LeaderWorkerSet", "PDRoleScale", "HorizontalPodAutoscaler"} <= {
+        o["kind"] for o in objs}
     assert_all_valid(validate(kubeconform, schema_dir, yaml.safe_dump_all(objs)), expected=len(objs))
 
 

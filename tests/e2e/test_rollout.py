@@ -71,6 +71,7 @@ class Watcher:
 
     api: k8s.ApiClient
     namespace: str
+    name: str = NAME
     samples: list[Sample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -83,10 +84,10 @@ class Watcher:
         Service as etcd held it at the list's revision, so each sample is one state of the cluster.
         """
         apps, core = k8s.AppsV1Api(self.api), k8s.CoreV1Api(self.api)
-        listed = apps.list_namespaced_deployment(self.namespace, label_selector=f"{LBL}/deployment={NAME}")
+        listed = apps.list_namespaced_deployment(self.namespace, label_selector=f"{LBL}/deployment={self.name}")
         deps = listed.items
         services = core.list_namespaced_service(
-            self.namespace, field_selector=f"metadata.name={NAME}",
+            self.namespace, field_selector=f"metadata.name={self.name}",
             resource_version=listed.metadata.resource_version, resource_version_match="Exact",
         ).items
         service_key = (services[0].spec.selector or {}).get(f"{LBL}/compat-key") if services else None

@@ -13,7 +13,7 @@ from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..structs import RolePlan
 from ..problems import Problem
-from . import (args, deepseek_v4, engram, handshake, kv, kvcache, moe, multinode, paged_experts, parallel, placement,
+from . import (args, autoscaling, deepseek_v4, engram, handshake, kv, kvcache, moe, multinode, paged_experts, parallel, placement,
                plugins, runtime, speculative, transfer, updates)
 
 ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
@@ -80,6 +80,7 @@ PAIR_RULES: tuple[Callable[..., list[Problem]], ...] = (
     *parallel.PAIR_RULES,
     updates.in_place_update_surges,
     runtime.image_tag_matches_version,
+    autoscaling.autoscaling_budget_fits,
 )
 
 
