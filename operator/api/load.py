@@ -8,7 +8,7 @@ same check for files that never went through an API server (GitOps pre-merge che
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import difflib
 import re
@@ -19,8 +19,6 @@ from pydantic import ValidationError
 from .cel import violations
 from .crd import MAX_NAME_LENGTH
 
-if TYPE_CHECKING:
-    from ..planning.problems import Problem
 from .v1alpha1 import API_VERSION, GROUP, PATTERN_FORMS, PDDeployment
 
 
@@ -31,12 +29,6 @@ class FieldError:
     field: str
     message: str
     fix: str = ""
-
-    def problem(self) -> "Problem":
-        """As a planning Problem (rule ``schema``), the shape ``check`` and status report."""
-        from ..planning.problems import Problem
-
-        return Problem(field=self.field, message=self.message, fix=self.fix, rule="schema")
 
 
 class SpecError(ValueError):

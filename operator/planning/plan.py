@@ -183,6 +183,11 @@ class RuleMemo:
         return found
 
 
+def schema_problem(error: FieldError) -> Problem:
+    """A schema or CEL error of ``api.load`` as a Problem (rule ``schema``), the shape ``check`` and status report."""
+    return Problem(field=error.field, message=error.message, fix=error.fix, rule="schema")
+
+
 def plan_object(obj: dict[str, Any], catalog: Catalog, *,
                 rule_memo: RuleMemo | None = None) -> tuple[Plan | None, list[Problem]]:
     """Validate and plan one object as read from YAML or the API: (plan or None, every problem).
@@ -197,11 +202,11 @@ def plan_object(obj: dict[str, Any], catalog: Catalog, *,
     try:
         pdd = parse_pddeployment(obj)
     except SpecError as e:
-        return None, [err.problem() for err in e.errors]
+        return None, [schema_problem(err) for err in e.errors]
     plan = build_plan(pdd, catalog)
     refused_fields = {p.field for p in errors(plan.problems)}
     found = rule_memo.violations(obj) if rule_memo is not None else rule_violations(obj)
-    extra = [err.problem() for err in found if err.field not in refused_fields]
+    extra = [schema_problem(err) for err in found if err.field not in refused_fields]
     if extra:
         plan = replace(plan, problems=tuple(sorted([*extra, *plan.problems], key=lambda p: (p.severity != "error", p.field))))
     return plan, list(plan.problems)
