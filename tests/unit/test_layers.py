@@ -89,3 +89,49 @@ def test_the_check_sees_a_climbing_import(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from ..planning.problems import Problem\n    from .. import lws\n    from . import load\n")
     assert _targets(probe, f"{PACKAGE}.api.probe") == {f"{PACKAGE}.planning.problems", f"{PACKAGE}.lws", f"{PACKAGE}.api.load"}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles_between_modules():
+    graph = {_module_name(p): _targets(p) for p in SOURCE.rglob("*.py")}
+    assert not _cycles(graph), f"modules that import each other: {_cycles(graph)}"
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
