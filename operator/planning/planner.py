@@ -375,6 +375,16 @@ def read(s: Signals, *, replicas: Mapping[str, int], memory: Mapping[str, RoleMe
             out[role] = Reading("up", factor, f"{text} ({burn_txt}); {missed[role][0][1]}",
                                 lagging_only=queue < QUEUE_HIGH, missed=True)
             continue
+        # One bottleneck at a time: while the other role misses a target of its own, a target that is only
+        # close here is no evidence against this role (a saturated decode's slower steps delay the first
+        # token too; seen in the e2e, an ITL-bound load: TTFT at 61% of its target with a prefill queue of
+        # one, which its own forward drains). Early action waits until the other role's step took effect.
+        other_missed = [r for r in ROLES if r != role and missed[r]]
+        early = (w is not None and (w.ratio or 0) >= QUEUE_NEAR_TARGET and queue >= QUEUE_HIGH) or close
+        if early and other_missed:
+            out[role] = Reading("hold", why=f"{w.describe()} is close, but {other_missed[0]} misses its own target: "
+                                f"{other_missed[0]} scales first")
+            continue
         if w is not None and (w.ratio or 0) >= QUEUE_NEAR_TARGET and queue >= QUEUE_HIGH:
             out[role] = Reading("up", 1.0, f"{w.describe()} is close and {role} queues {queue:.2g}/replica "
                                 f"({burn_txt})")

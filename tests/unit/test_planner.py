@@ -124,6 +124,19 @@ def test_queue_acts_before_the_window_percentile_crosses_the_target():
     assert P.read(calm, replicas={}, memory={})["prefill"].pressure == "hold"
 
 
+def test_a_close_target_waits_while_the_other_role_misses_its_own():
+    """The e2e's ITL-bound load on a loaded machine: decode misses ITL with a batch of 24, TTFT sits at 61%
+    of its target and prefill's queue reads one. Decode scales; prefill holds until decode's step took
+    effect (its slower steps delay the first token too). Without decode's miss, the same queue acts early."""
+    loads = dict(prefill=P.RoleLoad(pods=1, waiting=1, known=True), decode=P.RoleLoad(pods=1, running=24, known=True))
+    s = signals(ttft(0.364, target=0.6), itl(0.055, target=0.03), burn=100.0, **loads)
+    r = P.read(s, replicas={"prefill": 1, "decode": 1}, memory={"decode": P.RoleMemory(last_miss=995.0)})
+    assert r["decode"].pressure == "up" and r["prefill"].pressure == "hold"
+    assert "decode misses its own target" in r["prefill"].why
+    alone = signals(ttft(0.364, target=0.6), itl(0.02, target=0.03), **loads)
+    assert P.read(alone, replicas={"prefill": 1, "decode": 1}, memory={})["prefill"].pressure == "up"
+
+
 def test_burn_rate_acts_early_when_the_roles_target_is_close_again():
     """The budget still burns from prefill's miss 10 s ago and TTFT is within 20% again: act before the
     next miss. Without a miss of its own (or one older than the window) a role ignores the burn rate."""
