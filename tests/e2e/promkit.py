@@ -146,6 +146,14 @@ class PrometheusServer:
         assert body["status"] == "success", body
         return [(r["metric"], float(r["value"][1])) for r in body["data"]["result"]]
 
+    def samples(self, selector: str, seconds: int) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        """The raw samples of ``selector`` over the last ``seconds``: [(labels, [(unix time, value)])]."""
+        url = self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": f"{selector}[{int(seconds)}s]"})
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body = json.loads(resp.read())
+        assert body["status"] == "success", body
+        return [(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in body["data"]["result"]]
+
     def targets_up(self) -> int:
         """Active targets whose last scrape succeeded."""
         with urllib.request.urlopen(self.url + "/api/v1/targets?state=active", timeout=10) as resp:
