@@ -121,9 +121,10 @@ class Controller:
         self._figures_written: dict[tuple[str, str], float] = {}  # (ns, name) -> monotonic time figures were queued
         self._stale_flagged: set[tuple[str, str]] = set()
         self._catalog_version = runtime.catalog_version
-        self._resync_cycle_start = clock()
-        self._resync_pending: set[Key] = set()
+        self._resync = _ResyncPass(start=clock())
+        self._resync_lock = threading.Lock()
         self._last_pass_s: float | None = None
+        self._last_lag_s: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -279,10 +280,8 @@ class Controller:
         self.queue.forget(key)
         if after is not None:
             self.queue.add_after(key, after + 0.5)
-        if key in self._resync_pending:
-            self._resync_pending.discard(key)
-            if not self._resync_pending:
-                self._last_pass_s = self.clock() - self._resync_cycle_start
+        with self._resync_lock:
+            self._resync.reconciled(key, self.clock())
 
     def _tick_loop(self) -> None:
         period = self.settings.resync_s
@@ -305,27 +304,32 @@ class Controller:
             if stats.oldest_age_s < self.settings.stuck_after_s:
                 self.heartbeats.beat("workqueue")
             if self.metrics is not None:
-                self.metrics.record_queue(stats, resync_pass_s=self._last_pass_s)
+                self.metrics.record_queue(stats, resync_pass_s=self._last_pass_s, resync_lag_s=self._last_lag_s)
                 self.metrics.record_cache({w.kind: self.cache.count(w.api_version, w.kind) for w in WATCHED})
             previous = now
 
     def _resync_due(self, previous: float, now: float, period: float) -> None:
         """Queue the keys whose offset in the resync period falls in (previous, now].
 
-        A period whose keys were not all reconciled before the next one began reports
-        its pass as lasting until then (``resync_pass_s`` at least the period).
+        When a new period begins, the one that ended is published (see :class:`_ResyncPass`):
+        its pass (from its start until its last key was reconciled; a period whose keys
+        were not all reconciled before the next one began lasts until then, at least the
+        period) and its lag (the longest a key waited from its due time until its
+        reconcile finished). A period that queued no key publishes nothing.
         """
         lo, hi = previous % period, now % period
         if hi < lo or now - previous >= period:  # a new period began
-            if self._resync_pending:
-                self._last_pass_s = now - self._resync_cycle_start
-                self._resync_pending = set()
-            self._resync_cycle_start = now - hi
+            with self._resync_lock:
+                ended, self._resync = self._resync, _ResyncPass(start=now - hi)
+            figures = ended.finish(now)
+            if figures is not None:
+                self._last_pass_s, self._last_lag_s = figures
         for key, uid in self._all_keys_with_uids():
             at = resync_offset(key, uid, period)
             due = (lo < at <= hi) if lo <= hi else (at > lo or at <= hi)
             if due or now - previous >= period:
-                self._resync_pending.add(key)
+                with self._resync_lock:
+                    self._resync.queued(key, now)
                 self.queue.add(key)
 
     def _flag_stale(self) -> None:
@@ -383,6 +387,43 @@ class Controller:
             watched = next(w for w in WATCHED if w.kind == kind)
             out.extend(((kind, ns, name), uid) for ns, name, uid in self.cache.keys(watched.api_version, kind))
         return out
+
+
+class _ResyncPass:
+    """One resync period's bookkeeping: which of its keys are still to be reconciled, since when.
+
+    Not thread-safe by itself: the controller holds ``_resync_lock`` around every call.
+    ``start``: the period's start (monotonic seconds).
+    """
+
+    def __init__(self, *, start: float) -> None:
+        self.start = start
+        self.pending: dict[Key, float] = {}  # key -> when it was due
+        self.queued_any = False
+        self.drained_at: float | None = None
+        self.lag = 0.0
+
+    def queued(self, key: Key, now: float) -> None:
+        """``key`` is due at ``now`` (a key already pending keeps its first due time)."""
+        self.pending.setdefault(key, now)
+        self.queued_any = True
+
+    def reconciled(self, key: Key, now: float) -> None:
+        """A reconcile of ``key`` finished at ``now`` (any reconcile counts: it saw the current state)."""
+        due = self.pending.pop(key, None)
+        if due is None:
+            return
+        self.lag = max(self.lag, now - due)
+        if not self.pending:
+            self.drained_at = now
+
+    def finish(self, now: float) -> tuple[float, float] | None:
+        """(pass seconds, lag seconds) of this period, which ends at ``now``; None when it queued no key."""
+        if not self.queued_any:
+            return None
+        if self.pending:  # not done before the next period began: it lasted at least until now
+            return now - self.start, max([self.lag, *(now - due for due in self.pending.values())])
+        return (self.drained_at if self.drained_at is not None else now) - self.start, self.lag
 
 
 def _kernelbuild_next_look(outcome: Any, *, now: float) -> float | None:
