@@ -108,6 +108,7 @@ class Runtime:
     _health_guard: threading.Lock = field(default_factory=threading.Lock)
     _monitoring: bool = False
     _monitoring_checked: float = -1e18
+    _monitoring_guard: threading.Lock = field(default_factory=threading.Lock)
     #: Unix time this runtime was made: the age of "no health yet" counts from here.
     started_at: float = field(default_factory=time.time)
     #: Liveness: each reconcile is in flight here while it holds its lock; stuck after ``stuck_after_s``.
@@ -203,7 +204,11 @@ class Runtime:
         processes and can still list kinds whose CRDs were deleted since.
         """
         now = time.monotonic()
-        if now - self._monitoring_checked >= self.monitoring_check_ttl_s:
+        if now - self._monitoring_checked < self.monitoring_check_ttl_s:
+            return self._monitoring
+        with self._monitoring_guard:  # one request per period, not one per worker that finds it due
+            if time.monotonic() - self._monitoring_checked < self.monitoring_check_ttl_s:
+                return self._monitoring  # answered by another worker while this one waited
             group, _, version = MONITORING_API_VERSION.partition("/")
             try:
                 listed = k8s.CustomObjectsApi(self.kube.api_client).get_api_resources(group, version)
@@ -216,8 +221,8 @@ class Runtime:
                     log.warning("cannot check for the Prometheus Operator's kinds: %s", e)
             except Exception as e:
                 log.warning("cannot check for the Prometheus Operator's kinds: %s", e)
-            self._monitoring_checked = now
-        return self._monitoring
+            self._monitoring_checked = time.monotonic()
+            return self._monitoring
 
     def lock(self, namespace: str, name: str) -> threading.Lock:
         """The lock serializing reconciles of one object."""
