@@ -30,7 +30,7 @@ Every phase prints the load average and how much CPU other processes on the mach
 (this machine is shared); compare ratios, not seconds, between noisy runs.
 
 Run: ``PYTHONSAFEPATH=1 .venv/bin/python benchmarks/bench_scale.py [--n 100 300 1000]
-[--unrelated 0 10000] [--rest 300] [--settle 60] [--edits 20] [--operator CMD --crds DIR
+[--unrelated 0 10000] [--rest 300] [--settle 300] [--edits 20] [--operator CMD --crds DIR
 --label before] [--json results.jsonl]``; e.g. the loop before issue 15:
 ``--operator /work/wt-before/.venv/bin/sglang-pd-operator --crds /work/wt-before/crds
 --label before``. Not a test: no assertion on time (tests/e2e/test_bench_scale.py runs it
@@ -485,7 +485,8 @@ def operator_metrics(port: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name.startswith(("sglang_pd_operator_resync_pass", "sglang_pd_operator_queue_depth",
+            if s.name.startswith(("sglang_pd_operator_resync_pass", "sglang_pd_operator_resync_lag",
+                                  "sglang_pd_operator_queue_depth",
                                   "sglang_pd_operator_reconcile_duration_seconds_sum",
                                   "sglang_pd_operator_reconcile_duration_seconds_count")):
                 out[s.name] = out.get(s.name, 0.0) + s.value
@@ -524,6 +525,7 @@ class CaseResult:
     edits_missed: int = 0
     resync_pass_s: float | None = None
     resync_pass_source: str = ""
+    resync_lag_s: float | None = None
     reconciles_per_min: float | None = None
     mean_reconcile_s: float | None = None
     load: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -609,7 +611,7 @@ def operator_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Call
         # -- rest
         time.sleep(a.settle)
         wait_until(lambda: operator_metrics(op.metrics_port).get("sglang_pd_operator_queue_depth", 0) == 0,
-                   a.settle * 5, "the work queue drains", op, required=False)
+                   max(60.0, a.settle), "the work queue drains", op, required=False)
         audit.read()
         meter = LoadMeter(lambda: [*pids.values(), op_pid, os.getpid()])
         api0, cpu0, m0, t0w = apiserver_request_totals(cluster), proc_sample(op_pid), \
@@ -643,6 +645,7 @@ def operator_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Call
             if m1["sglang_pd_operator_resync_pass_seconds"] > 0:
                 res.resync_pass_s = m1["sglang_pd_operator_resync_pass_seconds"]
                 res.resync_pass_source = "sglang_pd_operator_resync_pass_seconds, the last finished period"
+                res.resync_lag_s = m1.get("sglang_pd_operator_resync_lag_seconds")
         elif res.mean_reconcile_s is not None:
             res.resync_pass_s, res.resync_pass_source = res.n * res.mean_reconcile_s, "N x mean reconcile"
 
@@ -727,7 +730,9 @@ def print_case(res: CaseResult, log: Callable[[str], None]) -> None:
         f"{res.reconciles_per_min:.1f} reconciles per minute"
         + (f", {1000 * res.mean_reconcile_s:.0f} ms each on average" if res.mean_reconcile_s else ""))
     if res.resync_pass_s is not None:
-        log(f"    resync pass {res.resync_pass_s:.1f}s ({res.resync_pass_source})")
+        log(f"    resync pass {res.resync_pass_s:.1f}s ({res.resync_pass_source})"
+            + (f", lag {res.resync_lag_s:.2f}s (the longest a key waited past its due time)"
+               if res.resync_lag_s is not None else ""))
     if res.reactions_s:
         r = res.reactions_s
         log(f"  reaction to an edit ({len(r)} edits): p50 {percentile(r, 0.5):.2f}s, p99 {percentile(r, 0.99):.2f}s, "
@@ -762,7 +767,9 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] = print) -> l
     p.add_argument("--unrelated", type=int, nargs="+", default=[0, 10000], help="unrelated pods per case")
     p.add_argument("--per-namespace", type=int, default=100, help="PDDeployments per namespace")
     p.add_argument("--rest", type=float, default=300.0, help="seconds of the at-rest window (default: one resync period)")
-    p.add_argument("--settle", type=float, default=60.0, help="seconds after all Ready before the rest window")
+    p.add_argument("--settle", type=float, default=300.0,
+                   help="seconds after all Ready before the rest window (default: one resync period, so the period "
+                        "whose pass is printed began after all were Ready)")
     p.add_argument("--edits", type=int, default=20, help="edits for the reaction time")
     p.add_argument("--edit-gap", type=float, default=1.0, help="seconds between two edits")
     p.add_argument("--edit-timeout", type=float, default=120.0, help="seconds an edit may take to reach status")
