@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import threading
 import time
 import zlib
@@ -138,7 +139,7 @@ def _rv(obj: dict[str, Any] | None) -> str | None:
     return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One stored object: what the cache reads itself (resourceVersion, uid, labels) and the
     trimmed object as zlib-compressed JSON (:meth:`decode` gives a fresh dict)."""
@@ -153,8 +154,10 @@ class Entry:
         """The entry of a full object (trimmed first)."""
         trimmed = trim(obj)
         meta = trimmed["metadata"]
+        # label keys and values repeat across objects (every child carries the same keys,
+        # a deployment's children its name): one shared string each
         return cls(resource_version=meta.get("resourceVersion"), uid=meta.get("uid"),
-                   labels=dict(meta.get("labels") or {}),
+                   labels={sys.intern(k): sys.intern(v) for k, v in (meta.get("labels") or {}).items()},
                    blob=zlib.compress(json.dumps(trimmed, separators=(",", ":")).encode(), 1))
 
     def decode(self) -> dict[str, Any]:
