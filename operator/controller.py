@@ -168,9 +168,7 @@ class Controller:
     def sync_kind(self, watched: WatchedKind) -> list[tuple[tuple[str, str], Change]]:
         """LIST ``watched`` (per watched namespace) and make the cache equal it; queue the keys whose objects changed."""
         namespaces = list(self.settings.namespaces) if self.settings.namespaces else None
-        items: list[dict[str, Any]] = []
-        for ns in namespaces or [None]:
-            items.extend(self.kube.list_kind(watched, ns))
+        items = (item for ns in namespaces or [None] for item in self.kube.list_kind(watched, ns))
         changes = self.cache.replace_kind(watched.api_version, watched.kind, items, namespaces=namespaces)
         if self.cache.synced(watched.api_version, watched.kind) and self._threads:
             for ref, change in changes:
