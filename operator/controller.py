@@ -8,7 +8,8 @@ KernelBuild it concerns. Everything else that calls for a reconcile goes through
 same :class:`~.workqueue.WorkQueue`:
 
 - an SLO figure that moved (the scraper thread; transitions at once, figures at most
-  every ``LoopSettings.slo_status_period_s``);
+  every ``LoopSettings.slo_status_period_s``; for a deployment the built-in planner scales,
+  a move of what the planner reads at once, ``Runtime.planner_moved``);
 - a time-based step a reconcile asked for (``Outcome.requeue_after``: a drain grace
   period or a progress deadline ending; a KernelBuild that is not finished);
 - a deployment whose SLO figures went stale (SLOMet turns Unknown);
@@ -61,6 +62,8 @@ Key = tuple[str, str, str]  # (kind, namespace, name)
 TICK_S = 1.0
 #: Seconds until an unfinished KernelBuild is looked at again (its Job's progress, backoff, timeouts).
 KERNELBUILD_POLL_S = 10.0
+#: Seconds between LISTs of an optional kind kopf does not watch (served only since the operator started).
+UNWATCHED_POLL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,9 @@ class Controller:
         self._resync_lock = threading.Lock()
         self._last_pass_s: float | None = None
         self._last_lag_s: float | None = None
+        #: optional kinds served when the loop started: kopf's scan at start found them and watches them
+        self._watched_optional: set[str] = set()
+        self._next_poll = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -133,6 +139,7 @@ class Controller:
         Raises the API error of a LIST that fails: without a full view nothing may reconcile.
         """
         started = time.perf_counter()
+        self._watched_optional = {w.kind for w in WATCHED if w.optional and self.served(w)}
         for watched in WATCHED:
             self.sync_kind(watched)
         log.info("cache filled in %.1fs: %s", time.perf_counter() - started,
@@ -165,8 +172,18 @@ class Controller:
         thread.start()
         self._threads.append(thread)
 
+    def served(self, watched: WatchedKind) -> bool:
+        """True unless ``watched`` is optional and the API server does not serve it now (runtime's discovery, cached)."""
+        return not watched.optional or watched.kind in self.runtime.kinds_served(watched.api_version)
+
     def sync_kind(self, watched: WatchedKind) -> list[tuple[tuple[str, str], Change]]:
-        """LIST ``watched`` (per watched namespace) and make the cache equal it; queue the keys whose objects changed."""
+        """LIST ``watched`` (per watched namespace) and make the cache equal it; queue the keys whose objects changed.
+
+        An optional kind the API server does not serve is skipped (nothing of it exists;
+        the cache stays unsynced for it, so reads of it ask the API server).
+        """
+        if not self.served(watched):
+            return []
         namespaces = list(self.settings.namespaces) if self.settings.namespaces else None
         items = (item for ns in namespaces or [None] for item in self.kube.list_kind(watched, ns))
         changes = self.cache.replace_kind(watched.api_version, watched.kind, items, namespaces=namespaces)
@@ -227,7 +244,10 @@ class Controller:
         key2 = (health.namespace, health.name)
         self._stale_flagged.discard(key2)
         key: Key = (PDDEPLOYMENT, health.namespace, health.name)
-        if change is HealthChange.CONDITIONS:
+        if self.runtime.planner_moved(health):  # the built-in planner's reading moved: act now
+            self._figures_written[key2] = self.clock()
+            self.queue.add(key)
+        elif change is HealthChange.CONDITIONS:
             self._figures_written[key2] = self.clock()
             self.queue.add(key)
         elif change is HealthChange.FIGURES:
@@ -295,6 +315,7 @@ class Controller:
                     next_sweep = now + self.settings.sweep_s
                     for watched in WATCHED:
                         self.sync_kind(watched)
+                self._poll_unwatched(now)
             except Exception as e:  # noqa: BLE001 - the ticker must keep ticking
                 log.warning("control loop tick: %s", e, exc_info=not _is_api_error(e))
             self.heartbeats.beat("resync")
@@ -305,6 +326,29 @@ class Controller:
                 self.metrics.record_queue(stats, resync_pass_s=self._last_pass_s, resync_lag_s=self._last_lag_s)
                 self.metrics.record_cache({w.kind: self.cache.count(w.api_version, w.kind) for w in WATCHED})
             previous = now
+
+    def _poll_unwatched(self, now: float) -> None:
+        """LIST, every :data:`UNWATCHED_POLL_S`, each optional kind served now but not when the loop
+        started: kopf scans resources once at start (resource scanning is off, it needs CRD
+        list/watch the chart does not grant), so no watch reports their changes. A polled
+        change queues its PDDeployment as a watch event would, a few seconds later; the
+        first poll of a kind that appeared queues every PDDeployment (one may have waited
+        for it).
+        """
+        if now < self._next_poll:
+            return
+        self._next_poll = now + UNWATCHED_POLL_S
+        for watched in WATCHED:
+            if watched.optional and watched.kind not in self._watched_optional and self.served(watched):
+                appeared = not self.cache.synced(watched.api_version, watched.kind)
+                if appeared:
+                    log.warning("%s are served since the operator started: polled every %.0fs instead of watched; "
+                                "restart the operator to watch them", watched.plural, UNWATCHED_POLL_S)
+                self.sync_kind(watched)
+                if appeared:  # a PDDeployment that waited for the kind (LeaderWorkerSetMissing) goes on now
+                    for key in self._all_keys():
+                        if key[0] == PDDEPLOYMENT:
+                            self.queue.add(key)
 
     def _resync_due(self, previous: float, now: float, period: float) -> None:
         """Queue the keys whose offset in the resync period falls in (previous, now].

@@ -15,7 +15,9 @@ Two ways to use it:
 
 - :func:`corpus` ``(n, seed)``: a deterministic list of ``n`` distinct specs (equal seeds,
   equal lists, on every machine and Python run: only ``random.Random`` decides), the CI
-  differential uses ``corpus(2000, seed=13)``;
+  differential uses ``corpus(2000, seed=13)``; :func:`multi_node_corpus` draws specs
+  whose roles span nodes (``parallelism.nodes``) from its own stream, the CI differential
+  adds ``multi_node_corpus(200, seed=31)``;
 - :func:`pddeployments`: a hypothesis strategy over the same generator, for
   property-style tests (hypothesis drives the ``Random`` and shrinks through it).
 
@@ -465,14 +467,8 @@ def spec_key(doc: Mapping[str, Any]) -> str:
     return json.dumps(doc.get("spec"), sort_keys=True, default=str)
 
 
-def corpus(n: int, seed: int = 13, *, prefix: str | None = None) -> list[dict[str, Any]]:
-    """``n`` distinct generated PDDeployments, the same list for the same ``(n, seed)``.
-
-    Names are ``<prefix>-<index>`` (default prefix ``gen<seed>``), numbered in draw order
-    among the distinct specs; a redrawn duplicate is skipped.
-    """
-    rng = random.Random(seed)
-    prefix = prefix or f"gen{seed}"
+def _distinct(n: int, rng: random.Random, draw: Any, prefix: str) -> list[dict[str, Any]]:
+    """``n`` distinct documents from ``draw(rng, name)``, named ``<prefix>-<index>`` in draw order."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     draws = 0
@@ -480,13 +476,92 @@ def corpus(n: int, seed: int = 13, *, prefix: str | None = None) -> list[dict[st
         draws += 1
         if draws > 50 * n + 1000:
             raise RuntimeError(f"the generator keeps drawing duplicates: {len(out)} distinct of {draws} draws")
-        doc = generate_spec(rng, name=f"{prefix}-{len(out):05d}")
+        doc = draw(rng, f"{prefix}-{len(out):05d}")
         key = spec_key(doc)
         if key in seen:
             continue
         seen.add(key)
         out.append(doc)
     return out
+
+
+def corpus(n: int, seed: int = 13, *, prefix: str | None = None) -> list[dict[str, Any]]:
+    """``n`` distinct generated PDDeployments, the same list for the same ``(n, seed)``.
+
+    Names are ``<prefix>-<index>`` (default prefix ``gen<seed>``), numbered in draw order
+    among the distinct specs; a redrawn duplicate is skipped.
+    """
+    return _distinct(n, random.Random(seed), lambda rng, name: generate_spec(rng, name=name), prefix or f"gen{seed}")
+
+
+#: Nodes per replica of a role made to span nodes (3 rarely: it splits few shapes evenly).
+NODES = {2: 50, 4: 28, 3: 6, 8: 10, 16: 6}
+#: How a multi-node role's parallelism is drawn: DEP (attention DP across nodes), TP across
+#: nodes, pipeline stages across nodes, and the shapes the rules refuse (system DP across
+#: nodes, fewer or more GPUs per node than the node has).
+MULTI_NODE_SHAPES = {"dep": 45, "tp": 22, "pp": 8, "dp-system": 8, "fewer": 8, "more": 5, "dep-cp": 4}
+
+
+def make_multi_node(rng: random.Random, doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with one role (or both) spanning nodes: ``parallelism.nodes`` and a parallelism that
+    uses them (mostly a whole node per pod), sometimes a refused shape. Changes ``doc`` and returns it."""
+    spec = doc["spec"]
+    spec.pop("pagedExperts", None)  # Paged Experts runs on one GPU
+    roles = pick(rng, {("decode",): 45, ("prefill",): 25, ("prefill", "decode"): 30})
+    if chance(rng, 0.5):
+        # a plain base, so more multi-node specs are ones SGLang serves (where a false accept
+        # would show): no plugin, the layout SGLang picks, no extra flags, DEP on the other
+        # role too (DSpark pairs equal attention TP only)
+        spec.pop("kernels", None)
+        spec["kvLayout"] = {k: v for k, v in spec["kvLayout"].items() if k in ("pageSize", "dtype")}
+        for role in ("prefill", "decode"):
+            spec[role].pop("extraArgs", None)
+            spec[role].pop("kvLayout", None)
+            if role not in roles:
+                acc = spec[role].get("accelerator") or spec["accelerator"]
+                tp = min(4, GPUS_PER_NODE[acc])
+                spec[role]["parallelism"] = {"tp": tp, "dp": tp, "ep": tp, "dpAttention": True}
+    for role in roles:
+        r = spec[role]
+        r.pop("pagedExperts", None)
+        acc = r.get("accelerator") or spec["accelerator"]
+        gpus = GPUS_PER_NODE[acc]
+        nodes = pick(rng, NODES)
+        shape = pick(rng, MULTI_NODE_SHAPES)
+        while gpus * nodes > 64 and nodes > 2:  # tp is at most 64
+            nodes //= 2
+        total = gpus * nodes
+        if shape == "fewer":
+            total = max(nodes, total // 2)
+        elif shape == "more":
+            total = min(64, total * 2)
+        if shape in ("dep", "dep-cp", "fewer", "more"):
+            par: dict[str, Any] = {"tp": total, "dp": total, "ep": total, "dpAttention": True}
+        elif shape == "tp":
+            par = {"tp": total, "ep": total} if chance(rng, 0.5) else {"tp": total}
+        elif shape == "pp":
+            par = {"tp": max(1, total // nodes)}
+            r["extraArgs"] = [*r.get("extraArgs", []), "--pp-size", str(nodes)]
+        else:  # system DP across nodes: SGLang refuses it
+            par = {"tp": total, "dp": 2}
+        par["nodes"] = nodes
+        r["parallelism"] = par
+        if shape == "dep-cp":
+            r["extraArgs"] = [*r.get("extraArgs", []), "--enable-prefill-cp", "--cp-strategy", "interleave"]
+        if chance(rng, 0.3) and par.get("dpAttention"):
+            r["extraArgs"] = [*r.get("extraArgs", []), "--moe-a2a-backend", pick(rng, {"megamoe": 60, "deepep": 25,
+                                                                                      "deepep_v2": 15})]
+            if spec.get("speculative", {}).get("algorithm") == "DSPARK":
+                r["env"] = [e for e in r.get("env", []) if e["name"] != "SGLANG_RAGGED_VERIFY_MODE"] + [
+                    {"name": "SGLANG_RAGGED_VERIFY_MODE", "value": "static"}]
+    return doc
+
+
+def multi_node_corpus(n: int, seed: int = 31, *, prefix: str | None = None) -> list[dict[str, Any]]:
+    """``n`` distinct generated PDDeployments with a role spanning nodes (:func:`make_multi_node`),
+    the same list for the same ``(n, seed)``; drawn from their own stream, so :func:`corpus` is unchanged."""
+    return _distinct(n, random.Random(seed), lambda rng, name: make_multi_node(rng, generate_spec(rng, name=name)),
+                     prefix or f"mn{seed}")
 
 
 def pddeployments(name: str = "hyp") -> Any:
@@ -503,4 +578,5 @@ def pddeployments(name: str = "hyp") -> Any:
     return st.randoms(use_true_random=False).map(build)
 
 
-__all__ = ["chance", "corpus", "generate_spec", "pddeployments", "pick", "spec_key"]
+__all__ = ["chance", "corpus", "generate_spec", "make_multi_node", "multi_node_corpus", "pddeployments", "pick",
+           "spec_key"]

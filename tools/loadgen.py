@@ -18,6 +18,13 @@ histogram estimates.
 
 Run: ``python tools/loadgen.py --url http://127.0.0.1:30000 --model M --requests 200
 --concurrency 8 --max-tokens 64 --out load.json``. Only the standard library and aiohttp.
+
+Open loop (``--trace``): instead of a fixed number of requests at a fixed concurrency,
+requests arrive as a Poisson process whose rate follows a trace, ``t:rate`` points
+(seconds from the start : requests per second) joined linearly, e.g. ``0:2,60:2,60:8,180:8``
+(a step from 2 to 8 req/s at 60 s, for 180 s). Arrivals do not wait for answers, as users
+do not, so queueing in the server shows in the latencies. Each sample carries ``sent_at``
+(seconds from the start), for figures per stretch of time (benchmarks/bench_autoscale.py).
 """
 
 from __future__ import annotations
@@ -26,9 +33,11 @@ import argparse
 import asyncio
 import json
 import math
+import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from dataclasses import replace as dataclasses_replace
 
 import aiohttp
 
@@ -45,6 +54,7 @@ class RequestResult:
     speed: float | None = None
     status: int | None = None
     error: str | None = None
+    sent_at: float | None = None
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -141,6 +151,72 @@ async def run_load(*, url: str, model: str, requests: int, concurrency: int, max
     return [r for r in results if r is not None]
 
 
+def parse_trace(text: str) -> list[tuple[float, float]]:
+    """``"t:rate,t:rate,..."`` -> [(seconds, requests/s)], times non-decreasing, rates >= 0.
+
+    Raises ValueError naming the bad point."""
+    points = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            t, rate = (float(x) for x in part.split(":"))
+        except ValueError:
+            raise ValueError(f"trace point {part!r} is not t:rate (seconds:requests per second)") from None
+        if rate < 0 or (points and t < points[-1][0]):
+            raise ValueError(f"trace point {part!r}: rates must be >= 0 and times non-decreasing")
+        points.append((t, rate))
+    if len(points) < 2:
+        raise ValueError("a trace needs at least two points (start and end)")
+    return points
+
+
+def rate_at(points: list[tuple[float, float]], t: float) -> float:
+    """The trace's rate at ``t`` (linear between points; the last point's rate wins at equal times)."""
+    for (t0, r0), (t1, r1) in zip(points, points[1:]):
+        if t0 <= t < t1:
+            return r0 + (r1 - r0) * (t - t0) / (t1 - t0)
+    return points[-1][1] if t <= points[-1][0] else 0.0
+
+
+def arrivals(points: list[tuple[float, float]], *, seed: int = 0) -> list[float]:
+    """Send times (seconds from the start) of a Poisson process following the trace (thinning)."""
+    rng = random.Random(seed)
+    peak = max(r for _, r in points)
+    out: list[float] = []
+    if peak <= 0:
+        return out
+    t, end = points[0][0], points[-1][0]
+    while True:
+        t += rng.expovariate(peak)
+        if t >= end:
+            return out
+        if rng.random() * peak < rate_at(points, t):
+            out.append(t)
+
+
+async def run_trace(*, url: str, model: str, points: list[tuple[float, float]], max_tokens: int,
+                    prompt: str = "Explain prefill/decode disaggregation in one paragraph.", chat: bool = True,
+                    timeout_s: float = 120.0, seed: int = 0) -> list[RequestResult]:
+    """Open-loop load following ``points`` (see the module doc); results in send order, with ``sent_at``."""
+    times = arrivals(points, seed=seed)
+    results: list[RequestResult | None] = [None] * len(times)
+    connector = aiohttp.TCPConnector(limit=0)
+    start = time.perf_counter()
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def one(i: int, at: float) -> None:
+            r = await one_request(session, url=url, model=model, prompt=f"{prompt} (#{i})", max_tokens=max_tokens,
+                                  chat=chat, timeout_s=timeout_s)
+            results[i] = dataclasses_replace(r, sent_at=at)
+
+        tasks = []
+        for i, at in enumerate(times):
+            delay = at - (time.perf_counter() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i, time.perf_counter() - start)))
+        await asyncio.gather(*tasks)
+    return [r for r in results if r is not None]
+
+
 def summarize(results: list[RequestResult], wall_s: float | None = None) -> dict:
     """p50/p90/p99 (seconds; speed in tokens/s) of TTFT, ITL, e2e and per-user speed."""
     ok = [r for r in results if r.ok]
@@ -184,11 +260,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--completions", action="store_true", help="use /v1/completions instead of chat")
     p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, s")
     p.add_argument("--out", help="write the summary and per-request samples to this JSON file")
+    p.add_argument("--trace", help="open loop: t:rate points (s:req/s), e.g. 0:2,60:2,60:8,180:8 "
+                                   "(--requests and --concurrency are then not used)")
+    p.add_argument("--seed", type=int, default=0, help="--trace: seed of the arrival times")
     a = p.parse_args(argv)
     started = time.perf_counter()
-    results = asyncio.run(run_load(url=a.url, model=a.model, requests=a.requests, concurrency=a.concurrency,
-                                   max_tokens=a.max_tokens, prompt=a.prompt, chat=not a.completions,
-                                   timeout_s=a.timeout))
+    if a.trace:
+        try:
+            points = parse_trace(a.trace)
+        except ValueError as err:
+            p.error(str(err))
+        results = asyncio.run(run_trace(url=a.url, model=a.model, points=points, max_tokens=a.max_tokens,
+                                        prompt=a.prompt, chat=not a.completions, timeout_s=a.timeout, seed=a.seed))
+    else:
+        results = asyncio.run(run_load(url=a.url, model=a.model, requests=a.requests, concurrency=a.concurrency,
+                                       max_tokens=a.max_tokens, prompt=a.prompt, chat=not a.completions,
+                                       timeout_s=a.timeout))
     summary = summarize(results, time.perf_counter() - started)
     print(f"{summary['succeeded']}/{summary['requests']} ok in {summary['wall_seconds']:.1f}s")
     for key, unit in (("ttft_seconds", "s"), ("itl_seconds", "s"), ("e2e_seconds", "s"),

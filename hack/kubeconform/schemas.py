@@ -12,7 +12,8 @@ generated, in the layout kubeconform's ``-schema-location`` templates expect:
   so recursive types such as JSONSchemaProps stay finite), with ``additionalProperties:
   false`` wherever properties are declared (kubectl's strict field validation).
 - **Custom resources** from CRD manifests (ours in ``crds/``, the Prometheus Operator's
-  from its pinned Go module, see :func:`prometheus_operator_crds`): each served version's
+  and LeaderWorkerSet's from their pinned Go modules, see :func:`prometheus_operator_crds`
+  and :func:`lws_crds`): each served version's
   ``openAPIV3Schema`` becomes ``<dir>/crds/<group>/<kind>_<version>.json``, strict except
   where the schema says ``x-kubernetes-preserve-unknown-fields``.
 
@@ -41,6 +42,10 @@ import yaml
 PROMETHEUS_OPERATOR = ("github.com/prometheus-operator/prometheus-operator", "v0.85.0",
                        "h1:M5xLCLEoaW2IJfnuCwFzzpL+jSVQu3KGT84Pye+fW8s=")
 PROMETHEUS_OPERATOR_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
+#: The LeaderWorkerSet release whose CRD validates the operator's multi-node workloads
+#: (sglang_pd_operator.lws.TESTED_VERSIONS[0]); the Go checksum of its module pins the content.
+LWS = ("sigs.k8s.io/lws", "v0.9.0", "h1:DcJCgxjjoGOx//QHZkeKpyiblxYq70aCRZNYSfykWyI=")
+LWS_CRD = "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
 
 
 def kind_suffix(api_version: str) -> str:
@@ -162,13 +167,12 @@ def schema_locations(out_dir: Path) -> list[str]:
     ]
 
 
-def prometheus_operator_crds() -> list[dict[str, Any]]:
-    """The ServiceMonitor, PodMonitor and PrometheusRule CRDs of the pinned Prometheus Operator module.
+def go_module_dir(module: str, version: str, pinned: str) -> Path:
+    """The module cache folder of ``module@version``, fetched by ``go mod download`` when missing.
 
-    ``go mod download`` fetches the module (through GOPROXY, checked against the Go
-    checksum database) into the module cache; its sum must equal the pinned one.
+    The download goes through GOPROXY and is checked against the Go checksum database;
+    its sum must also equal ``pinned``. Raises RuntimeError naming the module otherwise.
     """
-    module, version, pinned = PROMETHEUS_OPERATOR
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "go.mod").write_text("module schemas\n\ngo 1.26\n")
         env = {**os.environ, "GOFLAGS": "-mod=mod"}
@@ -179,5 +183,15 @@ def prometheus_operator_crds() -> list[dict[str, Any]]:
     info = json.loads(proc.stdout)
     if info.get("Sum") != pinned:
         raise RuntimeError(f"{module}@{version} has sum {info.get('Sum')}, pinned {pinned}")
-    folder = Path(info["Dir"]) / "example" / "prometheus-operator-crd"
+    return Path(info["Dir"])
+
+
+def prometheus_operator_crds() -> list[dict[str, Any]]:
+    """The ServiceMonitor, PodMonitor and PrometheusRule CRDs of the pinned Prometheus Operator module."""
+    folder = go_module_dir(*PROMETHEUS_OPERATOR) / "example" / "prometheus-operator-crd"
     return [yaml.safe_load((folder / f"monitoring.coreos.com_{name}.yaml").read_text()) for name in PROMETHEUS_OPERATOR_CRDS]
+
+
+def lws_crds() -> list[dict[str, Any]]:
+    """The LeaderWorkerSet CRD of the pinned LWS module (the schema its API server validates against)."""
+    return [yaml.safe_load((go_module_dir(*LWS) / LWS_CRD).read_text())]

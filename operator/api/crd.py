@@ -20,10 +20,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from . import kernelbuild, v1alpha1
+from . import kernelbuild, rolescale, v1alpha1
 
 _DROP_KEYS = {"title", "default", "examples"}
 MAX_NAME_LENGTH = 40
+#: Longest PDDeployment name when a role spans nodes. Its LeaderWorkerSet is named
+#: ``<name>-<group id>-<role>`` (name + 15), LWS names each group's worker StatefulSet
+#: ``<lws>-<group index>`` (+ up to 5 for 1024 replicas), and the StatefulSet controller
+#: labels every pod ``controller-revision-hash: <statefulset>-<hash>`` (+ up to 11), a
+#: label value of at most 63 characters: 32 + 15 + 5 + 11 = 63.
+MAX_MULTI_NODE_NAME_LENGTH = 32
 
 
 def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -96,6 +102,8 @@ def _printer_columns() -> list[dict[str, Any]]:
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
         {"name": "Prefill", "type": "string", "jsonPath": ".status.prefill.replicas"},
         {"name": "Decode", "type": "string", "jsonPath": ".status.decode.replicas"},
+        {"name": "Pods", "type": "string", "jsonPath": ".status.pods",
+         "description": "Ready/desired engine pods: a replica spanning nodes has one pod per node"},
         {"name": "KV Layout", "type": "string", "jsonPath": ".status.kvLayout"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
@@ -114,8 +122,22 @@ def pddeployment_crd() -> dict[str, Any]:
         spec_schema=spec_schema,
         status_schema=status_schema,
         printer_columns=_printer_columns(),
+        extra_rules=[_PDD_MULTI_NODE_NAME_RULE],
     )
 
+
+def _multi_node(role: str) -> str:
+    p = f"self.spec.{role}.parallelism"
+    return f"(has(self.spec.{role}) && has({p}) && has({p}.nodes) && {p}.nodes > 1)"
+
+
+_PDD_MULTI_NODE_NAME_RULE = {
+    "rule": f"!({_multi_node('prefill')} || {_multi_node('decode')}) || "
+    f"self.metadata.name.size() <= {MAX_MULTI_NODE_NAME_LENGTH}",
+    "message": f"metadata.name: at most {MAX_MULTI_NODE_NAME_LENGTH} characters when a role spans nodes "
+    "(parallelism.nodes > 1): its LeaderWorkerSet's StatefulSets label their pods with a revision name built from "
+    "<name>-<group id>-<role>-<group index>, which Kubernetes limits to 63 characters; choose a shorter name",
+}
 
 _PDD_NAME_RULE = {
     "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
@@ -135,6 +157,8 @@ def _crd(
     status_schema: dict[str, Any],
     printer_columns: list[dict[str, Any]],
     name_rule: dict[str, str] = _PDD_NAME_RULE,
+    extra_rules: list[dict[str, str]] = (),
+    subresources: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -156,14 +180,14 @@ def _crd(
                     "name": v1alpha1.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": subresources or {"status": {}},
                     "additionalPrinterColumns": printer_columns,
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
                             "description": description.strip(),
                             "required": ["spec"],
-                            "x-kubernetes-validations": [dict(name_rule)],
+                            "x-kubernetes-validations": [dict(name_rule), *(dict(r) for r in extra_rules)],
                             "properties": {
                                 "apiVersion": {"type": "string", "description": "API version."},
                                 "kind": {"type": "string", "description": "Kind."},
@@ -191,18 +215,30 @@ def _kernelbuild_printer_columns() -> list[dict[str, Any]]:
     ]
 
 
-def kernelbuild_crd() -> dict[str, Any]:
-    """The KernelBuild CRD (``kb``) as a dict, from ``KernelBuildSpec``/``Status``."""
-    spec_schema = structural_schema(kernelbuild.KernelBuildSpec)
-    status_schema = structural_schema(kernelbuild.KernelBuildStatus)
+def _kind_crd(module: Any, model: type[BaseModel], spec_model: type[BaseModel], status_model: type[BaseModel], *,
+              printer_columns: list[dict[str, Any]], name_rule: dict[str, str],
+              subresources: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The CRD of a kind whose module names it (``KIND``, ``PLURAL``, ``SHORT_NAME``): schema from the
+    spec and status models (status keeps unknown fields), description from the kind's docstring."""
+    status_schema = structural_schema(status_model)
     status_schema["x-kubernetes-preserve-unknown-fields"] = True
     return _crd(
-        kind=kernelbuild.KIND,
-        plural=kernelbuild.PLURAL,
-        short_names=[kernelbuild.SHORT_NAME],
-        description=kernelbuild.KernelBuild.__doc__ or "",
-        spec_schema=spec_schema,
+        kind=module.KIND,
+        plural=module.PLURAL,
+        short_names=[module.SHORT_NAME],
+        description=model.__doc__ or "",
+        spec_schema=structural_schema(spec_model),
         status_schema=status_schema,
+        printer_columns=printer_columns,
+        name_rule=name_rule,
+        subresources=subresources,
+    )
+
+
+def kernelbuild_crd() -> dict[str, Any]:
+    """The KernelBuild CRD (``kb``) as a dict, from ``KernelBuildSpec``/``Status``."""
+    return _kind_crd(
+        kernelbuild, kernelbuild.KernelBuild, kernelbuild.KernelBuildSpec, kernelbuild.KernelBuildStatus,
         printer_columns=_kernelbuild_printer_columns(),
         name_rule={
             "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
@@ -212,9 +248,46 @@ def kernelbuild_crd() -> dict[str, Any]:
     )
 
 
+def _rolescale_printer_columns() -> list[dict[str, Any]]:
+    return [
+        {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Current", "type": "integer", "jsonPath": ".status.replicas"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {"name": "Controller", "type": "string", "jsonPath": ".status.controller"},
+        {"name": "Selector", "type": "string", "jsonPath": ".status.selector", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+def rolescale_crd() -> dict[str, Any]:
+    """The PDRoleScale CRD (``pdrs``) with the ``/scale`` subresource, from ``PDRoleScaleSpec``/``Status``.
+
+    ``/scale`` maps ``spec.replicas``, ``status.replicas`` and ``status.selector`` (the string
+    form the HPA controller parses), so kubectl scale, HPA and KEDA drive it as a Deployment.
+    """
+    return _kind_crd(
+        rolescale, rolescale.PDRoleScale, rolescale.PDRoleScaleSpec, rolescale.PDRoleScaleStatus,
+        printer_columns=_rolescale_printer_columns(),
+        name_rule={
+            "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH + len('-prefill')}",
+            "message": f"metadata.name must be at most {MAX_NAME_LENGTH + len('-prefill')} characters "
+            "(<PDDeployment>-<role>); the operator names these objects, do not create them by hand",
+        },
+        subresources={
+            "status": {},
+            "scale": {
+                "specReplicasPath": rolescale.SPEC_REPLICAS_PATH,
+                "statusReplicasPath": rolescale.STATUS_REPLICAS_PATH,
+                "labelSelectorPath": rolescale.LABEL_SELECTOR_PATH,
+            },
+        },
+    )
+
+
 def all_crds() -> dict[str, dict[str, Any]]:
     """File name (under ``crds/``) -> CRD dict, for every kind this operator serves."""
-    return {"pddeployments.yaml": pddeployment_crd(), "kernelbuilds.yaml": kernelbuild_crd()}
+    return {"pddeployments.yaml": pddeployment_crd(), "kernelbuilds.yaml": kernelbuild_crd(),
+            "pdrolescales.yaml": rolescale_crd()}
 
 
 def render_yaml(crd: dict[str, Any]) -> str:

@@ -551,8 +551,12 @@ class DisaggregationSpec(_Model):
 
 
 # --------------------------------------------------------------------------- roles
+#: Most nodes one replica may span (LeaderWorkerSet ``size``): one GPU per node at tp 64.
+MAX_NODES_PER_REPLICA = 64
+
+
 class ParallelismSpec(_Model):
-    """Parallelism of one engine replica (one pod)."""
+    """Parallelism of one engine replica: one pod, or with ``nodes`` > 1 one pod per node."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -568,6 +572,14 @@ class ParallelismSpec(_Model):
                     "parallelism.dp: must divide parallelism.tp when dpAttention is on; set dp to a divisor of tp",
                     field_path=".dp",
                 ),
+                cel(
+                    "!has(self.nodes) || self.nodes == 1 || !has(self.dp) || self.dp == 1 || "
+                    "(has(self.dpAttention) && self.dpAttention)",
+                    "parallelism.dp: data-parallel replicas across nodes are refused by SGLang (check_server_args: "
+                    "\"multi-node data-parallel replicas are not supported\"); turn dpAttention on (attention DP "
+                    "across nodes), or use nodes 1 and scale with replicas",
+                    field_path=".dp",
+                ),
             ]
         }
     )
@@ -579,8 +591,12 @@ class ParallelismSpec(_Model):
     nodes: int = Field(
         default=1,
         ge=1,
-        le=1,
-        description="Nodes per replica (--nnodes). v1alpha1 serves single-node replicas only.",
+        le=MAX_NODES_PER_REPLICA,
+        description=(
+            "Nodes per replica (--nnodes). Above 1 a replica is one LeaderWorkerSet group (sigs.k8s.io/lws, an "
+            "optional dependency) of this many pods, each with tp x pp / nodes GPUs: a whole node of the "
+            "accelerator. Data parallelism across nodes is attention DP only (dpAttention)."
+        ),
     )
 
 
@@ -653,7 +669,11 @@ class RoleSpec(_Model):
         default=None,
         ge=0,
         le=1024,
-        description="Replicas. Omit to let an autoscaler own it (the operator then starts at 1 and never resets it).",
+        description=(
+            "Replicas. Omit to let the role's PDRoleScale <name>-<role> own the count (kubectl scale, an HPA or "
+            "KEDA, or spec.autoscaling's planner drive it through its /scale subresource); it starts at "
+            "spec.autoscaling.<role>.minReplicas, else 1."
+        ),
     )
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec, description="Parallelism per replica.")
     accelerator: str | None = Field(
@@ -803,6 +823,85 @@ class RolloutSpec(_Model):
     )
 
 
+# --------------------------------------------------------------------------- autoscaling
+class RoleAutoscalingSpec(_Model):
+    """Bounds of one role's replica count while the built-in SLO planner scales it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.minReplicas) || self.maxReplicas >= self.minReplicas",
+                    "maxReplicas: must be at least minReplicas; raise maxReplicas or lower minReplicas",
+                    field_path=".maxReplicas",
+                ),
+            ]
+        }
+    )
+
+    minReplicas: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description=(
+            "Fewest replicas the planner keeps (at least 1: a serving role is never scaled to zero). Also the "
+            "count the role's PDRoleScale starts at."
+        ),
+    )
+    maxReplicas: int = Field(ge=1, le=1024, description="Most replicas the planner scales the role to.")
+
+
+class AutoscalingSpec(_Model):
+    """The built-in SLO planner: it scales prefill and decode to meet spec.slo (opt-in: present means on).
+
+    It writes each role's count into the role's PDRoleScale (the object kubectl scale, an
+    HPA or KEDA would use), never exceeds maxGPUs (a rollout's surge group and a draining
+    group counted), and steps aside for a role whose PDRoleScale an HorizontalPodAutoscaler
+    (or a KEDA ScaledObject, which makes one) targets. See docs/autoscaling.md.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.prefill) || has(self.decode)",
+                    "spec.autoscaling: names no role; add prefill and/or decode with minReplicas and maxReplicas, "
+                    "or remove spec.autoscaling",
+                ),
+            ]
+        }
+    )
+
+    prefill: RoleAutoscalingSpec | None = Field(
+        default=None, description="Scale prefill (spec.prefill.replicas must be omitted)."
+    )
+    decode: RoleAutoscalingSpec | None = Field(
+        default=None, description="Scale decode (spec.decode.replicas must be omitted)."
+    )
+    maxGPUs: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "GPU budget of this PDDeployment's engine pods: every compat group counted (a rollout's new group and "
+            "a draining one too). The planner never scales beyond it; default: only maxReplicas bound it."
+        ),
+    )
+    scaleUpStabilization: Duration = Field(
+        default="30s",
+        description=(
+            "How long a role must stay under pressure before the planner adds replicas; a fast error-budget "
+            "burn (page rate) acts at once."
+        ),
+    )
+    scaleDownStabilization: Duration = Field(
+        default="5m",
+        description=(
+            "How long a role must stay idle (targets met with margin, no queue) before the planner removes a "
+            "replica, and the least time between any scaling of the role and a scale-down."
+        ),
+    )
+
+
 # --------------------------------------------------------------------------- spec
 class PDDeploymentSpec(_Model):
     """One served model: prefill + decode engines and the smg gateway."""
@@ -834,6 +933,25 @@ class PDDeploymentSpec(_Model):
                     "spec.engram.placement: peerShards splits the Engram table over a replica's GPUs; give both "
                     "roles parallelism.tp > 1, or use placement host or device",
                     field_path=".engram.placement",
+                ),
+                cel(
+                    "!has(self.autoscaling) || (has(self.slo) && (has(self.slo.ttft) || has(self.slo.itl) || "
+                    "has(self.slo.e2e) || has(self.slo.perUserSpeed)))",
+                    "spec.autoscaling: the planner scales to meet spec.slo, which sets no target; add spec.slo "
+                    "targets (ttft, itl, e2e or perUserSpeed) or remove spec.autoscaling",
+                    field_path=".autoscaling",
+                ),
+                cel(
+                    "!has(self.autoscaling) || !has(self.autoscaling.prefill) || !has(self.prefill.replicas)",
+                    "spec.prefill.replicas: the planner owns prefill's count (spec.autoscaling.prefill); remove "
+                    "spec.prefill.replicas or spec.autoscaling.prefill",
+                    field_path=".prefill.replicas",
+                ),
+                cel(
+                    "!has(self.autoscaling) || !has(self.autoscaling.decode) || !has(self.decode.replicas)",
+                    "spec.decode.replicas: the planner owns decode's count (spec.autoscaling.decode); remove "
+                    "spec.decode.replicas or spec.autoscaling.decode",
+                    field_path=".decode.replicas",
                 ),
                 cel(
                     "!has(self.transfer) || !has(self.transfer.forceTCP) || !self.transfer.forceTCP || "
@@ -875,6 +993,10 @@ class PDDeploymentSpec(_Model):
     gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="The smg model gateway.")
     slo: SLOSpec | None = Field(default=None, description="Latency SLO targets.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Paired rollout of prefill and decode.")
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None,
+        description="The built-in SLO planner (opt-in): per-role bounds, a GPU budget, stabilization windows.",
+    )
 
     @field_validator("accelerator")
     @classmethod
@@ -933,10 +1055,15 @@ class RoleStatus(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    desired: int = Field(default=0, description="Desired replicas.")
-    ready: int = Field(default=0, description="Ready replicas at the current pod template.")
-    replicas: str = Field(default="0/0", description="ready/desired, for kubectl get.")
+    desired: int = Field(default=0, description="Desired replicas (a multi-node replica is one group of pods).")
+    ready: int = Field(
+        default=0,
+        description="Ready replicas at the current pod template (a multi-node replica: every pod of its group Ready).",
+    )
+    replicas: str = Field(default="0/0", description="ready/desired replicas, for kubectl get.")
     updated: int = Field(default=0, description="Replicas running the current pod template.")
+    pods: str = Field(default="0/0", description="ready/desired pods (replicas x nodes per replica).")
+    nodesPerReplica: int | None = Field(default=None, description="Pods (nodes) of one replica.")
     kvLayout: str | None = Field(default=None, description="Predicted PD KV layout string of this role.")
     attentionBackend: str | None = Field(default=None, description="Resolved --dsv4-attn-backend.")
 
@@ -961,6 +1088,35 @@ class Problem(BaseModel):
     severity: Literal["error", "warning"] = Field(default="error", description="error refuses; warning does not.")
 
 
+class RoleScalingStatus(BaseModel):
+    """One role's count and who sets it (status.autoscaling.prefill / decode)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    replicas: int = Field(default=0, description="The role's count (its PDRoleScale's spec.replicas).")
+    controller: str = Field(
+        default="none",
+        description="Who sets the count: planner, HorizontalPodAutoscaler/<name> (an HPA or KEDA), or none "
+        "(kubectl scale or nothing).",
+    )
+    pressure: str | None = Field(default=None, description="The planner's reading of the role: up, down or hold.")
+    since: str | None = Field(default=None, description="When the role's pressure last changed (RFC 3339).")
+    lastScaleTime: str | None = Field(default=None, description="When the planner last changed the count.")
+    reason: str | None = Field(default=None, description="The planner's latest reading, with the figures behind it.")
+
+
+class AutoscalingStatus(BaseModel):
+    """status.autoscaling: the built-in planner's state (kept here so a restarted operator continues it)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    planner: str = Field(default="Off", description="Active, WaitingForFigures, StepsAside or Off.")
+    gpus: str | None = Field(default=None, description="GPUs the engine pods of every group request / maxGPUs.")
+    prefill: RoleScalingStatus | None = Field(default=None, description="Prefill.")
+    decode: RoleScalingStatus | None = Field(default=None, description="Decode.")
+    lastDecision: str | None = Field(default=None, description="The planner's latest scaling, with its figures.")
+
+
 class PDDeploymentStatus(BaseModel):
     """Observed state, written only by the operator through the status subresource."""
 
@@ -971,6 +1127,10 @@ class PDDeploymentStatus(BaseModel):
     prefill: RoleStatus | None = Field(default=None, description="Prefill role.")
     decode: RoleStatus | None = Field(default=None, description="Decode role.")
     gateway: GatewayStatus | None = Field(default=None, description="smg gateway.")
+    pods: str | None = Field(default=None, description="ready/desired engine pods of both roles, for kubectl get.")
     compatKey: str | None = Field(default=None, description="Hash of every input that must be equal on both roles.")
     kvLayout: str | None = Field(default=None, description="The PD KV layout both roles resolve to.")
     problems: list[Problem] = Field(default_factory=list, description="Problems of the latest generation.")
+    autoscaling: AutoscalingStatus | None = Field(
+        default=None, description="Who sets each role's count, and the planner's latest figures and decisions."
+    )

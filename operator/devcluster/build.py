@@ -1,10 +1,14 @@
-"""Build the control plane's seven binaries once, into a cache keyed by the Go module.
+"""Build the dev cluster's eight binaries once, into a cache keyed by the Go modules.
 
 One ``go build`` invocation compiles etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler, kubectl, kwok and helm from ``hack/cluster/go.mod``, so the packages they
-share are compiled once. The output lands in
+share are compiled once. A second one compiles the LeaderWorkerSet controller
+(``lws-controller``, sigs.k8s.io/lws ``cmd/``) from its own module ``hack/cluster/lws/``
+(its tools.go says why it is a module apart), and the LWS module's own manifests the
+harness installs (``config/crd/bases``, ``config/webhook``, ``config/rbac/role.yaml``) are
+copied unchanged beside it into ``lws-config/``. The output lands in
 ``${XDG_CACHE_HOME:-~/.cache}/sglang-pd-operator/cluster-bin/<hash>/`` where ``<hash>``
-is the sha256 of go.mod, go.sum and the module's own Go sources: a second call finds it
+is the sha256 of both modules' go.mod, go.sum and Go sources: a second call finds it
 and builds nothing ("cache hit"). The build writes into a temporary sibling directory
 and renames it into place, so an interrupted build never leaves a half-filled cache; a
 file lock serialises two concurrent builds of the same hash.
@@ -40,6 +44,18 @@ TARGETS: dict[str, str] = {
     "kwok": "sigs.k8s.io/kwok/cmd/kwok",
     "helm": "helm.sh/helm/v3/cmd/helm",
 }
+#: Binary name -> Go package, built from hack/cluster/lws's module (a second go build).
+LWS_TARGETS: dict[str, str] = {"lws-controller": "sigs.k8s.io/lws/cmd"}
+#: The LeaderWorkerSet Go module.
+LWS_MODULE = "sigs.k8s.io/lws"
+#: Folder of the binary directory holding the LWS module's manifests, copied unchanged:
+#: destination -> path inside the module (a directory's *.yaml files, or one file).
+LWS_CONFIG_DIR = "lws-config"
+LWS_CONFIG_FILES: dict[str, str] = {
+    "crd": "config/crd/bases",
+    "webhook": "config/webhook",
+    "rbac/role.yaml": "config/rbac/role.yaml",
+}
 #: How often a running build prints a "still building" line, in seconds.
 PROGRESS_EVERY_S = 20.0
 _MANIFEST = "build.json"
@@ -53,7 +69,7 @@ class BuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class Binaries:
-    """A directory holding all seven binaries.
+    """A directory holding all eight binaries (TARGETS and LWS_TARGETS) and ``lws-config/``.
 
     ``cached`` is True when nothing was built by this call; ``build_seconds`` is the
     wall time of the build this call ran (None on a cache hit or with prebuilt binaries)
@@ -70,15 +86,23 @@ class Binaries:
         """Absolute path of one binary, e.g. ``path("kubectl")``."""
         return self.dir / name
 
+    @property
+    def lws_config(self) -> Path:
+        """The LWS module's manifests (crd/, webhook/, rbac/role.yaml), as the module has them."""
+        return self.dir / LWS_CONFIG_DIR
+
 
 def module_hash(source: Path) -> str:
-    """sha256 (hex) of go.mod, go.sum and every file under ``cmd/`` of ``source``.
+    """sha256 (hex) of go.mod, go.sum and every file under ``cmd/`` of ``source``, and of
+    go.mod, go.sum and the Go files of its ``lws/`` module.
 
     These are exactly the inputs of the build: the pinned versions and our wrapper mains.
     """
     digest = hashlib.sha256()
     files = [source / "go.mod", source / "go.sum"]
     files += sorted(p for p in (source / "cmd").rglob("*") if p.is_file())
+    lws = source / "lws"
+    files += [lws / "go.mod", lws / "go.sum", *sorted(lws.glob("*.go"))]
     for file in files:
         digest.update(str(file.relative_to(source)).encode() + b"\0")
         digest.update(file.read_bytes() + b"\0")
@@ -119,9 +143,19 @@ def version_ldflags(go_mod_text: str) -> list[str]:
     return flags
 
 
+def lws_ldflags(*, version: str) -> list[str]:
+    """``-X`` linker flag stamping the LWS controller's version, as LWS's Makefile does
+    (``sigs.k8s.io/lws/pkg/version``); without it ``--version`` says v0.0.0-main (pure)."""
+    return [f"-X {LWS_MODULE}/pkg/version.GitVersion={version}"]
+
+
 def missing_binaries(directory: Path) -> list[str]:
-    """Names of TARGETS that are not executable files in ``directory``."""
-    return [n for n in TARGETS if not os.access(directory / n, os.X_OK)]
+    """Names of TARGETS and LWS_TARGETS that are not executable files in ``directory``,
+    plus ``lws-config`` when the LWS manifests are not there."""
+    missing = [n for n in (*TARGETS, *LWS_TARGETS) if not os.access(directory / n, os.X_OK)]
+    if not (directory / LWS_CONFIG_DIR / "webhook" / "manifests.yaml").is_file():
+        missing.append(LWS_CONFIG_DIR)
+    return missing
 
 
 def find_binaries() -> Binaries | None:
@@ -182,13 +216,15 @@ def _build(*, source: Path, final: Path, log: Log) -> tuple[float, int]:
 
     Returns (wall seconds, packages compiled)."""
     started = time.monotonic()
-    log(f"binaries: cache miss; building {len(TARGETS)} binaries from {source}/go.mod "
-        f"into {final}")
+    lws_dir = source / "lws"
+    log(f"binaries: cache miss; building {len(TARGETS) + len(LWS_TARGETS)} binaries from "
+        f"{source}/go.mod and {lws_dir}/go.mod into {final}")
     log("binaries: checking Go modules (go mod download)")
     gomod.download_modules(module_dir=source)
+    gomod.download_modules(module_dir=lws_dir)
     env_info = gomod.go_env(module_dir=source)
     log(f"binaries: {env_info.get('GOVERSION', 'go')}, GOCACHE={env_info.get('GOCACHE')} "
-        f"(from an empty Go build cache this takes about 8 minutes on 2 cores; with a "
+        f"(from an empty Go build cache this takes about 12 minutes on 2 cores, LWS included; with a "
         f"warm one it only links, well under a minute)")
     # We hold the lock of this hash: any temp dir of it is left over by a killed build.
     for stale in final.parent.glob(f".{final.name}.tmp-*"):
@@ -200,6 +236,7 @@ def _build(*, source: Path, final: Path, log: Log) -> tuple[float, int]:
         cmd = [gomod.go_binary(), "build", "-v", "-trimpath", f"-ldflags={ldflags}",
                "-o", str(tmp) + os.sep, *TARGETS.values()]
         compiled = _run_with_progress(cmd=cmd, cwd=source, log=log, started=started)
+        compiled += _build_lws(module_dir=lws_dir, out=tmp, log=log, started=started)
         missing = missing_binaries(tmp)
         if missing:
             raise BuildError(f"go build finished but did not produce {', '.join(missing)}")
@@ -207,7 +244,8 @@ def _build(*, source: Path, final: Path, log: Log) -> tuple[float, int]:
         (tmp / _MANIFEST).write_text(json.dumps({
             "module_hash": final.name, "go": env_info.get("GOVERSION"),
             "build_seconds": round(seconds, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "targets": TARGETS,
+            "targets": {**TARGETS, **LWS_TARGETS},
+            "lws": module_versions((lws_dir / "go.mod").read_text()).get(LWS_MODULE),
         }, indent=2))
         if final.exists():  # a stale, incomplete directory from an older layout
             shutil.rmtree(final)
@@ -216,6 +254,33 @@ def _build(*, source: Path, final: Path, log: Log) -> tuple[float, int]:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"binaries: built in {_fmt(seconds)} ({compiled} packages compiled) -> {final}")
     return seconds, compiled
+
+
+def _build_lws(*, module_dir: Path, out: Path, log: Log, started: float) -> int:
+    """Build LWS_TARGETS from the lws module into ``out`` and copy LWS_CONFIG_FILES from the
+    module's source (in the Go module cache) to ``out/lws-config``. Returns packages compiled."""
+    info = json.loads(subprocess.run(
+        [gomod.go_binary(), "list", "-m", "-json", LWS_MODULE], cwd=module_dir,
+        capture_output=True, text=True, check=True).stdout)
+    version, module_src = info["Version"], Path(info["Dir"])
+    log(f"binaries: building the LeaderWorkerSet controller {LWS_MODULE} {version}")
+    ldflags = " ".join(["-s", "-w", *lws_ldflags(version=version)])
+    compiled = 0
+    for name, package in LWS_TARGETS.items():
+        cmd = [gomod.go_binary(), "build", "-v", "-trimpath", f"-ldflags={ldflags}",
+               "-o", str(out / name), package]
+        compiled += _run_with_progress(cmd=cmd, cwd=module_dir, log=log, started=started)
+    for dest, src in LWS_CONFIG_FILES.items():
+        source, target = module_src / src, out / LWS_CONFIG_DIR / dest
+        files = sorted(source.glob("*.yaml")) if source.is_dir() else [source]
+        if not files or not all(f.is_file() for f in files):
+            raise BuildError(f"{LWS_MODULE} {version} has no {src} (needed for {LWS_CONFIG_DIR}/{dest})")
+        folder = target if source.is_dir() else target.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        for file in files:
+            copied = folder / file.name if source.is_dir() else target
+            shutil.copyfile(file, copied)  # the module cache's files are read-only; the copy is not
+    return compiled
 
 
 def _run_with_progress(*, cmd: list[str], cwd: Path, log: Log, started: float) -> int:

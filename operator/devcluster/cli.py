@@ -46,7 +46,7 @@ def cluster() -> None:
 
 @cluster.command("build")
 def build_cmd() -> None:
-    """Build (or find in the cache) the seven binaries."""
+    """Build (or find in the cache) the eight binaries (control plane and LWS controller)."""
     try:
         bins = build.ensure_binaries(log=_echo)
     except (build.BuildError, gomod.GoModuleDownloadError, gomod.GoToolMissing) as err:
@@ -60,14 +60,16 @@ def build_cmd() -> None:
 @cluster.command()
 @_run_dir_option
 @click.option("--detach", is_flag=True, help="Return once ready; stop later with `down`.")
-def up(run_dir: Path | None, detach: bool) -> None:
+@click.option("--no-lws", is_flag=True,
+              help="Leave the LeaderWorkerSet controller, its CRDs and webhooks out.")
+def up(run_dir: Path | None, detach: bool, no_lws: bool) -> None:
     """Start the cluster; print the `export KUBECONFIG=...` and `export PATH=...` lines to use it."""
     run_dir = run_dir or paths.default_run_dir()
     if not detach:
         # SIGTERM behaves like Ctrl-C: unwind, so the finally below stops the cluster.
         signal.signal(signal.SIGTERM, _interrupt)
     try:
-        running = start_cluster(run_dir=run_dir, detach=detach, log=_echo)
+        running = start_cluster(run_dir=run_dir, detach=detach, log=_echo, lws=not no_lws)
     except (ClusterError, build.BuildError, gomod.GoModuleDownloadError,
             gomod.GoToolMissing) as err:
         raise click.ClickException(str(err)) from err
@@ -116,6 +118,11 @@ def status(run_dir: Path | None, as_json: bool) -> None:
                 _echo(f"{key + ':':<11} {info[key]}")
         if "nodes" in info:
             _echo(f"nodes:      {info['nodes']['ready']}/{info['nodes']['total']} Ready")
+        if "lws" in info:
+            lws = info["lws"]
+            serving = "serving" if lws.get("serving") else "NOT serving"
+            _echo(f"lws:        LeaderWorkerSet controller {lws.get('version') or '?'}, webhooks "
+                  f"{lws.get('webhook', '-')} ({serving})")
         for proc in info.get("processes", []):
             mark = "running" if proc["running"] else "gone"
             _echo(f"  {proc['name']:<24} pid {proc['pid']:<8} {mark:<8} {proc['log']}")

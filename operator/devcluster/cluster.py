@@ -2,14 +2,17 @@
 
 ``start_cluster`` runs these steps, each a function below:
 
-1. ``ensure_binaries``    find or build the seven binaries (``build``)
+1. ``ensure_binaries``    find or build the eight binaries (``build``)
 2. ``_claim_run_dir``     refuse a live run, clean a stale one (its own processes only)
 3. ``_write_pki``         certificates, keys, kubeconfigs (``pki``, ``kubeconfig``)
 4. ``_start_api``         etcd + kube-apiserver on free ports, wait for /readyz
                           (new ports and a retry when a port was taken meanwhile)
 5. ``_start_controllers`` kube-controller-manager, kube-scheduler, kwok
-6. ``_create_nodes``      the fake GPU nodes of node-pools.yaml (``nodes``)
-7. ``_wait_settled``      nodes Ready and untainted, the default ServiceAccount exists
+6. ``_install_lws_api``   LWS's CRDs and ClusterRole (from its module, ``lws``)
+7. ``_create_nodes``      the fake GPU nodes of node-pools.yaml (``nodes``)
+8. ``_wait_settled``      nodes Ready and untainted, the default ServiceAccount exists
+9. ``_start_lws``         the LeaderWorkerSet controller, once its CRDs are served; its
+                          webhook configurations once its webhook server answers
 
 Every started process is recorded in the state file at once (``state``), so whatever
 happens later (an exception, Ctrl-C, a SIGKILLed harness), ``teardown.stop_run`` or the next
@@ -29,7 +32,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sglang_pd_operator.devcluster import (build, components, kubeconfig, netalloc, nodes,
+import yaml
+
+from sglang_pd_operator.devcluster import (build, components, kubeconfig, lws, netalloc, nodes,
                                            paths, pki, procs, rest, state, teardown)
 from sglang_pd_operator.devcluster.handle import (Cluster, ClusterAlreadyRunning,
                                                   ClusterError, ComponentFailed, Log,
@@ -37,20 +42,29 @@ from sglang_pd_operator.devcluster.handle import (Cluster, ClusterAlreadyRunning
 from sglang_pd_operator.devcluster.teardown import stop_run, sweep_stale_runs
 
 __all__ = ["Cluster", "ClusterAlreadyRunning", "ClusterError", "ComponentFailed",
-           "ToolFailed", "start_cluster", "stop_run", "sweep_stale_runs"]
+           "ToolFailed", "start_cluster", "start_lws_controller", "stop_lws_controller",
+           "stop_run", "sweep_stale_runs"]
 #: Seconds allowed for kube-apiserver to answer /readyz after it was started.
 READYZ_TIMEOUT_S = 90.0
 #: Seconds allowed, after /readyz, for nodes to be Ready and the default SA to exist.
 SETTLE_TIMEOUT_S = 90.0
+#: Seconds allowed for LWS's CRDs to be served and its controller's webhooks to answer.
+LWS_TIMEOUT_S = 90.0
+#: Name of the LWS controller's process record (and log file).
+LWS_COMPONENT = "lws-controller"
 _PORT_RETRIES = 3
 
 
 def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
-                  node_pools: Path | None = None, apiserver_args: Sequence[str] = ()) -> Cluster:
+                  node_pools: Path | None = None, lws: bool = True,
+                  apiserver_args: Sequence[str] = ()) -> Cluster:
     """Start a cluster in ``run_dir`` and return once it is usable.
 
     "Usable": /readyz answers 200, every fake node is Ready without the not-ready taint
-    and the ``default`` ServiceAccount exists, so Deployments and Jobs run at once.
+    and the ``default`` ServiceAccount exists, so Deployments and Jobs run at once; the
+    LeaderWorkerSet API is served and the LWS controller's webhooks answer and are
+    registered, so LeaderWorkerSets run at once too. ``lws=False`` leaves LWS out
+    entirely (no CRDs, no controller, no webhooks): a cluster without LeaderWorkerSet.
     ``detach=False`` ties the components to this process (they get SIGTERM if it dies,
     and an atexit hook stops them); ``detach=True`` leaves them running for ``down``.
 
@@ -88,8 +102,13 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
         log(f"cluster: reached /readyz in {readyz_s:.1f}s ({cached})")
         _start_controllers(layout=layout, bins=bins, holder=holder, network=network,
                            die_with_parent=die_with_parent)
+        crd_names = _install_lws_api(api=api, bins=bins) if lws else []
         count = _create_nodes(api=api, network=network, node_pools=node_pools)
         _wait_settled(api=api, holder=holder, node_count=count)
+        settled_s = time.monotonic() - started
+        if lws:
+            _start_lws(layout=layout, bins=bins, holder=holder, api=api, crd_names=crd_names,
+                       die_with_parent=die_with_parent)
         ready_s = time.monotonic() - started
         holder.update(phase="ready")
     except BaseException:
@@ -98,11 +117,13 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
         if stop_hook:
             atexit.unregister(stop_hook)
         raise
-    timings = {"readyz": round(readyz_s, 2), "ready": round(ready_s, 2),
+    timings = {"readyz": round(readyz_s, 2), "nodes": round(settled_s, 2), "ready": round(ready_s, 2),
                "total": round(time.monotonic() - begin, 2)}
     if bins.build_seconds is not None:
         timings["build"] = round(bins.build_seconds, 1)
-    log(f"cluster: {count} fake GPU nodes Ready {ready_s:.1f}s after start "
+    serving = (f", the LeaderWorkerSet controller serving its webhooks {ready_s:.1f}s after start"
+               if lws else " (no LeaderWorkerSet: lws=False)")
+    log(f"cluster: {count} fake GPU nodes Ready {settled_s:.1f}s after start{serving} "
         f"(pod network {network})")
     log(f"cluster: kubeconfig {layout.kubeconfig}")
     log(f"cluster: run dir    {run_dir} (logs in {layout.logs})")
@@ -186,7 +207,7 @@ def _write_kubeconfigs(layout: components.Layout, server: str) -> None:
     kubeconfig.write_kubeconfig(layout.kubeconfig, server=server, ca_cert=p.ca_cert,
                                 client_cert=p.client_cert("admin"),
                                 client_key=p.client_key("admin"))
-    for name in ("controller-manager", "scheduler", "kwok"):
+    for name in ("controller-manager", "scheduler", "kwok", LWS_COMPONENT):
         kubeconfig.write_kubeconfig(layout.component_kubeconfig(name), server=server,
                                     ca_cert=p.ca_cert, client_cert=p.client_cert(name),
                                     client_key=p.client_key(name), user=name)
@@ -315,3 +336,119 @@ def _wait_settled(*, api: rest.Api, holder: _StateHolder, node_count: int) -> No
     raise ComponentFailed(component=component,
                           problem=f"did not settle within {SETTLE_TIMEOUT_S:.0f}s "
                                   f"(waiting for {missing})", st=holder.state)
+
+
+# --- the LeaderWorkerSet controller (steps 6 and 9, and a stop/start for tests) ---------
+
+
+def _install_lws_api(*, api: rest.Api, bins: build.Binaries) -> list[str]:
+    """Create LWS's CRDs and its ClusterRole + binding (``lws``); returns the CRD names.
+
+    Only created here: the controller starts once they are served (``_start_lws``)."""
+    crds = lws.crds(bins.lws_config)
+    for crd in crds:
+        api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    user = pki.CLIENTS[LWS_COMPONENT][0]
+    role, binding = lws.rbac(bins.lws_config, user=user)
+    api.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
+    api.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+    return [c["metadata"]["name"] for c in crds]
+
+
+def _crd_served(api: rest.Api, name: str) -> bool:
+    crd = api.get_json(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
+    conditions = (crd.get("status") or {}).get("conditions") or []
+    if not any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+        return False
+    spec = crd["spec"]
+    version = next(v["name"] for v in spec["versions"] if v.get("served"))
+    status, _ = api.request("GET", f"/apis/{spec['group']}/{version}/{spec['names']['plural']}?limit=1")
+    return status == 200
+
+
+def _lws_spawn(*, layout: components.Layout, bins: build.Binaries, holder: _StateHolder,
+               die_with_parent: bool) -> subprocess.Popen:
+    argv = lws.controller_argv(binary=bins.path(LWS_COMPONENT),
+                               kubeconfig=layout.component_kubeconfig(LWS_COMPONENT),
+                               config_file=layout.lws_config_file)
+    return _spawn(name=LWS_COMPONENT, argv=argv, layout=layout, holder=holder,
+                  die_with_parent=die_with_parent)
+
+
+def _wait_lws_serving(*, layout: components.Layout, holder: _StateHolder, proc: subprocess.Popen,
+                      paths_: list[str], port: int) -> None:
+    """Wait until every webhook path answers (anything but 404: the handler is registered)."""
+    deadline = time.monotonic() + LWS_TIMEOUT_S
+    pending = list(paths_)
+    while pending:
+        _check_alive({LWS_COMPONENT: proc}, holder)
+        pending = [p for p in pending
+                   if rest.https_status(f"https://127.0.0.1:{port}{p}", ca_cert=layout.pki.ca_cert) in (0, 404)]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise ComponentFailed(component=LWS_COMPONENT,
+                                  problem=f"did not serve its webhooks {pending} on 127.0.0.1:{port} "
+                                          f"within {LWS_TIMEOUT_S:.0f}s", st=holder.state)
+        time.sleep(0.2)
+
+
+def _start_lws(*, layout: components.Layout, bins: build.Binaries, holder: _StateHolder,
+               api: rest.Api, crd_names: list[str], die_with_parent: bool) -> None:
+    """Start the LWS controller once its CRDs are served, wait for its webhook server, then
+    register its webhook configurations (URLs on 127.0.0.1, the harness CA as caBundle)."""
+    deadline = time.monotonic() + LWS_TIMEOUT_S
+    while not all(_crd_served(api, name) for name in crd_names):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"LWS CRDs {crd_names} not served within {LWS_TIMEOUT_S:.0f}s")
+        time.sleep(0.2)
+    webhook_port, health_port = netalloc.free_ports(2)
+    holder.update(ports={**holder.state.ports, "lws-webhook": webhook_port, "lws-health": health_port})
+    config_file = layout.lws_config_file
+    config_file.parent.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(yaml.safe_dump(lws.controller_config(
+        webhook_port=webhook_port, health_port=health_port,
+        cert_dir=layout.pki.webhook_cert_dir("lws"))))
+    configs = lws.webhook_configurations(bins.lws_config, port=webhook_port,
+                                         ca_cert=layout.pki.ca_cert.read_bytes())
+    proc = _lws_spawn(layout=layout, bins=bins, holder=holder, die_with_parent=die_with_parent)
+    _wait_lws_serving(layout=layout, holder=holder, proc=proc, paths_=lws.webhook_paths(configs),
+                      port=webhook_port)
+    for config in configs:
+        plural = config["kind"].lower() + "s"
+        api.create(f"/apis/admissionregistration.k8s.io/v1/{plural}", config)
+
+
+def stop_lws_controller(run_dir: Path) -> bool:
+    """Stop the LWS controller of a running run and drop it from the run's state, so the
+    run stays live without it (its webhook configurations stay: LWS pods and objects are
+    then refused, nothing else). Returns False when it was not running."""
+    st = state.load(Path(run_dir).resolve())
+    if st is None:
+        raise ClusterError(f"no run in {run_dir}")
+    records = [r for r in st.processes if r.name == LWS_COMPONENT]
+    stopped = procs.stop(records, grace_s=5.0)
+    state.save(st.with_(processes=tuple(r for r in st.processes if r.name != LWS_COMPONENT)))
+    return bool(stopped)
+
+
+def start_lws_controller(run_dir: Path) -> None:
+    """Start the LWS controller again in a running run (after ``stop_lws_controller``), on
+    the same webhook port its configurations name; returns once its webhooks answer.
+    Raises ClusterError when the run is not running or the controller already runs."""
+    run_dir = Path(run_dir).resolve()
+    st = state.load(run_dir)
+    if st is None or st.phase != "ready":
+        raise ClusterError(f"no running cluster in {run_dir}")
+    if any(r.name == LWS_COMPONENT and procs.is_ours(r) for r in st.processes):
+        raise ClusterError(f"the LWS controller already runs in {run_dir}")
+    layout = components.Layout(run_dir=run_dir)
+    bins = build.Binaries(dir=Path(st.bin_dir), cached=True)
+    holder = _StateHolder(st)
+    die_with_parent = (not st.detached and st.owner_pid == os.getpid()
+                       and threading.current_thread() is threading.main_thread())
+    proc = _lws_spawn(layout=layout, bins=bins, holder=holder, die_with_parent=die_with_parent)
+    configs = lws.webhook_configurations(bins.lws_config, port=st.ports["lws-webhook"],
+                                         ca_cert=layout.pki.ca_cert.read_bytes())
+    _wait_lws_serving(layout=layout, holder=holder, proc=proc, paths_=lws.webhook_paths(configs),
+                      port=st.ports["lws-webhook"])

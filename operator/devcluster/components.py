@@ -1,5 +1,8 @@
 """Command lines of the five control-plane components, and the run directory layout (pure).
 
+The sixth process of a run, the LeaderWorkerSet controller, gets its command line and
+configuration from ``lws``.
+
 Flags are chosen for a fast, loopback-only, single-user development cluster:
 
 - etcd: plain HTTP on 127.0.0.1, ``--unsafe-no-fsync`` (data is thrown away anyway).
@@ -29,7 +32,8 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 #: Seconds a kwok node lease lasts (kwok renews it; the node lifecycle controller reads it).
 NODE_LEASE_SECONDS = 40
 #: Start order; teardown runs in reverse.
-ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+         "lws-controller")
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,11 @@ class Layout:
     def kwok_home(self) -> Path:
         """HOME of the kwok process, so a user's ~/.kwok/kwok.yaml is never loaded."""
         return self.run_dir / "kwok-home"
+
+    @property
+    def lws_config_file(self) -> Path:
+        """The LWS controller's ``--config`` file (``lws.controller_config``)."""
+        return self.run_dir / "lws" / "config.yaml"
 
     @property
     def helm_home(self) -> Path:

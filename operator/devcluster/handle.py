@@ -53,8 +53,9 @@ class Cluster:
     ``kubeconfig`` is the admin kubeconfig (group system:masters), ``bin_dir`` holds
     kubectl, helm and the components, ``run_dir`` holds logs/, pki/ and state.json.
     ``timings`` (seconds): ``readyz`` from launching etcd to a 200 from /readyz,
-    ``ready`` to nodes Ready, ``total`` for the whole ``start_cluster`` call, ``build``
-    when this call built the binaries.
+    ``nodes`` to nodes Ready, ``ready`` to the LWS controller serving its webhooks too,
+    ``total`` for the whole ``start_cluster`` call, ``build`` when this call built the
+    binaries.
     """
 
     run_dir: Path
@@ -119,6 +120,14 @@ class Cluster:
         from kubernetes import config
 
         return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def resolve_pod_dns(self, name: str, *, namespace: str) -> str | None:
+        """The pod IP a pod in ``namespace`` would get for DNS name ``name`` (e.g. an
+        LWS_LEADER_ADDRESS), from the API server's pods and headless Services; None when
+        no record exists. There is no cluster DNS here: see ``poddns``."""
+        from sglang_pd_operator.devcluster import poddns
+
+        return poddns.resolve(self.api_client(), name, namespace=namespace)
 
     def stop(self, *, log: Log = print) -> None:
         """Stop every process of this run (see ``teardown.stop_run``)."""

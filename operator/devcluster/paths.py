@@ -37,6 +37,15 @@ def source_dir() -> Path:
     return path
 
 
+def lws_source_dir() -> Path:
+    """``hack/cluster/lws/``: the Go module pinning the LeaderWorkerSet controller.
+
+    A module of its own beside ``hack/cluster/go.mod`` (its tools.go says why); ``build``
+    compiles it into the same binary cache directory as the control plane.
+    """
+    return source_dir() / "lws"
+
+
 def kwok_stage_dir() -> Path:
     """``hack/cluster/kwok/``: the kwok Stage YAML files passed to kwok with --config."""
     return source_dir() / "kwok"

@@ -2,9 +2,11 @@
 
 A fresh CA per run signs: the kube-apiserver serving certificate (loopback IPs,
 ``localhost``, the in-cluster ``kubernetes.default.svc`` names and the first service
-IP), and client certificates for the admin (group ``system:masters``), the controller
-manager and the scheduler (their built-in RBAC identities) and kwok. A separate key signs
-service-account tokens. All keys are ECDSA P-256: fast to generate, accepted by every
+IP), the serving certificate of each local webhook server in WEBHOOK_SERVERS (loopback
+only: the API server calls them at ``https://127.0.0.1:<port>``, trusting this CA through
+the webhook configuration's ``caBundle``), and client certificates for the admin (group
+``system:masters``), the controller manager and the scheduler (their built-in RBAC
+identities), kwok and the LWS controller. A separate key signs service-account tokens. All keys are ECDSA P-256: fast to generate, accepted by every
 component. Nothing here talks to a process; ``cluster`` passes the file paths on.
 """
 
@@ -27,7 +29,13 @@ CLIENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "scheduler": ("system:kube-scheduler", ()),
     # kwok plays every kubelet (nodes, node leases, pod status); it runs as an admin.
     "kwok": ("kwok-controller", ("system:masters",)),
+    # The LeaderWorkerSet controller: no group; bound to LWS's own ClusterRole (``lws``).
+    "lws-controller": ("lws-controller-manager", ()),
 }
+#: Webhook servers run on this machine: name -> SANs (DNS names and IPs) of their serving
+#: certificate. The files land in ``<pki>/<name>-webhook/tls.crt|tls.key``, the names
+#: controller-runtime's webhook server reads from its CertDir.
+WEBHOOK_SERVERS: dict[str, tuple[str, ...]] = {"lws": ("localhost", "127.0.0.1")}
 _VALIDITY = dt.timedelta(days=365)
 
 
@@ -69,6 +77,10 @@ class Pki:
 
     def client_key(self, name: str) -> Path:
         return self.dir / f"{name}.key"
+
+    def webhook_cert_dir(self, name: str) -> Path:
+        """CertDir of webhook server ``name`` (WEBHOOK_SERVERS): holds tls.crt and tls.key."""
+        return self.dir / f"{name}-webhook"
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -113,17 +125,26 @@ def _leaf(*, ca_key, ca_name: x509.Name, key, subject: x509.Name,
     return builder.sign(ca_key, hashes.SHA256())
 
 
+def _sans(names: tuple[str, ...] | list[str]) -> list[x509.GeneralName]:
+    """DNS names and IP addresses (told apart by parsing) as SubjectAlternativeName entries."""
+    sans: list[x509.GeneralName] = []
+    for name in names:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            sans.append(x509.DNSName(name))
+    return sans
+
+
 def serving_sans(*, service_ip: str) -> list[x509.GeneralName]:
     """SANs of the apiserver certificate: loopback, localhost, in-cluster names, service IP."""
-    dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-           "kubernetes.default.svc.cluster.local"]
-    ips = ["127.0.0.1", "::1", service_ip]
-    return ([x509.DNSName(d) for d in dns]
-            + [x509.IPAddress(ipaddress.ip_address(i)) for i in ips])
+    return _sans(["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                  "kubernetes.default.svc.cluster.local", "127.0.0.1", "::1", service_ip])
 
 
 def write_pki(directory: Path, *, service_ip: str) -> Pki:
-    """Generate a CA, the serving cert, the CLIENTS certs and the SA key into ``directory``.
+    """Generate a CA, the serving certs (apiserver, WEBHOOK_SERVERS), the CLIENTS certs and
+    the SA key into ``directory``.
 
     ``service_ip`` is the first IP of the service CIDR (the ``kubernetes`` Service's
     ClusterIP), which in-cluster clients dial. Overwrites existing files. Takes ~50 ms.
@@ -149,6 +170,15 @@ def write_pki(directory: Path, *, service_ip: str) -> Pki:
     _write_cert(pki.serving_cert, _leaf(
         ca_key=ca_key, ca_name=ca_name, key=key, subject=_name("kube-apiserver"),
         usage=[ExtendedKeyUsageOID.SERVER_AUTH], sans=serving_sans(service_ip=service_ip)))
+
+    for name, sans in WEBHOOK_SERVERS.items():
+        folder = pki.webhook_cert_dir(name)
+        folder.mkdir(parents=True, exist_ok=True)
+        key = _key()
+        _write_key(folder / "tls.key", key)
+        _write_cert(folder / "tls.crt", _leaf(
+            ca_key=ca_key, ca_name=ca_name, key=key, subject=_name(f"{name}-webhook"),
+            usage=[ExtendedKeyUsageOID.SERVER_AUTH], sans=_sans(sans)))
 
     for stem, (common_name, orgs) in CLIENTS.items():
         key = _key()

@@ -24,6 +24,21 @@ class ApiError(RuntimeError):
         super().__init__(f"HTTP {status}: {message}" if status else message)
 
 
+def https_status(url: str, *, ca_cert: Path, timeout_s: float = 2.0) -> int:
+    """HTTP status of a GET of ``url`` over TLS verified by ``ca_cert``, without a client
+    certificate (how a webhook server is probed); 0 when nothing answered. Never raises."""
+    parts = urlsplit(url)
+    context = ssl.create_default_context(cafile=str(ca_cert))
+    conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout_s, context=context)
+    try:
+        conn.request("GET", parts.path or "/")
+        return conn.getresponse().status
+    except (OSError, http.client.HTTPException):
+        return 0
+    finally:
+        conn.close()
+
+
 @dataclass(frozen=True)
 class Api:
     """Talks to ``server`` ("https://127.0.0.1:<port>") as the client cert's identity."""

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sglang_pd_operator.devcluster import cluster, components, procs, state
+from sglang_pd_operator.devcluster import cluster, components, procs, rest, state
 from sglang_pd_operator.devcluster.handle import Cluster, ComponentFailed
 
 Log = Callable[[str], None]
 
 
 def run_status(run_dir: Path) -> dict:
-    """What ``status`` prints: phase, liveness, each process, /readyz, node readiness."""
+    """What ``status`` prints: phase, liveness, each process, /readyz, node readiness, and
+    the LeaderWorkerSet controller (``lws``: version, webhook URL, whether it serves)."""
     st = state.load(Path(run_dir).resolve())
     if st is None:
         return {"run_dir": str(run_dir), "phase": "absent"}
@@ -31,7 +33,26 @@ def run_status(run_dir: Path) -> dict:
         if ready:
             items = (api.get_json("/api/v1/nodes?labelSelector=type%3Dkwok") or {}).get("items", [])
             result["nodes"] = {"total": len(items), "ready": sum(cluster.node_ready(n) for n in items)}
+        if "lws-webhook" in st.ports:
+            result["lws"] = _lws_status(st)
     return result
+
+
+def _lws_status(st: state.RunState) -> dict:
+    """LWS version (from the binary directory's build manifest), webhook URL, serving."""
+    info: dict = {"running": any(r.name == cluster.LWS_COMPONENT and procs.is_ours(r)
+                                 for r in st.processes)}
+    try:
+        info["version"] = json.loads((Path(st.bin_dir) / "build.json").read_text()).get("lws")
+    except (OSError, ValueError):
+        info["version"] = None
+    port = st.ports.get("lws-webhook")
+    if port:
+        url = f"https://127.0.0.1:{port}"
+        ca = components.Layout(run_dir=Path(st.run_dir)).pki.ca_cert
+        info["webhook"] = url
+        info["serving"] = rest.https_status(f"{url}/mutate--v1-pod", ca_cert=ca) not in (0, 404)
+    return info
 
 
 def wait_until_interrupted(running: Cluster, *, log: Log = print, poll_s: float = 1.0) -> int:

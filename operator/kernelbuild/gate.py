@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 from collections.abc import Mapping
 
+from .. import lws
 from ..planning.engine_args import SGLANG_CACHE_DIR
 from ..planning.structs import Plan
 from ..planning.roles import ROLES, Role
@@ -273,12 +274,18 @@ def with_kernel_compat(plan: Plan, gates: Mapping[Role, KernelGateState]) -> Pla
     return replace(plan, prefill=roles["prefill"], decode=roles["decode"])
 
 
+#: The engine workload kinds a gate applies to: a single-node role's Deployment, a multi-node
+#: role's LeaderWorkerSet (whose leader and workers mount the same cache: one cache per role
+#: serves every rank, all ranks running the same flags on the same node type).
+GATED_KINDS = ("Deployment", lws.KIND)
+
+
 def gate_objects(objects: list[dict[str, Any]], gates: Mapping[Role, KernelGateState]) -> list[dict[str, Any]]:
-    """Rendered group objects with :func:`apply_kernel_gate` applied to each engine Deployment (by its role label)."""
+    """Rendered group objects with :func:`apply_kernel_gate` applied to each engine workload (by its role label)."""
     out = []
     for obj in objects:
         role = ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE)
-        if obj.get("kind") == "Deployment" and role in gates:
+        if obj.get("kind") in GATED_KINDS and role in gates:
             obj = apply_kernel_gate(obj, gates[role])  # type: ignore[index]
         out.append(obj)
     return out
@@ -321,10 +328,6 @@ def kernels_condition(gates: Mapping[Role, KernelGateState]) -> dict[str, str] |
 
 
 # --------------------------------------------------------------------------- render helpers
-def _pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
-    return deployment["spec"]["template"]["spec"]
-
-
 def _set_env(env: list[dict[str, Any]], name: str, value: str) -> None:
     for e in env:
         if e.get("name") == name:
@@ -335,7 +338,8 @@ def _set_env(env: list[dict[str, Any]], name: str, value: str) -> None:
 
 
 def mount_kernel_cache(deployment: dict[str, Any], gate: KernelGateState) -> dict[str, Any]:
-    """A copy of an engine Deployment that mounts a Ready build's cache (raises ValueError when not Ready).
+    """A copy of an engine workload (Deployment, or LeaderWorkerSet: its leader and worker templates)
+    that mounts a Ready build's cache (raises ValueError when not Ready).
 
     - volume ``kernel-cache`` becomes the build's PVC (read-only), mounted at
       ``SGLANG_CACHE_DIR`` with ``subPath`` = the content-addressed directory;
@@ -353,7 +357,14 @@ def mount_kernel_cache(deployment: dict[str, Any], gate: KernelGateState) -> dic
             "gate the Deployment instead"
         )
     out = copy.deepcopy(deployment)
-    pod = _pod_spec(out)
+    for template in lws.pod_templates(out):
+        _mount_in_template(template, gate)
+    return out
+
+
+def _mount_in_template(template: dict[str, Any], gate: KernelGateState) -> None:
+    """:func:`mount_kernel_cache` on one pod template, in place."""
+    pod = template["spec"]
     volumes = [
         v
         for v in pod.get("volumes") or []
@@ -378,9 +389,8 @@ def mount_kernel_cache(deployment: dict[str, Any], gate: KernelGateState) -> dic
         for name, value in cache_env(SGLANG_CACHE_DIR).items():
             _set_env(env, name, value)
         _set_env(env, CRASH_ON_JIT, "1")
-    template_meta = out["spec"]["template"].setdefault("metadata", {})
+    template_meta = template.setdefault("metadata", {})
     template_meta["annotations"] = {**(template_meta.get("annotations") or {}), ANNOTATION_DIGEST: gate.digest or ""}
-    return out
 
 
 def hold_at_zero(deployment: dict[str, Any]) -> dict[str, Any]:

@@ -58,6 +58,9 @@ NON_KERNEL_FLAGS: dict[str, int] = {
     "--disaggregation-bootstrap-port": 1,
     "--disaggregation-ib-device": 1,
     "--config": 1,
+    # a pod's place in a multi-node replica ($(LWS_...) references): every rank runs the same kernels
+    "--node-rank": 1,
+    "--dist-init-addr": 1,
 }
 # Environment that does not change kernels: the cache location itself (the Job and the
 # pods set it), transfer and credentials.
@@ -270,7 +273,7 @@ def kernel_build_inputs(
                 "revision": spec_model.revision,
                 "source": spec_model.source.model_dump(mode="json", exclude_none=True),
             },
-            "gpus": ri.gpus_per_replica,
+            "gpus": ri.gpus_per_pod,  # one pod's GPUs: a multi-node replica's ranks each build the same kernels
             "args": kernel_args(rp.command.args),
             "env": kernel_env(rp.command.env),
             "recipe": recipe_name,

@@ -70,6 +70,7 @@ def render_monitoring(
     scrape_interval: str = "15s",
     labels: Mapping[str, str] | None = None,
     owner_references: list[dict] | None = None,
+    load: bool = False,
 ) -> list[dict]:
     """The PodMonitor and (when ``slo_spec`` is set) PrometheusRule of one PDDeployment.
 
@@ -79,6 +80,8 @@ def render_monitoring(
     container port NAMES serving /metrics on engine and gateway pods (a pod without the
     named port is simply not scraped on that endpoint). ``labels`` go on both objects'
     metadata (the Prometheus Operator's ruleSelector / podMonitorSelector match them).
+    ``load``: the deployment has ``spec.autoscaling``; the rule also records the planner's
+    load gauges (``promql.load_queries``).
     Returns plain dicts, PodMonitor first. Raises ValueError for a bad duration.
     """
     meta_labels = dict(labels or {})
@@ -116,12 +119,12 @@ def render_monitoring(
             "apiVersion": MONITORING_API_VERSION,
             "kind": "PrometheusRule",
             "metadata": dict(metadata),
-            "spec": prometheus_rule_spec(name=name, namespace=namespace, slo_spec=slo_spec),
+            "spec": prometheus_rule_spec(name=name, namespace=namespace, slo_spec=slo_spec, load=load),
         })
     return objects
 
 
-def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec) -> dict:
+def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec, load: bool = False) -> dict:
     """``spec`` of the PrometheusRule: ``{"groups": [...]}``, also a valid promtool rules file.
 
     Recording group ``<namespace>.<name>.sglang-pd-slo`` and alert group
@@ -130,6 +133,8 @@ def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec) -> dic
     Alerts: ``SGLangPDErrorBudgetBurnFast`` (page: 12W and W above 14.4),
     ``SGLangPDErrorBudgetBurnSlow`` (ticket: 72W and 6W above 6),
     ``SGLangPDKVTransferFailing`` (any transfer/bootstrap failure over W, for W).
+    With ``load`` (``spec.autoscaling``) also ``sglang_pd:role_<gauge>`` for each of the
+    planner's load gauges (``promql.role_load``: per compat group and role).
     """
     window_s = parse_duration(slo_spec.window)
     w = format_duration(window_s)
@@ -171,6 +176,10 @@ def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec) -> dic
             "record": f"{RECORD_PREFIX}:kv_transfer_latency_seconds:{pname}",
             "expr": promql.kv_latency(q, window_s, dsel),
         })
+    if load:
+        for query, expr in promql.load_queries(dsel).items():
+            gauge = query.removeprefix("load:").removeprefix("sglang:")
+            records.append({"record": f"{RECORD_PREFIX}:role_{gauge}", "expr": expr})
     alerts: list[dict] = []
     if bad_terms:
         for pair, alert, severity in (("page", "SGLangPDErrorBudgetBurnFast", "critical"),

@@ -57,11 +57,14 @@ import aiohttp
 from ..api.v1alpha1 import SLOSpec, parse_duration
 from . import promql
 from .operator_metrics import OperatorMetrics
+from .periodic import run_every
 from .health import Health
+from . import exposition as ex
 from .scraper import (
     NO_SLO,
     SCRAPED_ROLES,
     HealthCallback,
+    autoscaled,
     deployment_targets,
     mooncake_storage_of,
     probe_master,
@@ -71,9 +74,11 @@ from .scraper import (
 from .slo import (
     PERCENTILES,
     ROLE_DECODE,
+    ROLE_PREFILL,
     SLO_METRICS,
     SOURCES,
     KVTransferResult,
+    RoleSummary,
     SLOEvaluator,
     SLOResult,
     TargetResult,
@@ -188,6 +193,7 @@ class _Deployment:
     window_s: float
     ready: Mapping[str, int]
     body: Mapping[str, Any]
+    load: bool = False
 
     @property
     def key(self) -> str:
@@ -268,24 +274,7 @@ class PrometheusSource:
     # ------------------------------------------------------------------ loop
     async def run(self) -> None:
         """Query every ``interval`` seconds until cancelled; a failing pass is logged and retried."""
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            try:
-                await self.query_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("SLO pass (Prometheus) failed")
-            if self.on_pass is not None:
-                self.on_pass()
-            next_at += self.interval
-            delay = next_at - loop.time()
-            if delay < 0:
-                log.warning("SLO pass (Prometheus) took %.1fs, longer than the %.1fs interval",
-                            self.interval - delay, self.interval)
-                next_at, delay = loop.time(), 0
-            await asyncio.sleep(delay)
+        await run_every(self.query_once, interval=self.interval, on_pass=self.on_pass, what="SLO pass (Prometheus)")
 
     def queries(self, deployments: Sequence[_Deployment]) -> dict[tuple[float | None, str], str]:
         """The batched queries for ``deployments``: (window seconds or None, name) -> PromQL.
@@ -311,6 +300,9 @@ class PrometheusSource:
         if deployments:
             out[(None, "up")] = promql.targets_up(sel)
             out[(None, "newest")] = promql.newest_sample(sel)
+        if any(d.load for d in deployments):  # the planner's load gauges (spec.autoscaling)
+            for name, expr in promql.load_queries(sel).items():
+                out[(None, name)] = expr
         return out
 
     async def query_once(self) -> list[Health]:
@@ -325,7 +317,7 @@ class PrometheusSource:
             window_s = parse_duration((spec or NO_SLO).window)
             deployments.append(_Deployment(namespace=b["metadata"]["namespace"], name=b["metadata"]["name"],
                                            serving_key=key, slo_spec=spec, window_s=window_s,
-                                           ready=serving_ready(b, key), body=b))
+                                           ready=serving_ready(b, key), body=b, load=autoscaled(b)))
         queries = self.queries(deployments)
         now = self.clock()
         started = time.perf_counter()
@@ -420,7 +412,7 @@ class PrometheusSource:
                           ready=dict(d.ready), reachable=reachable, slo=None, kv_transfer=NO_KV_TRANSFER,
                           kvstore=master, source=SOURCE, problem=problem)
         kv = self._kv_transfer(d, index)
-        result = self._slo(d, index, now, kv)
+        result = self._slo(d, index, now, kv, reachable)
         if self.metrics is not None:
             if d.slo_spec is not None:
                 self.metrics.publish(result)
@@ -430,7 +422,8 @@ class PrometheusSource:
                       ready=dict(d.ready), reachable=reachable, slo=result if d.slo_spec is not None else None,
                       kv_transfer=kv, kvstore=master, source=SOURCE)
 
-    def _slo(self, d: _Deployment, index: _Index, now: float, kv: KVTransferResult) -> SLOResult:
+    def _slo(self, d: _Deployment, index: _Index, now: float, kv: KVTransferResult,
+             reachable: Mapping[str, int] | None = None) -> SLOResult:
         spec = d.slo_spec or NO_SLO
         w = d.window_s
         targets: list[TargetResult] = []
@@ -453,7 +446,29 @@ class PrometheusSource:
         attainment, burn = self.evaluator.record_interval(d.key, w, spec.objective, met, now)
         return SLOResult(deployment=d.key, evaluated_at=now, window_seconds=w, objective=spec.objective,
                          targets=tuple(targets), met=met, no_traffic=not traffic, attainment=attainment,
-                         burn_rates=burn, kv_transfer=kv)
+                         burn_rates=burn, kv_transfer=kv,
+                         roles=self._roles(d, index, reachable or {}) if d.load else {})
+
+    @staticmethod
+    def _roles(d: _Deployment, index: _Index, reachable: Mapping[str, int]) -> dict[str, RoleSummary]:
+        """The serving group's load gauges per role (``promql.load_queries``), as the scraper's
+        ``SLOResult.roles``: queues summed, ``token_usage`` averaged; ``pods``: targets that answered."""
+        out: dict[str, RoleSummary] = {}
+        for role in (ROLE_PREFILL, ROLE_DECODE):
+            queues: dict[str, float] = {}
+            usage = None
+            for gauge in promql.LOAD_GAUGES:
+                got = index.get((None, f"load:{gauge}"), d, role=role, **{promql.COMPAT_KEY_LABEL: d.serving_key})
+                if not got or math.isnan(got[0][1]):
+                    continue
+                if gauge == ex.TOKEN_USAGE:
+                    usage = got[0][1]
+                else:
+                    queues[gauge.removeprefix("sglang:")] = got[0][1]
+            if queues or usage is not None:
+                out[role] = RoleSummary(role=role, pods=reachable.get(role, 0), queues=queues,
+                                        spec_accept_length=None, token_usage=usage)
+        return out
 
     @staticmethod
     def _kv_transfer(d: _Deployment, index: _Index) -> KVTransferResult:

@@ -161,6 +161,36 @@ def newest_sample(sel: str) -> str:
     return f"max by ({_by(GROUP)}) (timestamp(up{{{sel}}}))"
 
 
+#: The planner's load gauges (``slo.LOAD_FAMILIES``) -> how series add up: queues and the batch
+#: are summed over pods and DP shards; the KV pool fill is averaged.
+LOAD_GAUGES: Mapping[str, str] = {
+    ex.RUNNING_REQS: "sum", ex.QUEUE_REQS: "sum", ex.TOKEN_USAGE: "avg",
+    ex.PREFILL_BOOTSTRAP_QUEUE: "sum", ex.PREFILL_INFLIGHT_QUEUE: "sum",
+    ex.DECODE_PREALLOC_QUEUE: "sum", ex.DECODE_TRANSFER_QUEUE: "sum",
+}
+
+
+def role_load(gauge: str, sel: str) -> str:
+    """One load gauge of prefill and decode, per deployment, compat group and role (the planner's signal).
+
+    The scheduler rank labels are reduced first (``max without``: a DP shard's ranks log the
+    same value, as the scraper reads one series per shard); ``priority=""`` keeps the total
+    of a queue gauge under priority scheduling (SGLang's ``_log_gauge_queue_count`` writes it
+    there, and the matcher also selects series without a priority label). Queues and the
+    batch are summed over pods and shards, ``token_usage`` averaged. Raises KeyError for a
+    gauge not in :data:`LOAD_GAUGES`.
+    """
+    agg = LOAD_GAUGES[gauge]
+    inner = _with(sel, f'role=~"{ROLE_PREFILL}|{ROLE_DECODE}",priority=""')
+    return f"{agg} by ({_by(TARGET_GROUP)}) (max without ({_by(ex.RANK_LABELS)}) ({gauge}{{{inner}}}))"
+
+
+def load_queries(sel: str) -> dict[str, str]:
+    """Every planner load expression, by name ``load:<gauge>`` (asked once per interval when a
+    deployment has ``spec.autoscaling``; recorded by its PrometheusRule as ``sglang_pd:role_<gauge>``)."""
+    return {f"load:{g}": role_load(g, sel) for g in LOAD_GAUGES}
+
+
 def window_queries(window_s: float, targets: Mapping[str, Iterable[float]], sel: str) -> dict[str, str]:
     """Every expression the operator asks for deployments sharing one SLO window, by name.
 

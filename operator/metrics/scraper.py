@@ -69,7 +69,8 @@ from . import exposition as ex
 from .health import Health, MasterHealth
 from .kvstore import probe_master_async, transfer_families, transfer_summary
 from .operator_metrics import OperatorMetrics
-from .slo import ROLE_DECODE, ROLE_GATEWAY, ROLE_PREFILL, KVTransferResult, SLOEvaluator, SLOResult
+from .periodic import run_every
+from .slo import LOAD_FAMILIES, ROLE_DECODE, ROLE_GATEWAY, ROLE_PREFILL, SLOEvaluator
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,8 @@ class DeploymentTargets:
     ``serving_key``: the compat key of the group the user-facing Service selects (None
     before the first reconcile wrote it). ``slo_spec``: the parsed ``spec.slo`` (None when
     unset or invalid). ``pods``: the serving group's ready pods with an IP; ``ready``:
-    their number per role.
+    their number per role. ``load``: the deployment has ``spec.autoscaling``, so the
+    planner's load gauges (``slo.LOAD_FAMILIES``) are read too.
     """
 
     namespace: str
@@ -137,6 +139,7 @@ class DeploymentTargets:
     ready: Mapping[str, int] = field(default_factory=dict)
     master: MasterTarget | None = None
     master_service_url: str | None = None
+    load: bool = False
 
     @property
     def key(self) -> str:
@@ -166,6 +169,11 @@ def slo_spec_of(body: Mapping[str, Any]) -> SLOSpec | None:
         return SLOSpec.model_validate(raw)
     except ValidationError:
         return None
+
+
+def autoscaled(body: Mapping[str, Any]) -> bool:
+    """The PDDeployment asks for the built-in planner (``spec.autoscaling`` is set)."""
+    return bool((body.get("spec") or {}).get("autoscaling"))
 
 
 def mooncake_storage_of(body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -273,7 +281,8 @@ def deployment_targets(
     if master is not None:
         service_url = f"http://{master_host(name, namespace)}:{_spec_metrics_port(mooncake_storage_of(body) or {})}"
     return DeploymentTargets(namespace=namespace, name=name, serving_key=key, slo_spec=slo_spec_of(body),
-                             pods=tuple(targets), ready=ready, master=master, master_service_url=service_url)
+                             pods=tuple(targets), ready=ready, master=master, master_service_url=service_url,
+                             load=autoscaled(body))
 
 
 HealthCallback = Callable[[Health], Awaitable[None] | None]
@@ -353,25 +362,7 @@ class Scraper:
     # ------------------------------------------------------------------ loop
     async def run(self) -> None:
         """Scrape every ``interval`` seconds until cancelled; a failing pass is logged and retried."""
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            try:
-                await self.scrape_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("SLO scrape pass failed")
-            if self.on_pass is not None:
-                self.on_pass()
-            next_at += self.interval
-            delay = next_at - loop.time()
-            if delay < 0:
-                log.warning("SLO scrape pass took %.1fs, longer than the %.1fs interval", self.interval - delay,
-                            self.interval)
-                next_at = loop.time()
-                delay = 0
-            await asyncio.sleep(delay)
+        await run_every(self.scrape_once, interval=self.interval, on_pass=self.on_pass, what="SLO scrape pass")
 
     async def scrape_once(self) -> list[Health]:
         """One pass over every PDDeployment; returns the healths handed to ``on_health``."""
@@ -418,13 +409,17 @@ class Scraper:
                     self.on_forget(key)
 
     # ------------------------------------------------------------------ one deployment
-    def families(self, role: str, slo_spec: SLOSpec | None) -> dict[str, ex.Kind]:
-        """The families read from a ``role`` pod for ``slo_spec`` (SLO and KV transfer families)."""
-        return {**self.evaluator.families_for(role, slo_spec), **transfer_families(role)}
+    def families(self, role: str, slo_spec: SLOSpec | None, load: bool = False) -> dict[str, ex.Kind]:
+        """The families read from a ``role`` pod for ``slo_spec`` (SLO and KV transfer families; with
+        ``load``, the planner's load gauges ``slo.LOAD_FAMILIES`` too)."""
+        out = {**self.evaluator.families_for(role, slo_spec), **transfer_families(role)}
+        if load:
+            out.update(LOAD_FAMILIES.get(role, {}))
+        return out
 
-    def sample_names(self, role: str, slo_spec: SLOSpec | None) -> tuple[str, ...]:
+    def sample_names(self, role: str, slo_spec: SLOSpec | None, load: bool = False) -> tuple[str, ...]:
         """The ``name[]`` values asked from a ``role`` pod for ``slo_spec`` (see :meth:`families`)."""
-        return ex.sample_names(self.families(role, slo_spec))
+        return ex.sample_names(self.families(role, slo_spec, load))
 
     def filter_mode(self, key: str, pod: PodTarget) -> str:
         """How ``pod`` of deployment ``key`` answers ``?name[]=``: ``FILTER_UNKNOWN``,
@@ -435,7 +430,7 @@ class Scraper:
         return known[2]
 
     async def _deployment(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> Health | None:
-        families = {r: self.families(r, t.slo_spec) for r in SCRAPED_ROLES}
+        families = {r: self.families(r, t.slo_spec, t.load) for r in SCRAPED_ROLES}
         names = {r: ex.sample_names(f) for r, f in families.items()}
         rebaseline = t.key in self._names and self._names[t.key] != names
         self._names[t.key] = names
@@ -512,7 +507,7 @@ class Scraper:
             seen.add((pod.role, pod.name))
             if text is not None:
                 try:
-                    wanted = (families or {}).get(pod.role) or self.families(pod.role, t.slo_spec)
+                    wanted = (families or {}).get(pod.role) or self.families(pod.role, t.slo_spec, t.load)
                     scrape = ex.parse_exposition(text, families=wanted)
                     self.evaluator.observe_scrape(key, pod.role, pod.name, scrape, now, pod_uid=pod.uid)
                     reachable[pod.role] += 1

@@ -111,6 +111,18 @@ ROLE_FAMILIES: Mapping[str, Mapping[str, ex.Kind]] = {
     ROLE_GATEWAY: {},
 }
 SLO_METRICS = ("ttft", "itl", "e2e", "perUserSpeed")
+#: The load gauges the built-in planner reads per role (``spec.autoscaling``), SGLang 0.5.23's
+#: SchedulerMetricsCollector (sglang/srt/observability/metrics_collector.py): the running batch,
+#: the waiting queue and the KV pool fill on both roles; the PD bootstrap and inflight queues on
+#: prefill, the prealloc and transfer queues on decode (disaggregation/prefill.py, decode.py).
+#: planning/planner.py says what each one tells. Added to a role's families only for a
+#: deployment with ``spec.autoscaling`` (``scraper.deployment_targets``).
+LOAD_FAMILIES: Mapping[str, Mapping[str, ex.Kind]] = {
+    ROLE_PREFILL: {ex.RUNNING_REQS: ex.Kind.GAUGE, ex.QUEUE_REQS: ex.Kind.GAUGE, ex.TOKEN_USAGE: ex.Kind.GAUGE,
+                   ex.PREFILL_BOOTSTRAP_QUEUE: ex.Kind.GAUGE, ex.PREFILL_INFLIGHT_QUEUE: ex.Kind.GAUGE},
+    ROLE_DECODE: {ex.RUNNING_REQS: ex.Kind.GAUGE, ex.QUEUE_REQS: ex.Kind.GAUGE, ex.TOKEN_USAGE: ex.Kind.GAUGE,
+                  ex.DECODE_PREALLOC_QUEUE: ex.Kind.GAUGE, ex.DECODE_TRANSFER_QUEUE: ex.Kind.GAUGE},
+}
 
 
 @dataclass(frozen=True)
@@ -259,12 +271,15 @@ class RoleSummary:
     rank's total once (with priority scheduling its ``priority=""`` series, see
     ``exposition.parse_exposition``).
     ``spec_accept_length``: mean over pods and DP ranks, None when not exposed.
+    ``token_usage``: the KV pool's fill (``sglang:token_usage``), mean over pods and DP
+    ranks, None when not read.
     """
 
     role: str
     pods: int
     queues: Mapping[str, float]
     spec_accept_length: float | None
+    token_usage: float | None = None
 
 
 @dataclass(frozen=True)
@@ -817,9 +832,13 @@ class SLOEvaluator:
                     queues[name.removeprefix("sglang:")] = math.fsum(values)
             accept = [p.gauges[ex.SPEC_ACCEPT_LENGTH] for p in pods if ex.SPEC_ACCEPT_LENGTH in p.gauges]
             series = sum(g.series for g in accept)
+            usage = [p.gauges[ex.TOKEN_USAGE] for p in pods if ex.TOKEN_USAGE in p.gauges]
+            usage_series = sum(g.series for g in usage)
             out[role] = RoleSummary(role=role, pods=len(pods), queues=queues,
                                     spec_accept_length=(math.fsum(g.sum for g in accept) / series
-                                                        if series else None))
+                                                        if series else None),
+                                    token_usage=(math.fsum(g.sum for g in usage) / usage_series
+                                                 if usage_series else None))
         return out
 
 

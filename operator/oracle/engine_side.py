@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 #: (then ``bootstrap`` and ``handshake`` for the pair).
 STAGES = ("parse", "resolve", "validate", "model", "kv")
 POD_IP = "127.0.0.1"
+#: The variable a rank's address comes from (utils/network.py get_local_ip_auto reads it first).
+HOST_IP_ENV = "SGLANG_HOST_IP"
 
 
 class Refusal(Exception):
@@ -167,11 +169,13 @@ def _cli_args(args: list[str]) -> list[str]:
 
 @dataclass
 class RoleState:
-    """One resolved role kept in the worker for the handshake: SGLang's ServerArgs and facts."""
+    """One resolved role (one node of a multi-node replica) kept in the worker for the handshake:
+    SGLang's ServerArgs and facts, and the address its ranks give peers (``host_ip``)."""
 
     role: str
     server_args: Any
     facts: dict[str, Any]
+    host_ip: str = POD_IP
     bootstrap: Any = None
     bootstrap_port: int | None = None
     managers: list[Any] = field(default_factory=list)
@@ -185,19 +189,17 @@ def resolve_role(request: dict[str, Any]) -> tuple[dict[str, Any], RoleState | N
     """Run one role's startup the way ``sglang.launch_server`` does, up to loading weights.
 
     ``request``: {"role": prefill|decode, "configYaml": the ConfigMap's config.yaml,
-    "args": the container args (``--config FILE`` first), "env": {name: value},
-    "modelDir": the emulated model directory, "nnodes": nodes per replica}.
+    "args": the container args of one pod (``--config FILE`` first; a multi-node replica's
+    ``$(LWS_...)`` references already expanded for that pod's node rank), "env": {name:
+    value} as that pod sees it, "modelDir": the emulated model directory}.
     Returns ({"role", "starts", "refusal", "facts"}, state or None). ``refusal`` is
     SGLang's own exception: {"stage", "type", "message", "where"}.
     """
     role = request["role"]
     env = dict(request.get("env") or {})
-    nnodes = int(request.get("nnodes") or 1)
     with tempfile.TemporaryDirectory(prefix="sglang-oracle-") as tmp, role_environment(env):
         config = _write_config(request["configYaml"], request["modelDir"], Path(tmp))
         argv = ["--config", str(config), *_cli_args(request["args"])]
-        if nnodes > 1:
-            argv += ["--nnodes", str(nnodes), "--node-rank", "0", "--dist-init-addr", f"{POD_IP}:{free_port()}"]
         try:
             server_args, facts = _startup(argv)
         except Refusal as r:
@@ -213,7 +215,8 @@ def resolve_role(request: dict[str, Any]) -> tuple[dict[str, Any], RoleState | N
         if used:
             return {"role": role, "starts": None, "refusal": None, "facts": None,
                     "indeterminate": f"SGLang called GPU kernels the oracle cannot run: {', '.join(used)}"}, None
-    return {"role": role, "starts": True, "refusal": None, "facts": facts}, RoleState(role, server_args, facts)
+    state = RoleState(role, server_args, facts, host_ip=env.get(HOST_IP_ENV, POD_IP))
+    return {"role": role, "starts": True, "refusal": None, "facts": facts}, state
 
 
 def _stage(stage: str, fn, *args):
@@ -285,6 +288,7 @@ def _peer_facts(server_args: Any) -> dict[str, Any]:
             "dpSize": cfg.dp_size,
             "epSize": cfg.ep_size,
             "nnodes": cfg.nnodes,
+            "nodeRank": cfg.node_rank,
             "chunkedPrefillSize": cfg.chunked_prefill_size,
             "disaggregationMode": cfg.disaggregation_mode,
             "transferBackend": cfg.disaggregation_transfer_backend,
@@ -420,6 +424,44 @@ def _kv_args_for(state: RoleState, *, tp_rank: int, pp_rank: int, system_dp_rank
     return kv_args
 
 
+@contextlib.contextmanager
+def _process_group_exists() -> Iterator[None]:
+    """While a multi-node prefill's ranks register: torch.distributed reports an initialized group.
+
+    ``CommonKVManager`` syncs node 0's bootstrap port to every rank over the world group
+    before it registers (conn.py ``_sync_bootstrap_port_across_nodes``) and first checks
+    ``torch.distributed.is_initialized()``. The oracle's ranks share one process and pass
+    that broadcast through a :class:`GroupStandIn` (see :func:`_manager`); only this check
+    is answered, inside the block, for conn.py's module alias alone.
+    """
+    from sglang.srt.disaggregation.common import conn
+
+    real = conn.dist
+    conn.dist = _DistStandIn(real)
+    try:
+        yield
+    finally:
+        conn.dist = real
+
+
+class _DistStandIn:
+    """torch.distributed as conn.py sees it during :func:`_process_group_exists`: initialized."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def is_available(self) -> bool:
+        """True: the stand-in world group carries the collectives the managers use."""
+        return True
+
+    def is_initialized(self) -> bool:
+        """True: see :func:`_process_group_exists`."""
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
 def _manager(state: RoleState, *, world_rank: int, dp_rank: int | None, mode: str):
     """SGLang's CommonKVManager for one rank of ``state``, built by its real ``__init__``."""
     from sglang.srt.disaggregation.common.conn import CommonKVManager
@@ -443,7 +485,14 @@ def _manager(state: RoleState, *, world_rank: int, dp_rank: int | None, mode: st
         # no process group exists in the oracle, so a stand-in of the same shape is given.
         pp_group = GroupStandIn(world_size=parallel.pp_size, rank_in_group=parallel.pp_rank,
                                 group=(dp_rank, parallel.tp_rank), board=state.board)
-        with parallel.override(pp_group=pp_group):
+        groups: dict[str, Any] = {"pp_group": pp_group}
+        if parallel.nnodes > 1:
+            # A multi-node prefill broadcasts node 0's bootstrap port over the world group
+            # before it registers (conn.py _sync_bootstrap_port_across_nodes).
+            groups["world_group"] = GroupStandIn(world_size=parallel.tp_size * parallel.pp_size,
+                                                 rank_in_group=world_rank, group=("world", dp_rank),
+                                                 board=state.board)
+        with parallel.override(**groups):
             manager = CommonKVManager(kv_args, DisaggregationMode(mode), state.server_args, is_mla_backend=is_mla)
     return manager, context
 
@@ -493,24 +542,54 @@ def _prefill_ranks(facts: dict[str, Any]) -> Iterator[tuple[int, int | None]]:
             yield rank, (replica if dp > 1 else None)
 
 
-def serve_bootstrap(state: RoleState) -> dict[str, Any]:
-    """Start SGLang's bootstrap server for a resolved prefill and register every rank.
+def _node_ranks(state: RoleState) -> set[int]:
+    """World ranks (pp_rank x tp_size + tp_rank) whose schedulers run on ``state``'s node.
 
-    Returns {"address": "127.0.0.1:PORT"} or {"refusal": {...}} when a registration
-    is refused (the server answers 400 to inconsistent ranks).
+    SGLang's own placement: entrypoints/engine.py ``_calculate_rank_ranges(node_rank)`` in
+    the node's runtime context (one node: every rank).
+    """
+    from sglang.srt.entrypoints.engine import _calculate_rank_ranges
+    from sglang.srt.runtime_context import get_parallel, use_context
+
+    with use_context(_rank_context(state.server_args, 0)):
+        parallel = get_parallel()
+        pp_range, tp_range, _, _ = _calculate_rank_ranges(parallel.node_rank)
+        return {pp * parallel.tp_size + tp for pp in pp_range for tp in tp_range}
+
+
+def serve_bootstrap(states: "RoleState | list[RoleState]") -> dict[str, Any]:
+    """Start SGLang's bootstrap server for a resolved prefill and register every rank, from its node.
+
+    ``states``: the prefill replica's nodes, node 0 first (one state for one node). Node
+    0's state runs the bootstrap server, as SGLang runs it in node 0's process only
+    (managers/disagg_service.py); every rank registers from its own node's resolved
+    arguments (``--node-rank`` k, ``--dist-init-addr``: a multi-node rank registers at the
+    dist-init host) with that node's address (SGLANG_HOST_IP). The server answers the
+    decode only once dp x cp x tp x pp ranks registered. Returns {"address":
+    "127.0.0.1:PORT"} or {"refusal": {...}} when a registration is refused (the server
+    answers 400 to inconsistent ranks) or a rank is on no node.
     """
     from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer
 
-    port = state.bootstrap_port = free_port()
+    nodes = states if isinstance(states, list) else [states]
+    leader = nodes[0]
+    port = free_port()
+    for node in nodes:
+        node.bootstrap_port = port
+        node.board = leader.board  # one replica: its ranks' collectives share one board across nodes
     with _quiet():
-        state.bootstrap = CommonKVBootstrapServer(POD_IP, port)
+        leader.bootstrap = CommonKVBootstrapServer(POD_IP, port)
     _wait_listening(port)
     try:
-        with role_environment({}):
-            for world_rank, dp_rank in _prefill_ranks(state.facts):
-                with _quiet():
-                    manager, _ = _manager(state, world_rank=world_rank, dp_rank=dp_rank, mode="prefill")
-                state.managers.append(manager)
+        placed = {rank: node for node in nodes for rank in _node_ranks(node)}
+        with _process_group_exists() if len(nodes) > 1 else contextlib.nullcontext():
+            for world_rank, dp_rank in _prefill_ranks(leader.facts):
+                node = placed.get(world_rank)
+                if node is None:
+                    raise OracleLimit(f"prefill rank {world_rank} runs on none of the {len(nodes)} nodes judged")
+                with role_environment({HOST_IP_ENV: node.host_ip}), _quiet():
+                    manager, _ = _manager(node, world_rank=world_rank, dp_rank=dp_rank, mode="prefill")
+                leader.managers.append(manager)
     except Exception as e:
         return {"refusal": describe(e, "bootstrap")}
     return {"address": f"{POD_IP}:{port}"}
@@ -534,18 +613,20 @@ def handshake(state: RoleState, address: str) -> dict[str, Any]:
     In decode rank 0's context: the real ``CommonKVManager`` (decode mode), its
     ``try_ensure_parallel_info(address)`` (page size, KV dtype, KV layout, DSpark layout,
     attention TP, MXFP8 and DCP checks; disaggregation/common/conn.py), then a real
-    ``CommonKVReceiver`` for one request and its ``init`` (the decode-allocation-policy
-    and prefill_complete checks, the rank mapping, a GET of every target rank's bootstrap
-    info). ``init`` ends in the transfer backend's registration message, which the
+    ``CommonKVReceiver`` for one request per prefill DP rank and its ``init`` (the
+    decode-allocation-policy and prefill_complete checks, the rank mapping, a GET of every
+    target rank's bootstrap info). ``init`` ends in the transfer backend's registration message, which the
     common manager leaves to Mooncake / NIXL (``NotImplementedError``): reaching it means
-    every common check passed. Returns {"pairs": True} or {"pairs": False, "refusal"}.
+    every common check passed. Returns {"pairs": True, "prefillRanks": the ``ip:port`` of every
+    prefill rank the requests reached (on a multi-node prefill, addresses of several nodes)}
+    or {"pairs": False, "refusal"}.
     """
     from sglang.srt.disaggregation.common.conn import CommonKVReceiver
     from sglang.srt.runtime_context import use_context
 
-    room = 1
+    reached: set[str] = set()
     try:
-        with role_environment({}), _quiet():
+        with role_environment({HOST_IP_ENV: state.host_ip}), _quiet():
             manager, context = _manager(state, world_rank=0, dp_rank=None, mode="decode")
             state.managers.append(manager)
             with use_context(context):
@@ -554,19 +635,25 @@ def handshake(state: RoleState, address: str) -> dict[str, Any]:
                         "stage": "handshake", "type": "RuntimeError",
                         "message": "decode could not read the prefill's parallel info from the bootstrap server",
                         "where": "sglang/srt/disaggregation/common/conn.py:try_ensure_parallel_info"}}
-                receiver = CommonKVReceiver(manager, address, room)
-                try:
-                    receiver.init(prefill_dp_rank=0)
-                except NotImplementedError:
-                    pass  # the backend's registration message: the common handshake is complete
-                failure = manager.failure_records.get(room)
-                if failure:
-                    return {"pairs": False, "refusal": {
-                        "stage": "handshake", "type": "KVTransferError", "message": failure,
-                        "where": "sglang/srt/disaggregation/common/conn.py:CommonKVReceiver.init"}}
+                # one request per prefill DP rank: each reaches the ranks of that DP rank, so
+                # together they reach every prefill rank, on whichever node it runs
+                for dp_rank in range(max(1, manager.prefill_info_table[address].dp_size)):
+                    room = dp_rank + 1
+                    receiver = CommonKVReceiver(manager, address, room)
+                    try:
+                        receiver.init(prefill_dp_rank=dp_rank)
+                    except NotImplementedError:
+                        pass  # the backend's registration message: the common handshake is complete
+                    failure = manager.failure_records.get(room)
+                    if failure:
+                        return {"pairs": False, "refusal": {
+                            "stage": "handshake", "type": "KVTransferError", "message": failure,
+                            "where": "sglang/srt/disaggregation/common/conn.py:CommonKVReceiver.init"}}
+                    reached |= {f"{i['rank_ip']}:{i['rank_port']}" for i in receiver.bootstrap_infos or []
+                                if not i.get("is_dummy")}
     except Exception as e:
         return {"pairs": False, "refusal": describe(e, "handshake")}
-    return {"pairs": True}
+    return {"pairs": True, "prefillRanks": sorted(reached)}
 
 
 def close_bootstrap(state: RoleState) -> None:

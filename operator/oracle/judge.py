@@ -5,8 +5,11 @@
 (``render.engine.role_launch``: the ConfigMap's SGLang config file, the command-line
 flags and the environment) and hands it to the oracle worker of that role's accelerator
 (:mod:`.pool`), which runs SGLang 0.5.23's own startup validation on an emulated GPU
-(:mod:`.engine_side`). When both roles start, the prefill worker starts SGLang's real
-bootstrap server and registers every prefill rank, and the decode worker runs SGLang's
+(:mod:`.engine_side`). A replica spanning nodes is judged pod by pod: each node rank's
+command (``--node-rank k --dist-init-addr <node 0>:<port>``, expanded as the kubelet does
+from the LeaderWorkerSet variables, :func:`pod_launches`) on its own emulated node. When
+both roles start, the prefill worker starts SGLang's real bootstrap server and registers
+every prefill rank from the node that runs it, and the decode worker runs SGLang's
 handshake against it. The :class:`Verdict` carries SGLang's own exception text.
 
 A verdict is *indeterminate* (``accepted is None``) when the oracle cannot judge: the
@@ -20,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import lws
 from ..catalog import Catalog, hf_config_path
 from ..planning.structs import Plan, RolePlan
 from ..render.engine import role_launch
@@ -30,6 +34,45 @@ from .standin_plugins import assumed_features
 #: for ``fieldRef status.podIP``, a placeholder for secrets.
 POD_IP = "127.0.0.1"
 SECRET_PLACEHOLDER = "oracle-placeholder-secret"
+
+
+def node_pod_ip(node_rank: int) -> str:
+    """The pod IP of node ``node_rank`` of a multi-node replica in the oracle: its own loopback
+    address (127.0.0.1 for node 0, the leader), so each node's ranks register their own address."""
+    return f"127.0.0.{node_rank + 1}"
+
+
+def expand_refs(text: str, env: dict[str, str]) -> str:
+    """``text`` with every ``$(NAME)`` of a variable in ``env`` replaced, as the kubelet expands container args.
+
+    Kubernetes' rule (k8s.io/kubernetes third_party/forked/golang/expansion, used for
+    ``command``/``args``): ``$(NAME)`` becomes the variable's value when the container
+    defines it and stays as written otherwise; ``$$`` is an escaped ``$``; any other ``$``
+    stays as is.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text[i] != "$" or i + 1 >= len(text):
+            out.append(text[i])
+            i += 1
+            continue
+        nxt = text[i + 1]
+        if nxt == "$":
+            out.append("$")
+            i += 2
+        elif nxt == "(":
+            end = text.find(")", i + 2)
+            if end < 0:
+                out.append(text[i:])
+                break
+            name = text[i + 2:end]
+            out.append(env[name] if name in env else text[i:end + 1])
+            i = end + 1
+        else:
+            out.append("$")
+            i += 1
+    return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -75,6 +118,8 @@ class PairVerdict:
     pairs: bool | None
     refusal: Refusal | None = None
     indeterminate: str | None = None
+    #: ``ip:port`` of every prefill rank the decode's requests reached (the nodes' own addresses).
+    prefill_ranks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,7 +165,7 @@ class Verdict:
             "prefill": role(self.prefill),
             "decode": role(self.decode),
             "pair": {"pairs": self.pair.pairs, "refusal": _refusal_dict(self.pair.refusal),
-                     "indeterminate": self.pair.indeterminate},
+                     "indeterminate": self.pair.indeterminate, "prefillRanks": list(self.pair.prefill_ranks)},
             "assumptions": list(self.assumptions),
         }
 
@@ -129,15 +174,38 @@ def _refusal_dict(r: Refusal | None) -> dict[str, Any] | None:
     return None if r is None else {"stage": r.stage, "type": r.type, "message": r.message, "where": r.where}
 
 
-def _pod_env(env: dict[str, Any]) -> dict[str, str]:
+def _pod_env(env: dict[str, Any], *, pod_ip: str = POD_IP) -> dict[str, str]:
     """Container env with ``valueFrom`` sources turned into the values a pod would see."""
     out = {}
     for name, value in env.items():
         if isinstance(value, dict):
             field_path = (value.get("fieldRef") or {}).get("fieldPath")
-            out[name] = POD_IP if field_path == "status.podIP" else SECRET_PLACEHOLDER
+            out[name] = pod_ip if field_path == "status.podIP" else SECRET_PLACEHOLDER
         else:
             out[name] = str(value)
+    return out
+
+
+def pod_launches(plan: Plan, role: RolePlan) -> list[dict[str, Any]]:
+    """What each pod of one replica of ``role`` starts with, node 0 first: {"configYaml", "args", "env"}.
+
+    One pod for a single-node replica. For a replica spanning N nodes (a LeaderWorkerSet
+    group), pod k gets the variables the LWS pod webhook injects (LWS_LEADER_ADDRESS: node
+    0's address; LWS_GROUP_SIZE N; LWS_WORKER_INDEX k), its own pod IP for
+    ``fieldRef status.podIP`` (:func:`node_pod_ip`), and its args expanded the kubelet's way
+    (:func:`expand_refs`): ``--node-rank k --dist-init-addr <node 0>:<port>``.
+    """
+    launch = role_launch(plan, role)
+    nodes = role.inputs.nodes
+    out = []
+    for rank in range(nodes):
+        pod_ip = node_pod_ip(rank) if nodes > 1 else POD_IP
+        env = _pod_env(launch["env"], pod_ip=pod_ip)
+        if nodes > 1:
+            env = {lws.ENV_LEADER_ADDRESS: node_pod_ip(0), lws.ENV_GROUP_SIZE: str(nodes),
+                   lws.ENV_WORKER_INDEX: str(rank), **env}
+        out.append({"configYaml": launch["configYaml"], "args": [expand_refs(a, env) for a in launch["args"]],
+                    "env": env})
     return out
 
 
@@ -177,16 +245,28 @@ class Oracle:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _request(self, plan: Plan, role: RolePlan, model_dir: str) -> dict[str, Any]:
-        launch = role_launch(plan, role)
-        return {
-            "role": role.role,
-            "configYaml": launch["configYaml"],
-            "args": launch["args"],
-            "env": _pod_env(launch["env"]),
-            "modelDir": model_dir,
-            "nnodes": role.inputs.parallelism.nodes,
-        }
+    def _requests(self, plan: Plan, role: RolePlan, model_dir: str) -> list[dict[str, Any]]:
+        """One resolve request per pod of a replica of ``role`` (node 0 first)."""
+        return [{"role": role.role, **launch, "modelDir": model_dir} for launch in pod_launches(plan, role)]
+
+    @staticmethod
+    def _role_verdict(role: RolePlan, ranks: list[dict[str, Any]]) -> RoleVerdict:
+        """One role's verdict from every node's result: refused when a node is refused (its
+        message names the node rank on a multi-node replica), indeterminate when one is,
+        else started, with node 0's facts."""
+        multi = len(ranks) > 1
+        for rank, result in enumerate(ranks):
+            if result.get("starts") is False:
+                refusal = dict(result.get("refusal") or {})
+                if multi:
+                    refusal["message"] = f"node rank {rank} of {len(ranks)}: {refusal.get('message', '')}"
+                return RoleVerdict(role.role, role.inputs.accelerator_name, False, Refusal.from_json(refusal))
+        for rank, result in enumerate(ranks):
+            if result.get("starts") is None:
+                why = result.get("indeterminate") or "no verdict"
+                return RoleVerdict(role.role, role.inputs.accelerator_name, None,
+                                   indeterminate=f"node rank {rank}: {why}" if multi else why)
+        return RoleVerdict(role.role, role.inputs.accelerator_name, True, facts=ranks[0].get("facts"))
 
     def judge_plan(self, plan: Plan) -> Verdict:
         """SGLang's verdict on ``plan``: both roles' startup, then the handshake when both start.
@@ -209,11 +289,11 @@ class Oracle:
             pair_why = "; ".join(dict.fromkeys(why_not.values()))
             return Verdict(plan.name, plan.namespace, unknown[0], unknown[1], PairVerdict(None, indeterminate=pair_why))
         model_dir = self.pool.model_dir(plan.spec.model.name, config)
-        results: dict[str, dict[str, Any]] = {}
+        results: dict[str, list[dict[str, Any]]] = {}  # role -> one result per node
         workers = {r.role: self.pool.worker(r.inputs.accelerator_name) for r in roles}
 
         def resolve(r: RolePlan) -> None:
-            results[r.role] = workers[r.role].call("resolve", request=self._request(plan, r, model_dir))
+            results[r.role] = [workers[r.role].call("resolve", request=req) for req in self._requests(plan, r, model_dir)]
 
         if workers["prefill"] is workers["decode"]:
             for r in roles:
@@ -224,43 +304,33 @@ class Oracle:
                 t.start()
             for t in threads:
                 t.join()
-            missing_roles = [r.role for r in roles if r.role not in results]
-            if missing_roles:
-                results.update({r: workers[r].call("resolve", request=self._request(plan, getattr(plan, r), model_dir))
-                                for r in missing_roles})
-        verdicts = {
-            r.role: RoleVerdict(
-                role=r.role, accelerator=r.inputs.accelerator_name, starts=results[r.role].get("starts"),
-                refusal=Refusal.from_json(results[r.role].get("refusal")), facts=results[r.role].get("facts"),
-                indeterminate=results[r.role].get("indeterminate"),
-            )
-            for r in roles
-        }
-        pair = self._pair(workers, results)
+            for r in roles:
+                if r.role not in results:
+                    resolve(r)
+        verdicts = {r.role: self._role_verdict(r, results[r.role]) for r in roles}
+        pair = self._pair(workers, results, verdicts)
         return Verdict(plan.name, plan.namespace, verdicts["prefill"], verdicts["decode"], pair,
                        _assumptions(plan, self.catalog))
 
-    def _pair(self, workers: dict[str, Any], results: dict[str, dict[str, Any]]) -> PairVerdict:
-        prefill, decode = results["prefill"], results["decode"]
-        if not (prefill.get("starts") and decode.get("starts")):
-            for r in (prefill, decode):
-                if r.get("handle"):
-                    workers[r["role"]].call("release", handle=r["handle"])
-            return PairVerdict(None, indeterminate="a role does not start, so the pair was not tried")
-        nnodes = max((prefill["facts"] or {}).get("nnodes") or 1, (decode["facts"] or {}).get("nnodes") or 1)
+    def _pair(self, workers: dict[str, Any], results: dict[str, list[dict[str, Any]]],
+              verdicts: dict[str, RoleVerdict]) -> PairVerdict:
+        """The handshake: every prefill rank registers from its own node, then decode node 0's handshake."""
+        handles = {role: [r["handle"] for r in ranks if r.get("handle")] for role, ranks in results.items()}
         try:
-            if nnodes > 1:
-                return PairVerdict(None, indeterminate="the oracle runs the handshake of single-node replicas only")
-            boot = workers["prefill"].call("bootstrap", handle=prefill["handle"])
+            if not (verdicts["prefill"].starts and verdicts["decode"].starts):
+                return PairVerdict(None, indeterminate="a role does not start, so the pair was not tried")
+            boot = workers["prefill"].call("bootstrap", handles=handles["prefill"])
             if "refusal" in boot:
                 if boot["refusal"].get("indeterminate"):
                     return PairVerdict(None, indeterminate=boot["refusal"]["indeterminate"])
                 return PairVerdict(False, Refusal.from_json(boot["refusal"]))
-            shake = workers["decode"].call("handshake", handle=decode["handle"], address=boot["address"])
+            shake = workers["decode"].call("handshake", handle=handles["decode"][0], address=boot["address"])
             refusal = shake.get("refusal") or {}
             if refusal.get("indeterminate"):
                 return PairVerdict(None, indeterminate=refusal["indeterminate"])
-            return PairVerdict(bool(shake.get("pairs")), Refusal.from_json(shake.get("refusal")))
+            return PairVerdict(bool(shake.get("pairs")), Refusal.from_json(shake.get("refusal")),
+                               prefill_ranks=tuple(shake.get("prefillRanks") or ()))
         finally:
-            workers["prefill"].call("release", handle=prefill["handle"])
-            workers["decode"].call("release", handle=decode["handle"])
+            for role, held in handles.items():
+                for handle in held:
+                    workers[role].call("release", handle=handle)

@@ -27,7 +27,7 @@ division is made:
 - dense MLP intermediate size / TP, for models with dense layers: linear.py
   ``MergedColumnParallelLinear``.
 
-It also places the node's schedulers on GPUs as the launcher does (entrypoints/engine.py
+It also places the node's schedulers (of ``--node-rank``) on GPUs as the launcher does (entrypoints/engine.py
 ``_calculate_rank_ranges`` and weight_cache/protocol.py ``compute_local_gpu_id``, which
 the engine's own formula mirrors; with system DP, managers/data_parallel_controller.py
 starts replica r at ``r * tp * pp * gpu_id_step``): a GPU id beyond the node's device
@@ -157,7 +157,7 @@ def _paged_experts_problems(server_args: Any, hf: Any) -> list[BuildProblem]:
 
 
 def _placement_problems(server_args: Any) -> list[BuildProblem]:
-    """The GPU ids node 0's schedulers would take, against the node's device count."""
+    """The GPU ids this node's schedulers would take (``--node-rank``, 0 by default), against the node's device count."""
     import torch
 
     from sglang.srt.entrypoints.engine import _calculate_rank_ranges
@@ -167,7 +167,7 @@ def _placement_problems(server_args: Any) -> list[BuildProblem]:
     context = create_context(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
     with use_context(context):
         parallel, device = get_parallel(), get_device()
-        pp_range, tp_range, pp_per_node, tp_per_node = _calculate_rank_ranges(0)
+        pp_range, tp_range, pp_per_node, tp_per_node = _calculate_rank_ranges(parallel.node_rank)
         replicas = parallel.dp_size if parallel.dp_size > 1 else 1
         step = device.gpu_id_step
         highest = max(
@@ -179,6 +179,7 @@ def _placement_problems(server_args: Any) -> list[BuildProblem]:
     if highest < count:
         return []
     return [BuildProblem(
-        f"CUDA error: invalid device ordinal: a scheduler of node 0 takes GPU {highest}, the node has {count} GPUs "
+        f"CUDA error: invalid device ordinal: a scheduler of node {parallel.node_rank} takes GPU {highest}, the node "
+        f"has {count} GPUs "
         f"(tp {parallel.tp_size}, pp {parallel.pp_size}, dp {parallel.dp_size}, nnodes {parallel.nnodes})",
         "sglang/srt/entrypoints/engine.py:_launch_scheduler_processes", "RuntimeError")]

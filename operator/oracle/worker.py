@@ -13,7 +13,8 @@ is pointed at stderr so nothing SGLang prints can corrupt it). Requests carry an
 
 - ``resolve`` {request}: :func:`.engine_side.resolve_role`; the result carries a
   ``handle`` when the role started;
-- ``bootstrap`` {handle}: :func:`.engine_side.serve_bootstrap` (prefill);
+- ``bootstrap`` {handles}: :func:`.engine_side.serve_bootstrap` (prefill; one resolved role
+  per node of a replica, node 0 first; ``{handle}`` for one node);
 - ``handshake`` {handle, address}: :func:`.engine_side.handshake` (decode);
 - ``release`` {handle}: stop a bootstrap server, forget the role;
 - ``ping``: liveness.
@@ -81,11 +82,16 @@ class Worker:
                 self.roles[handle] = state
                 result["handle"] = handle
             return result
+        if op == "bootstrap":
+            # one handle per node of the prefill replica, node 0 first
+            handles = msg.get("handles") or [msg.get("handle")]
+            states = [self.roles.get(h) for h in handles]
+            if any(st is None for st in states):
+                return {"error": f"unknown handle among {handles!r}"}
+            return engine_side.serve_bootstrap(states)
         state = self.roles.get(msg.get("handle"))
         if state is None:
             return {"error": f"unknown handle {msg.get('handle')!r}"}
-        if op == "bootstrap":
-            return engine_side.serve_bootstrap(state)
         if op == "handshake":
             return engine_side.handshake(state, msg["address"])
         if op == "release":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import lws
 from ..api.v1alpha1 import PDDeploymentSpec
 from .buckets import BUCKET_FLAGS, bucket_args
 from .hicache import LOCAL_HOSTNAME_ENV, hicache_args
@@ -23,6 +24,14 @@ from .roles import RoleInputs
 from .transfer import TransferPlan
 
 ENGINE_PORT = 30000
+#: Port of node 0's torch.distributed store for a replica spanning nodes (``--dist-init-addr
+#: <leader>:DIST_INIT_PORT``); SGLang derives node 0's ZMQ ports from the next ones
+#: (server_args.py PortArgs.init_new: dist_init_port + 1 ...), clear of ENGINE_PORT and the
+#: bootstrap port.
+DIST_INIT_PORT = 20000
+#: SGLANG_HOST_IP: the address a rank gives its peers (utils/network.py get_local_ip_auto
+#: reads it before probing interfaces); the pod IP on every rank of a multi-node replica.
+HOST_IP_ENV = "SGLANG_HOST_IP"
 MODEL_MOUNT = "/models"
 HF_CACHE = "/root/.cache/huggingface"
 SGLANG_CACHE_DIR = "/var/cache/sglang"
@@ -99,6 +108,11 @@ MANAGED_ENV: dict[str, str] = {
     "SGLANG_JIT_CACHE_DIR": "spec.kernels.cache",
     "MC_FORCE_TCP": "spec.transfer.forceTCP",
     LOCAL_HOSTNAME_ENV: "spec.kvCache.hicache.storage (the pod IP)",
+    # the address a rank binds and gives its peers (utils/network.py get_local_ip_auto): only
+    # the pod's own IP works, which the operator sets on multi-node ranks and SGLang finds itself
+    # otherwise; a fixed value fails to bind (ZMQError: Cannot assign requested address)
+    HOST_IP_ENV: "the pod IP (SGLang detects it on one node; the operator sets it on every rank of a multi-node replica)",
+    "HOST_IP": "the pod IP (SGLANG_HOST_IP's fallback in SGLang's utils/network.py)",
 }
 
 
@@ -159,6 +173,25 @@ def effective_compressed_option(requested: str, layout: LayoutPrediction | None)
     return "auto"
 
 
+def node_args(role: RoleInputs) -> list[str]:
+    """The placement flags of a replica spanning nodes (none for one node).
+
+    ``--nnodes N --node-rank $(LWS_WORKER_INDEX) --dist-init-addr $(LWS_LEADER_ADDRESS):DIST_INIT_PORT``:
+    every pod of the LeaderWorkerSet group runs the same arguments, and the kubelet expands
+    ``$(VAR)`` from the variables the LWS pod webhook injects (the pod's worker index, the
+    leader pod's DNS name). Source: sglang 0.5.23 arg_groups/fields/parallel.py (--nnodes,
+    --node-rank, --dist-init-addr); entrypoints/engine.py runs node 0's tokenizer and HTTP
+    server and the schedulers of TP ranks [k*tp/N, (k+1)*tp/N) on node k.
+    """
+    if not role.multi_node:
+        return []
+    return [
+        "--nnodes", str(role.nodes),
+        "--node-rank", lws.env_ref(lws.ENV_WORKER_INDEX),
+        "--dist-init-addr", f"{lws.env_ref(lws.ENV_LEADER_ADDRESS)}:{DIST_INIT_PORT}",
+    ]  # fmt: skip
+
+
 def build_engine_command(
     *,
     spec: PDDeploymentSpec,
@@ -186,6 +219,7 @@ def build_engine_command(
         args.append("--trust-remote-code")
     args += ["--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--enable-metrics"]
     args += ["--tp-size", str(p.tp)]
+    args += node_args(role)
     if p.dpAttention:
         # --dp-size N --enable-dp-attention is deprecated in 0.5.23 and resolves to
         # attn_dp_size N, dp_size 1 (arg_groups/parallel_hook.py): render the resolved form.

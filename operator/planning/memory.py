@@ -97,8 +97,12 @@ def tail_graphs_on(spec: PDDeploymentSpec, role: RoleInputs) -> bool:
 
 
 def plan_memory(*, spec: PDDeploymentSpec, role: RoleInputs) -> MemoryPlan:
-    """Host memory items, pinned bytes and per-GPU memory outside KV sizing of one pod."""
-    gpus = role.gpus_per_replica
+    """Host memory items, pinned bytes and per-GPU memory outside KV sizing of one pod.
+
+    A replica spanning nodes has one pod per node, sized for that node's GPUs
+    (``RoleInputs.gpus_per_pod``); the Engram host table is one copy per node, so per pod.
+    """
+    gpus = role.gpus_per_pod
     shm = role.spec.resources.sharedMemory or (role.accelerator.sharedMemory if role.accelerator else DEFAULT_SHM)
     items: list[tuple[str, int]] = [("engine processes", ENGINE_BASE_BYTES + ENGINE_PER_GPU_BYTES * gpus)]
     items.append(("/dev/shm", quantity_bytes(shm)))

@@ -77,9 +77,17 @@ def pair_shape(spec: PDDeploymentSpec, catalog: Catalog, dtype: str) -> dict[str
     requires_dcp_relayout: DCP sizes), attention TP and CP where the pair constrains them
     (:func:`_attention_shape_constrained`). The same value on both roles, so a change of it
     starts a new compat group instead of rolling prefill and decode into a pair SGLang refuses.
+    A role spanning nodes adds its node count (see below).
     """
     roles = {r: resolve_role(spec=spec, role=r, catalog=catalog) for r in ROLES}
     shape = {r: {"pp": i.pipeline_parallel, "dcp": i.decode_cp} for r, i in roles.items()}
+    for r, i in roles.items():
+        if i.multi_node:
+            # Nodes per replica decide the workload (Deployment or LeaderWorkerSet group) and
+            # every rank's placement: a change of them starts a new group beside the serving
+            # one (paired rollout) instead of replacing pods in place. Absent for one node, so
+            # single-node compat keys are what they were.
+            shape[r]["nodes"] = i.nodes
     if _attention_shape_constrained(spec, roles, dtype):
         for r, i in roles.items():
             shape[r].update(attentionTP=i.attention_tp, attentionCP=i.attention_cp)

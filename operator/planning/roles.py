@@ -75,6 +75,26 @@ class RoleInputs:
         return p.tp * self.pipeline_parallel * (1 if p.dpAttention else p.dp)
 
     @property
+    def nodes(self) -> int:
+        """Nodes one replica spans (``parallelism.nodes``; ``--nnodes``): its pods, one per node."""
+        return self.parallelism.nodes
+
+    @property
+    def multi_node(self) -> bool:
+        """A replica spans more than one node (a LeaderWorkerSet group instead of one Deployment pod)."""
+        return self.parallelism.nodes > 1
+
+    @property
+    def gpus_per_pod(self) -> int:
+        """GPUs one pod of the role requests: the replica's GPUs over its nodes (at least 1).
+
+        Source: sglang 0.5.23 entrypoints/engine.py ``_calculate_rank_ranges`` gives node k
+        tp x pp / nnodes schedulers (TP ranks [k*tp/N, (k+1)*tp/N) when pp is 1), one GPU
+        each; check_server_args requires (tp x pp) % nnodes == 0 (rules/multinode.py).
+        """
+        return max(1, self.gpus_per_replica // self.nodes)
+
+    @property
     def pipeline_parallel(self) -> int:
         """``--pp-size`` (or its alias) in extraArgs, 1 when absent."""
         return _int_flag(self.spec.extraArgs, "pp_size", 1)

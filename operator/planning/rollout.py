@@ -338,7 +338,8 @@ def in_place_strategies(
 ) -> dict[str, InPlaceStrategy]:
     """Per role (``prefill`` then ``decode``), whether its in-place updates surge within the GPU budget.
 
-    ``gpus_per_pod``: GPUs one pod of the role requests; ``replicas``: the role's spec
+    ``gpus_per_pod``: GPUs one surge unit of the role requests: a pod, or for a replica
+    spanning nodes its whole LeaderWorkerSet group (LWS surges and replaces groups); ``replicas``: the role's spec
     replicas (None: an autoscaler owns them); ``max_surge_gpus``: spec.rollout.maxSurgeGPUs
     (None: no limit). A surge pod holds its GPUs beside the old pod, so the roles are
     charged in order and both at once (one change can update both). A role that does not
@@ -368,7 +369,8 @@ def in_place_strategies(
 
 
 def role_strategies(*, spec: "PDDeploymentSpec", prefill: "RolePlan", decode: "RolePlan") -> dict[str, InPlaceStrategy]:
-    """``in_place_strategies`` for the plan's two roles (GPUs per pod and replicas from their inputs)."""
+    """``in_place_strategies`` for the plan's two roles (GPUs per replica, the unit a Deployment or a
+    LeaderWorkerSet surges, and replicas from their inputs)."""
     roles = {"prefill": prefill, "decode": decode}
     return in_place_strategies(
         gpus_per_pod={r: p.inputs.gpus_per_replica for r, p in roles.items()},

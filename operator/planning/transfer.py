@@ -163,7 +163,7 @@ def plan_transfer(*, spec: PDDeploymentSpec, role: RoleInputs, catalog: Catalog)
         return empty
     unknown = tuple(n for n in names or () if acc.rail(n) is None)
     pool = [r for r in acc.rails if (names is None or r.device in names) and r.railClass in classes]
-    gpus = max(1, role.gpus_per_replica // max(1, role.parallelism.nodes))
+    gpus = role.gpus_per_pod  # one pod per node: every rank of a multi-node replica gets the same mapping
     exact = gpus == acc.gpusPerNode
     if not rdma or not pool:
         return TransferPlan(role.role, backend, rdma, classes, tuple(r.device for r in pool), field, unknown,

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import lws
 from ..api.v1alpha1 import API_VERSION
 from ..kernelbuild.inputs import LABEL_KERNELBUILD
 from ..render.labels import LABEL_DEPLOYMENT, MANAGED_BY
@@ -66,6 +67,9 @@ class WatchedKind:
     kind: str
     plural: str
     label_selector: str = ""
+    #: Served only when an optional dependency is installed (LeaderWorkerSet): the loop lists
+    #: it only while the API server serves it, and kopf watches it only if it did at start.
+    optional: bool = False
 
     @property
     def group(self) -> str:
@@ -78,10 +82,12 @@ class WatchedKind:
         return self.api_version.rpartition("/")[2]
 
 
-#: Every kind the operator watches: its own two kinds, and the children it makes, selected by label.
+#: Every kind the operator watches: its own two kinds, and the children it makes, selected by label
+#: (LeaderWorkerSets only where the cluster serves them: multi-node roles).
 WATCHED: tuple[WatchedKind, ...] = (
     WatchedKind(API_VERSION, "PDDeployment", "pddeployments"),
     WatchedKind(API_VERSION, "KernelBuild", "kernelbuilds"),
+    WatchedKind(API_VERSION, "PDRoleScale", "pdrolescales", MANAGED_SELECTOR),
     WatchedKind("apps/v1", "Deployment", "deployments", MANAGED_SELECTOR),
     WatchedKind("v1", "Service", "services", MANAGED_SELECTOR),
     WatchedKind("v1", "ConfigMap", "configmaps", MANAGED_SELECTOR),
@@ -90,6 +96,7 @@ WATCHED: tuple[WatchedKind, ...] = (
     WatchedKind("v1", "ServiceAccount", "serviceaccounts", MANAGED_SELECTOR),
     WatchedKind("rbac.authorization.k8s.io/v1", "Role", "roles", MANAGED_SELECTOR),
     WatchedKind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", MANAGED_SELECTOR),
+    WatchedKind(lws.API_VERSION, lws.KIND, lws.PLURAL, MANAGED_SELECTOR, optional=True),
 )
 
 

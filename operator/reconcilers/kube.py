@@ -221,6 +221,39 @@ class Kube:
         self._store(result)
         return True
 
+    def create(self, obj: dict[str, Any]) -> bool:
+        """Create ``obj`` (POST, this client's field manager); False when an object of its name exists already.
+
+        For an object whose fields are not all the operator's to apply: a PDRoleScale's
+        ``spec.replicas`` is written here once and then only through ``/scale``
+        (``reconcilers/scaling.py``), so server-side apply never owns it. Other API errors raise.
+        """
+        meta = obj["metadata"]
+        try:
+            result = self.dynamic.create(self._resource(obj["apiVersion"], obj["kind"]), body=obj,
+                                         namespace=meta.get("namespace"), field_manager=self.field_manager)
+        except k8s.ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        self._count("create", obj["kind"])
+        self._store(result)
+        return True
+
+    def scale(self, api_version: str, kind: str, name: str, namespace: str, replicas: int, *,
+              field_manager: str | None = None) -> None:
+        """Set ``spec.replicas`` through the ``/scale`` subresource (merge patch), as kubectl scale and HPA do.
+
+        ``field_manager``: the manager recorded in managedFields (default: this client's);
+        the planner writes as :data:`~..render.labels.PLANNER_FIELD_MANAGER`. Raises
+        ``ApiException`` (404 when the object is gone).
+        """
+        res = self._resource(api_version, kind)
+        self.dynamic.patch(res.subresources["scale"], body={"spec": {"replicas": int(replicas)}}, name=name,
+                           namespace=namespace, content_type="application/merge-patch+json",
+                           field_manager=field_manager or self.field_manager)
+        self._count("patch-scale", kind)
+
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> bool:
         """Delete with background propagation; returns False when it was already gone."""
         try:

@@ -1,15 +1,23 @@
 """Read what exists for one PDDeployment: its compat groups, their readiness, the serving key.
 
-Two LIST calls (Deployments and Pods by the deployment label) and one GET (the
-user-facing Service) per reconcile. The result is plain data for the pure rollout
-decision (planning/rollout.py) and the status computation (reconcilers/status.py).
+LIST calls of Deployments, LeaderWorkerSets (where the cluster serves them: a role whose
+replicas span nodes) and Pods by the deployment label, and one GET (the user-facing
+Service) per reconcile; the operator process answers them from its object cache. The
+result is plain data for the pure rollout decision (planning/rollout.py) and the status
+computation (reconcilers/status.py).
+
+A role's workload is a Deployment (one pod per replica) or a LeaderWorkerSet (one group
+of ``size`` pods per replica); both become a :class:`WorkloadState` counted in replicas
+(groups), with the role's pods counted beside them. LeaderWorkerSet counts a group ready
+only when its leader and every worker are (its ``status.readyReplicas``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .. import lws
 from ..planning.rollout import GroupState
 from ..render import labels as L
 from .kube import Kube
@@ -19,9 +27,11 @@ COMPONENTS = ("prefill", "decode", L.ROLE_GATEWAY)
 
 @dataclass(frozen=True)
 class WorkloadState:
-    """One Deployment of a group: desired, ready, updated and available replicas, and whether it has settled.
+    """One workload of a group (a Deployment, or a LeaderWorkerSet whose replicas are groups of pods):
+    desired, ready, updated and available replicas, and whether it has settled.
 
-    ``total``: pods of every template (status.replicas; a surge pod and the old pod it
+    ``gpus_per_pod``: GPUs one replica requests (for a LeaderWorkerSet: every pod of the
+    group); ``total``: replicas of every template (status.replicas; a surge pod and the old pod it
     replaces both count); ``stalled``: the Deployment controller's message once the rollout
     made no progress within ``progressDeadlineSeconds`` (its condition Progressing=False,
     ProgressDeadlineExceeded), else "".
@@ -36,6 +46,11 @@ class WorkloadState:
     gpus_per_pod: int = 0
     total: int | None = None
     stalled: str = ""
+    #: pods of one replica (a LeaderWorkerSet's group size; 1 for a Deployment)
+    pods_per_replica: int = 1
+    #: the workload's pods that exist and are Ready (filled in by :func:`observe`)
+    pods_ready: int = 0
+    pods_total: int = 0
 
     @property
     def ready_all(self) -> bool:
@@ -67,7 +82,7 @@ class ObservedGroup:
 
     @property
     def gpus(self) -> int:
-        """GPUs requested by the group's desired replicas."""
+        """GPUs requested by the group's desired replicas (every pod of a multi-node replica)."""
         return sum(w.desired * w.gpus_per_pod for w in self.workloads.values())
 
     def state(self) -> GroupState:
@@ -131,6 +146,42 @@ def workload_state(deployment: dict[str, Any]) -> WorkloadState:
     )
 
 
+def lws_state(lws_obj: dict[str, Any]) -> WorkloadState:
+    """Readiness of one LeaderWorkerSet from its spec and status, counted in groups (replicas).
+
+    ``ready``: groups whose leader is Running and Ready and whose worker StatefulSet is
+    ready (LWS's ``readyReplicas``, pkg/controllers/leaderworkerset_controller.go
+    updateConditions); ``updated``: groups at the current template revision; ``total``:
+    groups that exist (a surge group included). LeaderWorkerSet has no progress deadline
+    of its own, so ``stalled`` stays empty (the rollout's own deadline covers a new group).
+    """
+    spec, status, meta = lws_obj.get("spec", {}), lws_obj.get("status") or {}, lws_obj["metadata"]
+    desired = int(spec.get("replicas", 1))
+    template = spec.get("leaderWorkerTemplate") or {}
+    size = int(template.get("size") or 1)
+    worker = template.get("workerTemplate") or {}
+    leader = template.get("leaderTemplate") or worker  # LWS runs the leader from the worker template without one
+    per_group = _gpus({"spec": {"template": leader}}) + _gpus({"spec": {"template": worker}}) * (size - 1)
+    ready = int(status.get("readyReplicas") or 0)
+    return WorkloadState(
+        name=meta["name"],
+        desired=desired,
+        ready=ready,
+        updated=int(status.get("updatedReplicas") or 0),
+        available=ready,
+        settled=int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0),
+        gpus_per_pod=per_group,
+        total=int(status.get("replicas") or 0),
+        pods_per_replica=size,
+    )
+
+
+def _pod_is_ready(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    return status.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
 def unschedulable_reason(pod: dict[str, Any]) -> str | None:
     """The scheduler's message when the pod cannot be scheduled (PodScheduled=False, Unschedulable), else None."""
     for cond in (pod.get("status") or {}).get("conditions") or []:
@@ -139,28 +190,44 @@ def unschedulable_reason(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def observe(kube: Kube, *, name: str, namespace: str) -> Observed:
-    """List the PDDeployment's Deployments and Pods, group them by compat key, read the Service's key."""
+def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False) -> Observed:
+    """List the PDDeployment's workloads and Pods, group them by compat key, read the Service's key.
+
+    ``lws_served``: the cluster serves LeaderWorkerSets (they are listed too; without it
+    the kind does not exist and nothing of it can).
+    """
     selector = f"{L.LABEL_DEPLOYMENT}={name},app.kubernetes.io/managed-by={L.MANAGED_BY}"
     groups: dict[str, dict[str, Any]] = {}
     shared: list[str] = []
-    for dep in kube.list("apps/v1", "Deployment", namespace, selector):
-        lbl = dep["metadata"].get("labels") or {}
+    workloads = [(dep, workload_state) for dep in kube.list("apps/v1", "Deployment", namespace, selector)]
+    if lws_served:
+        workloads += [(obj, lws_state) for obj in kube.list(lws.API_VERSION, lws.KIND, namespace, selector)]
+    for obj, state_of in workloads:
+        lbl = obj["metadata"].get("labels") or {}
         key, component = lbl.get(L.LABEL_COMPAT_KEY), lbl.get(L.LABEL_ROLE)
         if not key:
-            shared.append(dep["metadata"]["name"])
+            shared.append(obj["metadata"]["name"])
             continue
         if component not in COMPONENTS:
             continue
         g = groups.setdefault(key, {"workloads": {}, "unschedulable": 0, "names": []})
-        g["workloads"][component] = workload_state(dep)
-        g["names"].append(dep["metadata"]["name"])
+        g["workloads"][component] = state_of(obj)
+        g["names"].append(obj["metadata"]["name"])
+    pods: dict[tuple[str, str], list[int]] = {}  # (key, component) -> [ready, total]
     for pod in kube.list("v1", "Pod", namespace, f"{L.LABEL_DEPLOYMENT}={name}"):
-        key = (pod["metadata"].get("labels") or {}).get(L.LABEL_COMPAT_KEY)
+        labels = pod["metadata"].get("labels") or {}
+        key = labels.get(L.LABEL_COMPAT_KEY)
+        counts = pods.setdefault((key, labels.get(L.LABEL_ROLE)), [0, 0])
+        counts[0] += _pod_is_ready(pod)
+        counts[1] += 1
         why = unschedulable_reason(pod) if key in groups else None
         if why is not None:
             groups[key]["unschedulable"] += 1
             groups[key].setdefault("reason", why[:300])
+    for key, g in groups.items():
+        for component, w in g["workloads"].items():
+            ready, total = pods.get((key, component), (0, 0))
+            g["workloads"][component] = replace(w, pods_ready=ready, pods_total=total)
     service = kube.get("v1", "Service", name, namespace)
     serving = None
     if service is not None:

@@ -1,4 +1,4 @@
-"""Reconcile one PDDeployment: validate -> plan -> observe -> decide -> apply -> prune -> status.
+"""Reconcile one PDDeployment: validate -> plan -> observe -> scale -> decide -> apply -> prune -> status.
 
 Level-triggered and idempotent: it reads the object and what exists, converges, and
 writes status only when it changed, so running it twice on an unchanged spec makes no
@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
+from .. import lws
 from ..api.v1alpha1 import API_VERSION, parse_duration
 from ..catalog import Catalog
 from ..kernelbuild.gate import (
@@ -35,6 +36,7 @@ from ..metrics.health import Health
 from ..planning.plan import RuleMemo, plan_object
 from ..planning.structs import Plan
 from ..planning.problems import Problem, errors
+from ..planning.scaling import gpus_of, surge_replicas
 from ..planning.rollout import GroupState, RolloutDecision, RolloutSettings, RolloutStatus, decide, next_step_in
 from ..render import render_group, render_shared
 from ..render import labels as L
@@ -46,10 +48,13 @@ from .kernelbuild import ensure_kernelbuild
 from .kube import Kube
 from .kvstore import kvstore_conditions, kvstore_events, prune_master
 from .observe import Observed, observe
+from .scaling import Autoscalers, reconcile_scaling, scale_serving_group, write_role_scale_status
 
 log = logging.getLogger(__name__)
 
 GROUP_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"))
+#: The workload of a role whose replicas span nodes, where the cluster serves it.
+MULTI_NODE_KINDS = ((lws.API_VERSION, lws.KIND),)
 
 
 @dataclass
@@ -58,7 +63,8 @@ class Outcome:
 
     ``requeue_after``: seconds until a time-based rollout step is due (a drain grace
     period or a progress deadline ending), None when only an event can move it on;
-    ``kernelbuilds``: names of the KernelBuilds the spec uses (their changes concern it).
+    ``kernelbuilds``: names of the KernelBuilds the spec uses (their changes concern it);
+    ``autoscaled``: the built-in planner scales a role (its figures concern it at once).
     """
 
     valid: bool
@@ -67,6 +73,7 @@ class Outcome:
     decision: RolloutDecision | None = None
     requeue_after: float | None = None
     kernelbuilds: tuple[str, ...] = ()
+    autoscaled: bool = False
 
 
 def owner_of(body: dict[str, Any]) -> dict[str, Any]:
@@ -85,10 +92,18 @@ def reconcile(
     monitoring: bool = False,
     health_stale: str | None = None,
     rule_memo: RuleMemo | None = None,
+    lws_served: bool = False,
+    autoscalers: Autoscalers | None = None,
 ) -> Outcome:
     """Converge the children of the PDDeployment ``body`` (a dict as read from the API).
 
+    ``lws_served``: the cluster serves LeaderWorkerSets (sigs.k8s.io/lws). Without them a
+    spec with a role spanning nodes creates nothing: status says what to install
+    (:func:`_missing_lws`), and whatever serves keeps serving untouched.
+
     ``rule_memo``: remembers the CEL verdict per generation (``planning.plan.RuleMemo``).
+    ``autoscalers``: the HPAs targeting PDRoleScales, by namespace (``scaling.list_autoscalers``,
+    cached by the runtime); None reads them from the API server when a role is scaled.
     A PDDeployment being deleted (``metadata.deletionTimestamp``) is left alone: its
     children go with it, and re-applying them would only hold its deletion up.
 
@@ -110,7 +125,8 @@ def reconcile(
     tracked = CallTracker(kube)
     try:
         return _reconcile(kube=tracked, body=body, catalog=catalog, now=now, health=health,  # type: ignore[arg-type]
-                          monitoring=monitoring, health_stale=health_stale, rule_memo=rule_memo)
+                          monitoring=monitoring, health_stale=health_stale, rule_memo=rule_memo,
+                          lws_served=lws_served, autoscalers=autoscalers)
     except ApiException as e:
         reason, message = describe_api_error(e, call=tracked.last)
         _record_failure(kube, body, reason=reason, message=message, now=now)
@@ -127,6 +143,8 @@ def _reconcile(
     monitoring: bool,
     health_stale: str | None,
     rule_memo: RuleMemo | None,
+    lws_served: bool,
+    autoscalers: Autoscalers | None = None,
 ) -> Outcome:
     writes_before = kube.total_writes
     meta = body["metadata"]
@@ -139,6 +157,11 @@ def _reconcile(
         outcome = _refuse(kube, body, problems, previous, generation, now)
         outcome.writes = kube.total_writes - writes_before
         return outcome
+    spanning = [f"{r.role} nodes {r.inputs.nodes}" for r in (plan.prefill, plan.decode) if r.inputs.multi_node]
+    if spanning and not lws_served:
+        outcome = _missing_lws(kube, body, plan, spanning, previous, generation, now)
+        outcome.writes = kube.total_writes - writes_before
+        return outcome
 
     # 2. kernels: each role's KernelBuild (created when missing); a built cache's digest enters the compat key
     gates = _kernel_gates(kube, plan)
@@ -146,16 +169,24 @@ def _reconcile(
         plan = with_kernel_compat(plan, gates)
 
     # 3. observe the compat groups that exist and the group the Service serves
-    observed = observe(kube, name=name, namespace=namespace)
+    observed = observe(kube, name=name, namespace=namespace, lws_served=lws_served)
+
+    # 3b. each role's count: its PDRoleScale's when replicas is omitted (kubectl scale, HPA, KEDA), the planner's step
+    owner = owner_of(body)
+    scaling = reconcile_scaling(kube=kube, plan=plan, observed=observed, owner=owner, previous=previous,
+                                health=health, now=now, autoscalers=autoscalers)
+    counts = scaling.counts
 
     # 4. decide the rollout: which group serves, what to create, what to delete
     rollout_before = previous_rollout(previous)
-    decision = _decide(plan, observed.serving_key, observed.group_states(), rollout_before, now)
+    decision = _decide(plan, observed.serving_key, observed.group_states(), rollout_before, now, counts)
 
-    # 5. apply the target group (in place when its key is unchanged; held at zero without its kernels)
-    owner = owner_of(body)
+    # 5. apply the target group (in place when its key is unchanged; held at zero without its kernels);
+    #    the counts reach the serving group too while a new one surges beside it
     if decision.apply_target:
-        _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates)
+        _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates,
+                     replicas=_target_replicas(plan, observed, decision, counts))
+    scale_serving_group(kube, plan, observed, serving_key=decision.serving_key, counts=counts, scaled=scaling.scaled)
 
     # 6. apply the shared objects; the user-facing Service selects the serving group's gateway
     for obj in render_shared(plan, serving_key=decision.serving_key, owner=owner):
@@ -168,12 +199,13 @@ def _reconcile(
 
     # 7. delete groups that no longer serve (drained) or never did (cancelled, superseded)
     for key in decision.delete_keys:
-        _delete_group(kube, name=name, namespace=namespace, key=key)
+        _delete_group(kube, name=name, namespace=namespace, key=key, lws_served=lws_served)
 
     # 8. write status (only when changed) and an event per rollout transition
     shown = decision
     if decision.apply_target or decision.delete_keys:
-        observed, shown = _after_writes(kube, plan, observed, decision, rollout_before, now)
+        observed, shown = _after_writes(kube, plan, observed, decision, rollout_before, now, counts,
+                                        lws_served=lws_served)
     new_status = S.valid_status(
         previous=previous,
         generation=generation,
@@ -191,10 +223,15 @@ def _reconcile(
         extra_conditions=_kernel_conditions(gates)
         + kvstore_conditions(plan=plan, health=health.kvstore if health else None, previous=previous),
     )
-    outcome = Outcome(valid=True, decision=decision,
-                      requeue_after=next_step_in(decision, _rollout_settings(plan), now),
-                      kernelbuilds=tuple(sorted({g.build_name for g in (gates or {}).values() if g.build_name})))
+    new_status["autoscaling"] = scaling.status
+    steps = [t for t in (next_step_in(decision, _rollout_settings(plan), now), scaling.next_look_s) if t is not None]
+    outcome = Outcome(valid=True, decision=decision, requeue_after=min(steps) if steps else None,
+                      kernelbuilds=tuple(sorted({g.build_name for g in (gates or {}).values() if g.build_name})),
+                      autoscaled=plan.spec.autoscaling is not None)
     _write_status(kube, body, previous, new_status)
+    write_role_scale_status(kube, plan, observed, scaling, serving_key=shown.serving_key)
+    for type_, reason, message in scaling.events:
+        _event(kube, body, outcome, type_, reason, message)
     for reason, message in decision.events:
         _event(kube, body, outcome, "Normal" if reason not in ("ProgressDeadlineExceeded",) else "Warning", reason, message)
     _warn_new_warnings(kube, body, previous, plan.problems, outcome)
@@ -228,6 +265,36 @@ def _refuse(
         first = errors(problems)[:3]
         summary = "; ".join(p.line() for p in first) + (" ..." if len(errors(problems)) > 3 else "")
         _event(kube, body, outcome, "Warning", "InvalidSpec", f"generation {generation} refused: {summary}")
+    return outcome
+
+
+def _missing_lws(
+    kube: Kube, body: dict[str, Any], plan: Plan, spanning: list[str], previous: dict, generation: int, now: float
+) -> Outcome:
+    """A valid spec with a role spanning nodes on a cluster without LeaderWorkerSets: nothing is created.
+
+    Not one object (not the single-node role, not the gateway, not a KernelBuild): a half
+    deployment would serve nothing and hold GPUs. ``Valid`` stays True (the spec is
+    right), ``Reconciled``, ``Ready`` and ``Progressing`` are False with reason
+    LeaderWorkerSetMissing naming the API, the versions tested and how to install it
+    (``lws.missing_message``); a group of an earlier generation keeps serving untouched.
+    One Warning event when the condition appears.
+    """
+    message = lws.missing_message(roles=spanning)
+    new_status = dict(previous)
+    new_status["observedGeneration"] = generation
+    new_status["conditions"] = S.merge_conditions(
+        previous.get("conditions") or [],
+        S.missing_dependency_conditions(reason=S.REASON_LWS_MISSING, message=message, problems=list(plan.problems),
+                                        generation=generation, previous=previous),
+        generation=generation,
+        now=now,
+    )
+    new_status["problems"] = [p.to_dict() for p in plan.problems]
+    outcome = Outcome(valid=True)
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Reconciled"), {})
+    if _write_status(kube, body, previous, new_status) and old.get("reason") != S.REASON_LWS_MISSING:
+        _event(kube, body, outcome, "Warning", S.REASON_LWS_MISSING, message)
     return outcome
 
 
@@ -272,12 +339,10 @@ def previous_rollout(previous: dict[str, Any]) -> RolloutStatus:
 
 
 def _decide(
-    plan: Plan, serving: str | None, groups: dict[str, GroupState], prev: RolloutStatus, now: float
+    plan: Plan, serving: str | None, groups: dict[str, GroupState], prev: RolloutStatus, now: float,
+    counts: dict[str, int],
 ) -> RolloutDecision:
-    target_gpus = sum(
-        (r.inputs.spec.replicas if r.inputs.spec.replicas is not None else 1) * r.inputs.gpus_per_replica
-        for r in (plan.prefill, plan.decode)
-    )
+    target_gpus = gpus_of(counts, {r: plan.role(r).inputs.gpus_per_replica for r in ("prefill", "decode")})
     return decide(
         target=plan.compat_key,
         serving=serving,
@@ -301,7 +366,8 @@ def _rollout_settings(plan: Plan) -> RolloutSettings:
 
 
 def _after_writes(
-    kube: Kube, plan: Plan, before: Observed, decision: RolloutDecision, rollout_before: RolloutStatus, now: float
+    kube: Kube, plan: Plan, before: Observed, decision: RolloutDecision, rollout_before: RolloutStatus, now: float,
+    counts: dict[str, int], *, lws_served: bool = False,
 ) -> tuple[Observed, RolloutDecision]:
     """The observation status shows after this reconcile's writes, and the decision made from it.
 
@@ -315,7 +381,7 @@ def _after_writes(
     ``before`` and ``decision``, the observation acted on. Events always come from
     ``decision``: they describe what was done.
     """
-    after = observe(kube, name=plan.name, namespace=plan.namespace)
+    after = observe(kube, name=plan.name, namespace=plan.namespace, lws_served=lws_served)
     prev = RolloutStatus(
         target_key=plan.compat_key,
         phase=decision.phase,
@@ -325,7 +391,7 @@ def _after_writes(
         completed=decision.phase == "Complete"
         or (rollout_before.completed and rollout_before.target_key == plan.compat_key),
     )
-    again = _decide(plan, after.serving_key, after.group_states(), prev, now)
+    again = _decide(plan, after.serving_key, after.group_states(), prev, now, counts)
     turned_ready = any(g.ready and not (k in before.groups and before.groups[k].ready) for k, g in after.groups.items())
     if turned_ready or again.serving_key != decision.serving_key or not set(again.delete_keys) <= set(decision.delete_keys):
         return before, decision
@@ -348,14 +414,27 @@ def _kernel_conditions(gates: dict[str, KernelGateState] | None) -> list[S.Cond]
     return [S.Cond(c["type"], c["status"], c["reason"], c["message"])] if c else []
 
 
+def _target_replicas(plan: Plan, observed: Observed, decision: RolloutDecision,
+                     counts: dict[str, int]) -> dict[str, int]:
+    """The plan's group's replicas: the counts, or within ``rollout.maxSurgeGPUs`` while it surges
+    beside another serving group (``planning.scaling.surge_replicas``)."""
+    if decision.serving_key == plan.compat_key:
+        return counts
+    group = observed.groups.get(plan.compat_key)
+    current = {r: w.desired for r, w in group.workloads.items()} if group is not None else None
+    return surge_replicas(counts=counts, current=current, max_surge_gpus=plan.spec.rollout.maxSurgeGPUs,
+                          gpus_per_replica={r: plan.role(r).inputs.gpus_per_replica for r in ("prefill", "decode")})
+
+
 def _apply_group(
-    kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool, gates: dict[str, KernelGateState] | None
+    kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool, gates: dict[str, KernelGateState] | None,
+    replicas: dict[str, int] | None = None,
 ) -> None:
-    objects = render_group(plan, owner=owner)
+    objects = render_group(plan, owner=owner, replicas=replicas)
     if gates is not None:
         objects = gate_objects(objects, gates)
     for obj in objects:
-        if to_zero and obj["kind"] == "Deployment":
+        if to_zero and obj["kind"] in ("Deployment", lws.KIND):
             obj = {**obj, "spec": {**obj["spec"], "replicas": 0}}
         kube.apply(obj)
 
@@ -364,6 +443,7 @@ def _apply_monitoring(kube: Kube, plan: Plan, owner: dict[str, Any]) -> None:
     """PodMonitor (engine and gateway pods) and, with ``spec.slo``, PrometheusRule; a rule
     left from a removed ``spec.slo`` is deleted."""
     objects = render_monitoring(
+        load=plan.spec.autoscaling is not None,
         name=plan.name,
         namespace=plan.namespace,
         slo_spec=plan.spec.slo,
@@ -383,11 +463,15 @@ def _apply_monitoring(kube: Kube, plan: Plan, owner: dict[str, Any]) -> None:
                     plan.namespace, plan.name, str(e).splitlines()[0])
 
 
-def _delete_group(kube: Kube, *, name: str, namespace: str, key: str) -> None:
+def _delete_group(kube: Kube, *, name: str, namespace: str, key: str, lws_served: bool = False) -> None:
     selector = f"{L.LABEL_DEPLOYMENT}={name},{L.LABEL_COMPAT_KEY}={key},app.kubernetes.io/managed-by={L.MANAGED_BY}"
     for api_version, kind in GROUP_KINDS:
         for obj in kube.list(api_version, kind, namespace, selector):
             kube.delete(api_version, kind, obj["metadata"]["name"], namespace)
+    if lws_served:  # the kind exists only where LeaderWorkerSet is installed
+        for api_version, kind in MULTI_NODE_KINDS:
+            for obj in kube.list(api_version, kind, namespace, selector):
+                kube.delete(api_version, kind, obj["metadata"]["name"], namespace)
 
 
 def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any]) -> bool:

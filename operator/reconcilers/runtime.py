@@ -9,8 +9,8 @@ at a time; the lock keeps direct callers, such as tests, safe too).
 The SLO scraper stores each deployment's latest
 :class:`~sglang_pd_operator.metrics.health.Health` here (:meth:`Runtime.set_health`),
 saying whether a condition or only a figure moved; the reconcile reads it back to write
-status. Whether the cluster serves the Prometheus Operator's kinds is checked here too,
-at most every ``monitoring_check_ttl_s``. Each reconcile is in flight in
+status. Whether the cluster serves the Prometheus Operator's kinds and LeaderWorkerSets
+is checked here too, at most every ``monitoring_check_ttl_s``. Each reconcile is in flight in
 :attr:`Runtime.heartbeats` (``liveness.py``) while it holds its lock, so a frozen one
 turns ``/healthz`` to 503 after ``stuck_after_s``.
 """
@@ -27,6 +27,7 @@ from typing import Any, Callable
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from .. import lws
 from ..api.kernelbuild import KIND as KERNELBUILD_KIND
 from ..api.v1alpha1 import API_VERSION
 from ..catalog import CATALOG_FILES, Catalog, CatalogError, builtin_catalog, load_catalog
@@ -41,6 +42,7 @@ from . import kernelbuild as kernelbuild_reconciler
 from . import status as S
 from .kube import ApiTimeouts, Kube, with_timeouts
 from .pddeployment import Outcome, reconcile
+from .scaling import list_autoscalers, pressure_view
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +108,9 @@ class Runtime:
     monitoring_check_ttl_s: float = 15.0
     _health: dict[tuple[str, str], tuple[Health, tuple, tuple]] = field(default_factory=dict)
     _health_guard: threading.Lock = field(default_factory=threading.Lock)
-    _monitoring: bool = False
-    _monitoring_checked: float = -1e18
-    _monitoring_guard: threading.Lock = field(default_factory=threading.Lock)
+    #: group/version -> (kinds served, monotonic time of the check); see :meth:`kinds_served`.
+    _served: dict[str, tuple[frozenset[str], float]] = field(default_factory=dict)
+    _served_guard: threading.Lock = field(default_factory=threading.Lock)
     #: Unix time this runtime was made: the age of "no health yet" counts from here.
     started_at: float = field(default_factory=time.time)
     #: Liveness: each reconcile is in flight here while it holds its lock; stuck after ``stuck_after_s``.
@@ -118,6 +120,11 @@ class Runtime:
     rule_memo: RuleMemo = field(default_factory=RuleMemo)
     #: (namespace, PDDeployment) -> the KernelBuilds its last reconcile used.
     _uses: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    #: Seconds an HPA listing of a namespace is reused (``scaling.list_autoscalers``).
+    autoscaler_ttl_s: float = 30.0
+    _autoscalers: dict[str, tuple[float, dict[str, str]]] = field(default_factory=dict)
+    #: PDDeployments the built-in planner scales (their last reconcile said so) -> last pressure view.
+    _planned: dict[tuple[str, str], tuple] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ SLO health
     def set_health(self, health: Health) -> HealthChange:
@@ -175,11 +182,53 @@ class Runtime:
             self._health.pop((namespace, name), None)
 
     def forget(self, namespace: str, name: str) -> None:
-        """The PDDeployment is gone: drop its health, lock and KernelBuild uses."""
+        """The PDDeployment is gone: drop its health, lock, KernelBuild uses and planner view."""
         self.forget_health(f"{namespace}/{name}")
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
             self._uses.pop((namespace, name), None)
+            self._planned.pop((namespace, name), None)
+
+    # ------------------------------------------------------------------ the planner
+    def mark_planned(self, namespace: str, name: str, planned: bool) -> None:
+        """Whether the built-in planner scales the deployment (its last reconcile says so)."""
+        with self._locks_guard:
+            if planned:
+                self._planned.setdefault((namespace, name), ())
+            else:
+                self._planned.pop((namespace, name), None)
+
+    def planner_moved(self, health: Health) -> bool:
+        """True when ``health`` moves what the built-in planner reads of a deployment it scales
+        (``scaling.pressure_view``): the control loop then reconciles it at once, without waiting
+        for the bounded rate of figure-only status writes. False for other deployments."""
+        key = (health.namespace, health.name)
+        with self._locks_guard:
+            if key not in self._planned:
+                return False
+        view = pressure_view(health)
+        with self._locks_guard:
+            if key not in self._planned:
+                return False
+            moved, self._planned[key] = self._planned[key] != view, view
+        return moved
+
+    def autoscalers(self, namespace: str) -> dict[str, str]:
+        """The HPAs of ``namespace`` that target PDRoleScales (``scaling.list_autoscalers``), re-read at
+        most every ``autoscaler_ttl_s``; a failed read keeps the last answer (or none)."""
+        now = time.monotonic()
+        with self._locks_guard:
+            cached = self._autoscalers.get(namespace)
+        if cached is not None and now - cached[0] < self.autoscaler_ttl_s:
+            return cached[1]
+        try:
+            found = list_autoscalers(self.kube, namespace)
+        except Exception as e:  # noqa: BLE001 - the planner must not stop on a failed read
+            log.warning("cannot list HorizontalPodAutoscalers in %s: %s", namespace, e)
+            found = cached[1] if cached is not None else {}
+        with self._locks_guard:
+            self._autoscalers[namespace] = (now, found)
+        return found
 
     # ------------------------------------------------------------------ KernelBuild uses
     def kernelbuild_users(self, namespace: str, build: str) -> list[str]:
@@ -196,33 +245,47 @@ class Runtime:
             return {b for d in deployments for b in self._uses[(namespace, d)]}
 
     # ------------------------------------------------------------------ cluster facts
-    def monitoring_available(self) -> bool:
-        """True when the API server serves PodMonitor and PrometheusRule (re-checked every ``monitoring_check_ttl_s``).
+    def kinds_served(self, api_version: str) -> frozenset[str]:
+        """The kinds the API server serves in ``api_version`` (re-checked every ``monitoring_check_ttl_s``).
 
-        Asks the API server's discovery for ``monitoring.coreos.com/v1`` directly rather
-        than ``Kube.has_kind``: the DynamicClient's discovery cache is a file shared by
-        processes and can still list kinds whose CRDs were deleted since.
+        Asks the API server's discovery directly rather than ``Kube.has_kind``: the
+        DynamicClient's discovery cache is a file shared by processes and can still list
+        kinds whose CRDs were deleted since. A 404 means none; any other failure keeps the
+        last answer (none before the first).
         """
         now = time.monotonic()
-        if now - self._monitoring_checked < self.monitoring_check_ttl_s:
-            return self._monitoring
-        with self._monitoring_guard:  # one request per period, not one per worker that finds it due
-            if time.monotonic() - self._monitoring_checked < self.monitoring_check_ttl_s:
-                return self._monitoring  # answered by another worker while this one waited
-            group, _, version = MONITORING_API_VERSION.partition("/")
+        known = self._served.get(api_version)
+        if known is not None and now - known[1] < self.monitoring_check_ttl_s:
+            return known[0]
+        with self._served_guard:  # one request per period, not one per worker that finds it due
+            known = self._served.get(api_version)
+            if known is not None and time.monotonic() - known[1] < self.monitoring_check_ttl_s:
+                return known[0]  # answered by another worker while this one waited
+            kinds = known[0] if known is not None else frozenset()
+            group, _, version = api_version.rpartition("/")
             try:
-                listed = k8s.CustomObjectsApi(self.kube.api_client).get_api_resources(group, version)
-                kinds = {r.kind for r in listed.resources or []}
-                self._monitoring = {"PodMonitor", "PrometheusRule"} <= kinds
+                if group:
+                    listed = k8s.CustomObjectsApi(self.kube.api_client).get_api_resources(group, version)
+                else:
+                    listed = k8s.CoreV1Api(self.kube.api_client).get_api_resources()
+                kinds = frozenset(r.kind for r in listed.resources or [] if "/" not in r.name)
             except k8s.ApiException as e:
                 if e.status == 404:
-                    self._monitoring = False
+                    kinds = frozenset()
                 else:  # discovery failed: keep the last answer
-                    log.warning("cannot check for the Prometheus Operator's kinds: %s", e)
+                    log.warning("cannot check which kinds %s serves: %s", api_version, e)
             except Exception as e:
-                log.warning("cannot check for the Prometheus Operator's kinds: %s", e)
-            self._monitoring_checked = time.monotonic()
-            return self._monitoring
+                log.warning("cannot check which kinds %s serves: %s", api_version, e)
+            self._served[api_version] = (kinds, time.monotonic())
+            return kinds
+
+    def monitoring_available(self) -> bool:
+        """True when the API server serves PodMonitor and PrometheusRule (the Prometheus Operator's kinds)."""
+        return {"PodMonitor", "PrometheusRule"} <= self.kinds_served(MONITORING_API_VERSION)
+
+    def lws_available(self) -> bool:
+        """True when the API server serves LeaderWorkerSets (sigs.k8s.io/lws): multi-node roles can be created."""
+        return lws.KIND in self.kinds_served(lws.API_VERSION)
 
     def lock(self, namespace: str, name: str) -> threading.Lock:
         """The lock serializing reconciles of one object."""
@@ -284,10 +347,13 @@ class Runtime:
                     health=self.health(meta["namespace"], meta["name"]),
                     health_stale=self.health_stale(meta["namespace"], meta["name"]),
                     monitoring=self.monitoring_available(),
+                    lws_served=self.lws_available(),
                     rule_memo=self.rule_memo,
+                    autoscalers=self.autoscalers,
                 )
             with self._locks_guard:
                 self._uses[(meta["namespace"], meta["name"])] = outcome.kernelbuilds
+            self.mark_planned(meta["namespace"], meta["name"], outcome.autoscaled)
             ok = True
             return outcome
         except k8s.ApiException as e:

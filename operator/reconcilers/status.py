@@ -122,9 +122,22 @@ def problems_message(problems: list[Problem]) -> str:
 
 
 def _role(w: WorkloadState | None) -> dict[str, Any]:
+    """One workload's status: replicas (a multi-node role's replicas are LeaderWorkerSet groups,
+    Ready only when every pod of the group is) and its pods (``ready/desired``)."""
     if w is None:
-        return {"desired": 0, "ready": 0, "updated": 0, "replicas": "0/0"}
-    return {"desired": w.desired, "ready": w.ready, "updated": w.updated, "replicas": f"{w.ready}/{w.desired}"}
+        return {"desired": 0, "ready": 0, "updated": 0, "replicas": "0/0", "pods": "0/0"}
+    return {"desired": w.desired, "ready": w.ready, "updated": w.updated, "replicas": f"{w.ready}/{w.desired}",
+            "pods": f"{w.pods_ready}/{w.desired * w.pods_per_replica}"}
+
+
+def _engine_pods(target: ObservedGroup | None) -> str:
+    """``ready/desired`` engine pods (prefill and decode, every node of every replica) of the target group."""
+    ready = desired = 0
+    for component in ("prefill", "decode"):
+        w = target.workloads.get(component) if target else None
+        if w is not None:
+            ready, desired = ready + w.pods_ready, desired + w.desired * w.pods_per_replica
+    return f"{ready}/{desired}"
 
 
 def _group_summary(g: ObservedGroup, *, serving: str | None, target: str | None) -> dict[str, Any]:
@@ -182,6 +195,32 @@ def invalid_conditions(problems: list[Problem], *, generation: int, previous: di
     warns = warnings(problems)
     conds.append(Cond("Warning", "True" if warns else "False", "CatalogWarnings" if warns else "NoWarnings", problems_message(warns)))
     return conds
+
+
+#: Reason of the conditions a multi-node spec gets on a cluster without LeaderWorkerSets.
+REASON_LWS_MISSING = "LeaderWorkerSetMissing"
+
+
+def missing_dependency_conditions(
+    *, reason: str, message: str, problems: list[Problem], generation: int, previous: dict[str, Any]
+) -> list[Cond]:
+    """Conditions for a valid generation the cluster cannot run (an API it needs is not served).
+
+    ``Valid`` True (with the warnings as usual); ``Reconciled``, ``Ready`` and
+    ``Progressing`` False with ``reason`` and ``message`` (what to install); Ready's
+    message also names the group that still serves, untouched.
+    """
+    serves = _still_serves(previous)
+    warns = warnings(problems)
+    return [
+        Cond("Valid", "True", "Valid", ""),
+        Cond("Reconciled", "False", reason, message),
+        Cond("Ready", "False", reason, f"generation {generation} cannot be created: {message}; {serves}"),
+        Cond("Progressing", "False", reason, f"generation {generation} is not rolled out until the cluster serves "
+             "what it needs (see the Reconciled condition)"),
+        Cond("Warning", "True" if warns else "False", "CatalogWarnings" if warns else "NoWarnings",
+             problems_message(warns)),
+    ]
 
 
 def reconcile_error_conditions(
@@ -405,8 +444,10 @@ def valid_status(
     }
     roles = {}
     for component in ("prefill", "decode"):
+        w = target.workloads.get(component) if target else None
         roles[component] = {
-            **_role(target.workloads.get(component) if target else None),
+            **_role(w),
+            "nodesPerReplica": w.pods_per_replica if w is not None else None,
             "kvLayout": kv_layouts.get(component),
             "attentionBackend": attention_backends.get(component),
         }
@@ -425,6 +466,7 @@ def valid_status(
         "prefill": roles["prefill"],
         "decode": roles["decode"],
         "gateway": {**_role(gw), "endpoint": endpoint},
+        "pods": _engine_pods(target),
         "compatKey": target_key,
         "kvLayout": kv_layouts.get("prefill"),
         "problems": [p.to_dict() for p in problems],

@@ -1,6 +1,9 @@
-"""Render one role (prefill or decode) of one compat group: ConfigMap, Deployment, headless Service.
+"""Render one role (prefill or decode) of one compat group: ConfigMap, workload, headless Service.
 
-One renderer, parameterized by role (no near-identical prefill/decode copies). The
+One renderer, parameterized by role (no near-identical prefill/decode copies), and one pod
+template function (:func:`pod_template`) for every engine pod: a single-node role's
+Deployment pod, and a multi-node role's LeaderWorkerSet leader and workers (the workload
+object itself: render/multinode.py). The
 role's SGLang flags go into a ``--config`` YAML file in the ConfigMap where SGLang's
 config parser accepts them (switches and one-value options,
 sglang/srt/utils/server_args_config_parser.py); the rest stay on the command line. A
@@ -13,19 +16,21 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
+from .. import lws
 from ..planning import transfer as T
-from ..planning.engine_args import ENGINE_PORT, HF_CACHE, MODEL_MOUNT, SGLANG_CACHE_DIR
+from ..planning.engine_args import ENGINE_PORT, HF_CACHE, HOST_IP_ENV, MODEL_MOUNT, SGLANG_CACHE_DIR
 from ..planning.hicache import FILE_STORAGE_MOUNT, LOCAL_HOSTNAME_ENV, hicache_spec, storage_backend
 from ..planning.memory import gib, quantity_bytes
 from ..planning.structs import Plan, RolePlan
 from ..planning.sglang_flags import flag_table
-from ..planning.rollout import progress_deadline_seconds, role_strategies
+from ..planning.rollout import InPlaceStrategy, progress_deadline_seconds, role_strategies
 from . import labels as L
-from .probes import http_probe, readiness_probe
+from .multinode import group_service_settings, leader_worker_set, wait_for_leader_container
+from .probes import http_probe, readiness_probe, worker_readiness_probe
 
 CONFIG_DIR = "/etc/sglang"
 CONFIG_FILE = "config.yaml"
@@ -40,7 +45,9 @@ def split_config(args: tuple[str, ...] | list[str]) -> tuple[dict[str, Any], lis
     Keys are the flags without their leading dashes (SGLang's config parser turns a key
     back into ``--key`` and the value back into a string); switches map to ``true``;
     whole numbers are written as YAML integers, every other value as a string. Flags the
-    config parser refuses (BooleanOptionalAction, nargs +/*) are returned in order.
+    config parser refuses (BooleanOptionalAction, nargs +/*) are returned in order, and so
+    are flags whose value holds a ``$(VAR)`` reference: the kubelet expands those in a
+    container's args only (``--node-rank $(LWS_WORKER_INDEX)`` of a multi-node replica).
     """
     table = flag_table()
     config: dict[str, Any] = {}
@@ -50,7 +57,8 @@ def split_config(args: tuple[str, ...] | list[str]) -> tuple[dict[str, Any], lis
         tok = args[i]
         info = table.get(tok)
         has_value = i + 1 < len(args) and not args[i + 1].startswith("--")
-        if info is None or not info.config_file:
+        expanded = has_value and "$(" in args[i + 1]
+        if info is None or not info.config_file or expanded:
             cli.append(tok)
             i += 1
             while i < len(args) and not args[i].startswith("--"):
@@ -103,7 +111,7 @@ def _resources(plan: Plan, role: RolePlan) -> dict[str, Any]:
     inputs = role.inputs
     acc = inputs.accelerator
     assert acc is not None, "render needs a valid plan"
-    gpus = inputs.gpus_per_replica
+    gpus = inputs.gpus_per_pod  # a multi-node replica's pods each take their node's share
     # half of the node's CPUs per GPU: room for the gateway, daemons and the node's system share
     cpu = inputs.spec.resources.cpu or str(max(4, acc.cpus * gpus // (2 * acc.gpusPerNode)))
     memory = inputs.spec.resources.memory or gib(role.memory.host_bytes)
@@ -161,6 +169,10 @@ def _env(plan: Plan, role: RolePlan) -> list[dict[str, Any]]:
         # The address Mooncake Store peers reach this pod on; SGLang prefers the variable over
         # the extra config's local_hostname (MooncakeStoreConfig._resolve_local_hostname).
         env.append({"name": LOCAL_HOSTNAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    if role.inputs.multi_node:
+        # every rank's address (bootstrap registration, KV transfer, torch.distributed):
+        # SGLang reads SGLANG_HOST_IP before probing interfaces (utils/network.py)
+        env.append({"name": HOST_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     hub = plan.spec.model.source.hub
     if hub is not None and hub.tokenSecret is not None:
         env.append(
@@ -193,30 +205,29 @@ def role_launch(plan: Plan, role: RolePlan) -> dict[str, Any]:
     return {"configYaml": config_yaml(role), "args": engine_command(role), "env": env}
 
 
-def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> list[dict[str, Any]]:
-    """ConfigMap, Deployment and headless Service of ``role`` in the plan's compat group.
+#: Which pod of a replica a template is for: the only pod of a single-node replica, or the
+#: leader (node 0) / a worker (nodes 1..N-1) of a LeaderWorkerSet group.
+PodKind = Literal["replica", "leader", "worker"]
 
-    ``owner`` is the PDDeployment's {apiVersion, kind, name, uid}; without a uid (the
-    ``render`` command) no ownerReferences are written. Raises AssertionError on a plan
-    with errors (render only valid plans).
+
+def pod_template(plan: Plan, role: RolePlan, *, pod: PodKind = "replica") -> dict[str, Any]:
+    """The pod template of ``role``: the one template function of every engine pod.
+
+    ``pod``: ``replica`` (a Deployment's pod), ``leader`` or ``worker`` (a LeaderWorkerSet
+    group's node 0 and nodes 1..N-1). Every pod of a role gets the same image, SGLang
+    arguments and config file (a multi-node replica's ``--node-rank $(LWS_WORKER_INDEX)``
+    and ``--dist-init-addr $(LWS_LEADER_ADDRESS):port`` are expanded per pod by the
+    kubelet), the same bootstrap port, NIC mapping, volumes and resources; they differ in
+    the readiness probe only (:func:`~.probes.worker_readiness_probe`: a worker has no HTTP
+    server). A multi-node pod also gets SGLANG_HOST_IP from its pod IP and the
+    ``wait-for-leader`` init container (render/multinode.py).
     """
-    assert plan.valid, "render needs a valid plan"
-    name, ns, key = plan.name, plan.namespace, plan.compat_key
+    name, key = plan.name, plan.compat_key
     component = role.role
-    obj_name = L.group_object_name(name, key, component)
-    cm_name = f"{obj_name}-config"
-    labels = L.component_labels(name, component, key)
     image = role.inputs.runtime.image
     acc = role.inputs.accelerator
     assert acc is not None
-
-    config_map = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": L.metadata(name=cm_name, namespace=ns, labels=labels, owner=owner),
-        "data": {CONFIG_FILE: config_yaml(role)},
-    }
-
+    cm_name = f"{L.group_object_name(name, key, component)}-config"
     ports = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
     pod_annotations = {L.ANNOTATION_CONFIG_HASH: config_hash(role, image)}
     if component == "prefill":
@@ -224,6 +235,8 @@ def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> lis
         ports.append({"name": "bootstrap", "containerPort": port, "protocol": "TCP"})
         pod_annotations[L.ANNOTATION_BOOTSTRAP_PORT] = str(port)
     volumes, mounts = _volumes(plan, role, cm_name)
+    readiness = (worker_readiness_probe() if pod == "worker"
+                 else readiness_probe(component, bootstrap_port=plan.spec.disaggregation.bootstrapPort))
     container: dict[str, Any] = {
         "name": "sglang",
         "image": image,
@@ -234,59 +247,110 @@ def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None) -> lis
         "ports": ports,
         "resources": _resources(plan, role),
         "startupProbe": http_probe("/health", period=STARTUP_PROBE_PERIOD_S, failures=STARTUP_PROBE_FAILURES),
-        "readinessProbe": readiness_probe(component, bootstrap_port=plan.spec.disaggregation.bootstrapPort),
+        "readinessProbe": readiness,
         "livenessProbe": http_probe("/health", period=15, failures=4),
         "volumeMounts": mounts,
     }
     if uses_rdma(plan):
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
-    replicas = role.inputs.spec.replicas
-    deployment_spec: dict[str, Any] = {
-        "selector": {"matchLabels": L.selector_labels(name, component, key)},
-        # in place (same key): surge one pod within rollout.maxSurgeGPUs, so the last ready pod
-        # of a role stops only once its replacement is Ready; the Deployment's own progress
-        # deadline reports a replacement that never gets there (observe.py reads it)
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": role_strategies(
-            spec=plan.spec, prefill=plan.prefill, decode=plan.decode)[component].rolling_update()},
-        "progressDeadlineSeconds": progress_deadline_seconds(plan.spec),
-        "template": {
-            "metadata": {"labels": labels, "annotations": pod_annotations},
-            "spec": {
-                "nodeSelector": {**acc.nodeLabels, **role.inputs.spec.nodeSelector},
-                "tolerations": _tolerations(role),
-                "terminationGracePeriodSeconds": 120,
-                "containers": [container],
-                "volumes": volumes,
-            },
-        },
+    spec: dict[str, Any] = {
+        "nodeSelector": {**acc.nodeLabels, **role.inputs.spec.nodeSelector},
+        "tolerations": _tolerations(role),
+        "terminationGracePeriodSeconds": 120,
+        "containers": [container],
+        "volumes": volumes,
     }
-    if replicas is not None:  # omitted: an autoscaler owns replicas (server-side apply leaves it alone)
-        deployment_spec = {"replicas": replicas, **deployment_spec}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": L.metadata(name=obj_name, namespace=ns, labels=labels, owner=owner),
-        "spec": deployment_spec,
+    if role.inputs.multi_node:
+        spec = {"initContainers": [wait_for_leader_container(role)], **spec}
+    return {"metadata": {"labels": L.component_labels(name, component, key), "annotations": pod_annotations},
+            "spec": spec}
+
+
+def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None,
+                replicas: int | None = None) -> list[dict[str, Any]]:
+    """ConfigMap, headless Service and workload of ``role`` in the plan's compat group.
+
+    The workload is a Deployment for a single-node replica, a LeaderWorkerSet for a replica
+    spanning nodes (render/multinode.py). ``owner`` is the PDDeployment's {apiVersion,
+    kind, name, uid}; without a uid (the ``render`` command) no ownerReferences are
+    written. ``replicas``: the role's count when ``spec.<role>.replicas`` is omitted (its
+    PDRoleScale's, ``planning/scaling.py``); ignored when the spec sets it; None (a caller
+    that knows no count) leaves the field out. Raises AssertionError on a plan with errors
+    (render only valid plans).
+    """
+    assert plan.valid, "render needs a valid plan"
+    name, ns, key = plan.name, plan.namespace, plan.compat_key
+    component = role.role
+    obj_name = L.group_object_name(name, key, component)
+    cm_name = f"{obj_name}-config"
+    labels = L.component_labels(name, component, key)
+
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": L.metadata(name=cm_name, namespace=ns, labels=labels, owner=owner),
+        "data": {CONFIG_FILE: config_yaml(role)},
     }
+    strategy = role_strategies(spec=plan.spec, prefill=plan.prefill, decode=plan.decode)[component]
+    if role.inputs.multi_node:
+        workload = leader_worker_set(
+            plan, role, owner=owner, strategy=strategy, replicas=replicas,
+            leader=pod_template(plan, role, pod="leader"), worker=pod_template(plan, role, pod="worker"),
+        )  # fmt: skip
+    else:
+        workload = _deployment(plan, role, owner=owner, strategy=strategy, template=pod_template(plan, role),
+                               replicas=replicas)
     svc_ports = [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}]
     if component == "prefill":
         svc_ports.append(
             {"name": "bootstrap", "port": plan.spec.disaggregation.bootstrapPort, "targetPort": "bootstrap", "protocol": "TCP"}
         )
+    service_spec: dict[str, Any] = {
+        "clusterIP": "None",
+        "selector": L.selector_labels(name, component, key),
+        "ports": svc_ports,
+    }
+    if role.inputs.multi_node:
+        service_spec.update(group_service_settings())
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": L.metadata(name=obj_name, namespace=ns, labels=labels, owner=owner),
-        "spec": {
-            "clusterIP": "None",
-            "selector": L.selector_labels(name, component, key),
-            "ports": svc_ports,
-        },
+        # a multi-node role's Service is also its LeaderWorkerSet's subdomain, which LWS creates
+        # (as its controller) if it finds none: the PDDeployment owns it without claiming control
+        "metadata": L.metadata(name=obj_name, namespace=ns, labels=labels, owner=owner,
+                               controller=not role.inputs.multi_node),
+        "spec": service_spec,
     }
-    return [config_map, deployment, service]
+    # the Service before the workload: LWS then finds it and adopts it as the pods' subdomain
+    return [config_map, service, workload]
+
+
+def _deployment(plan: Plan, role: RolePlan, *, owner: dict | None, strategy: InPlaceStrategy,
+                template: dict[str, Any], replicas: int | None = None) -> dict[str, Any]:
+    """The apps/v1 Deployment of a single-node role (``replicas``: as :func:`render_role`)."""
+    name, ns, key, component = plan.name, plan.namespace, plan.compat_key, role.role
+    deployment_spec: dict[str, Any] = {
+        "selector": {"matchLabels": L.selector_labels(name, component, key)},
+        # in place (same key): surge one pod within rollout.maxSurgeGPUs, so the last ready pod
+        # of a role stops only once its replacement is Ready; the Deployment's own progress
+        # deadline reports a replacement that never gets there (observe.py reads it)
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": strategy.rolling_update()},
+        "progressDeadlineSeconds": progress_deadline_seconds(plan.spec),
+        "template": template,
+    }
+    count = role.inputs.spec.replicas if role.inputs.spec.replicas is not None else replicas
+    if count is not None:  # None only from a caller that knows no count: server-side apply leaves it alone
+        deployment_spec = {"replicas": count, **deployment_spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": L.metadata(name=L.group_object_name(name, key, component), namespace=ns,
+                               labels=L.component_labels(name, component, key), owner=owner),
+        "spec": deployment_spec,
+    }
 
 
 def memory_request_bytes(deployment: dict[str, Any]) -> int:
-    """The memory request of a rendered engine Deployment's container, in bytes (for tests and status)."""
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    """The memory request of a rendered engine workload's container (Deployment or LeaderWorkerSet), in bytes."""
+    container = lws.pod_templates(deployment)[0]["spec"]["containers"][0]
     return quantity_bytes(container["resources"]["requests"]["memory"])

@@ -2,7 +2,9 @@
 
 smg 1.13 discovers workers through the Kubernetes API (``--discovery-provider
 kubernetes``) by label selectors; the selectors include the compat key, so a gateway
-only ever pairs a prefill and a decode of one key. It reads the prefill bootstrap port
+only ever pairs a prefill and a decode of one key. For a role whose replicas span nodes
+they select the LeaderWorkerSet leaders only (``leaderworkerset.sigs.k8s.io/worker-index=0``,
+node 0, the one pod with an HTTP server). It reads the prefill bootstrap port
 from the pod annotation ``sglang.ai/bootstrap-port`` and needs get/list/watch on pods of
 its namespace. The user-facing Service selects the gateway pods of the *serving* group,
 which the reconciler moves only when a new group is Ready (paired rollouts).
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import lws
 from ..planning.engine_args import ENGINE_PORT
 from ..planning.rollout import progress_deadline_seconds
 from ..planning.structs import Plan
@@ -28,7 +31,12 @@ def gateway_args(plan: Plan, compat_key: str | None = None) -> list[str]:
     gw = plan.spec.gateway
 
     def selector(role: str) -> list[str]:
-        return [f"{k}={v}" for k, v in L.selector_labels(plan.name, role, key).items()]
+        labels = L.selector_labels(plan.name, role, key)
+        if plan.role(role).inputs.multi_node:
+            # node 0 of a multi-node replica serves HTTP; the other ranks' stand-in /health
+            # answers 200 but they serve no request (OME does the same; llm-d #2296, #2598)
+            labels = {**labels, lws.LABEL_WORKER_INDEX: lws.LEADER_INDEX}
+        return [f"{k}={v}" for k, v in labels.items()]
 
     return [
         "--host", "0.0.0.0",

@@ -17,6 +17,9 @@ ANNOTATION_CONFIG_HASH = f"{DOMAIN}/config-hash"
 ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"  # read by smg 1.13 Kubernetes discovery
 MANAGED_BY = "sglang-pd-operator"
 FIELD_MANAGER = "sglang-pd-operator"
+#: The field manager of the built-in planner's writes to a PDRoleScale's /scale (its
+#: managedFields tell them apart from kubectl's, an HPA's or KEDA's).
+PLANNER_FIELD_MANAGER = "sglang-pd-operator-planner"
 GROUP_ID_LENGTH = 6
 
 ROLE_GATEWAY = "gateway"
@@ -52,8 +55,13 @@ def component_labels(name: str, component: str, compat_key: str) -> dict[str, st
     return {**common_labels(name), "app.kubernetes.io/component": component, **selector_labels(name, component, compat_key)}
 
 
-def owner_reference(owner: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """``ownerReferences`` pointing at the PDDeployment (``owner`` = its apiVersion/kind/name/uid), or []."""
+def owner_reference(owner: dict[str, Any] | None, *, controller: bool = True) -> list[dict[str, Any]]:
+    """``ownerReferences`` pointing at the PDDeployment (``owner`` = its apiVersion/kind/name/uid), or [].
+
+    ``controller``: the PDDeployment is the object's managing controller (the usual case);
+    False for an object another controller may also create and own (a multi-node role's
+    Service, which LeaderWorkerSet creates when it does not find one: render/multinode.py).
+    """
     if not owner or not owner.get("uid"):
         return []
     return [
@@ -62,20 +70,21 @@ def owner_reference(owner: dict[str, Any] | None) -> list[dict[str, Any]]:
             "kind": owner["kind"],
             "name": owner["name"],
             "uid": owner["uid"],
-            "controller": True,
+            "controller": controller,
             "blockOwnerDeletion": True,
         }
     ]
 
 
 def metadata(
-    *, name: str, namespace: str, labels: dict[str, str], owner: dict[str, Any] | None, annotations: dict | None = None
+    *, name: str, namespace: str, labels: dict[str, str], owner: dict[str, Any] | None, annotations: dict | None = None,
+    controller: bool = True,
 ) -> dict[str, Any]:
-    """Object metadata with labels, optional annotations and the owner reference."""
+    """Object metadata with labels, optional annotations and the owner reference (see :func:`owner_reference`)."""
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels)}
     if annotations:
         meta["annotations"] = dict(annotations)
-    refs = owner_reference(owner)
+    refs = owner_reference(owner, controller=controller)
     if refs:
         meta["ownerReferences"] = refs
     return meta

@@ -82,7 +82,30 @@ def prefill_readiness_probe(bootstrap_port: int) -> dict[str, Any]:
 
 
 def readiness_probe(role: str, *, bootstrap_port: int) -> dict[str, Any]:
-    """The engine container's readiness probe for ``role`` (prefill: combined, decode: ``/health``)."""
+    """The engine container's readiness probe for ``role`` (prefill: combined, decode: ``/health``).
+
+    The probe of a single-node replica's pod and of a multi-node replica's leader (node 0,
+    which runs the HTTP server and, on prefill, the bootstrap server).
+    """
     if role == "prefill":
         return prefill_readiness_probe(bootstrap_port)
+    return http_probe("/health", period=READINESS_PERIOD_S, failures=READINESS_FAILURES)
+
+
+def worker_readiness_probe() -> dict[str, Any]:
+    """Readiness of a multi-node replica's worker pod (node 1..N-1): its stand-in ``/health`` answers.
+
+    What it means, from sglang 0.5.23 entrypoints/engine.py ``_launch_subprocesses``: a
+    node of rank >= 1 runs no tokenizer and no HTTP server; it waits until its own
+    schedulers are ready (``scheduler_init_result.wait_for_ready()``: torch.distributed
+    joined with every rank of the replica, weights loaded) and only then starts
+    ``launch_dummy_health_check_server`` (utils/common.py) on ``--port``, whose ``/health``
+    always answers 200; when its schedulers exit, the process returns and the container
+    stops. So the port answering means "this node's schedulers joined the replica and
+    live", nothing more: the worker has no generation path to test. Whether the replica
+    serves is the leader's real ``/health`` (a one-token generation through every rank,
+    SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION on by default), and LeaderWorkerSet counts a
+    group ready only when its leader and every worker are (its ``readyReplicas``), so the
+    PDDeployment counts a replica Ready only when its whole group is.
+    """
     return http_probe("/health", period=READINESS_PERIOD_S, failures=READINESS_FAILURES)

@@ -39,7 +39,9 @@ import sglang_real as real  # noqa: E402
 
 from sglang_pd_operator.api.load import load_documents, parse_pddeployment  # noqa: E402
 from sglang_pd_operator.catalog import builtin_catalog  # noqa: E402
-from sglang_pd_operator.planning.engine_args import ENGINE_PORT, MODEL_MOUNT  # noqa: E402
+from sglang_pd_operator import lws  # noqa: E402
+from sglang_pd_operator.oracle.judge import expand_refs  # noqa: E402
+from sglang_pd_operator.planning.engine_args import DIST_INIT_PORT, ENGINE_PORT, MODEL_MOUNT  # noqa: E402
 from sglang_pd_operator.planning.plan import build_plan
 from sglang_pd_operator.planning.structs import Plan, RolePlan  # noqa: E402
 from sglang_pd_operator.render.engine import CONFIG_DIR, CONFIG_FILE, render_role  # noqa: E402
@@ -283,16 +285,36 @@ def server_args_fields(sa) -> dict[str, Any]:
     return {f.name: getattr(sa, f.name) for f in msgspec.structs.fields(type(sa))}
 
 
+#: The pod of a multi-node replica the contract parses: a worker (node 1), with the variables
+#: LeaderWorkerSet's pod webhook injects (the leader's DNS name, the group size, its index).
+NODE_RANK = 1
+LEADER_ADDRESS = "dsv41-flash-0.dsv41-flash.inference"
+
+
+def lws_env(role: RolePlan) -> dict[str, str]:
+    """The LWS variables of pod NODE_RANK of a multi-node replica ({} for one node)."""
+    if not role.inputs.multi_node:
+        return {}
+    return {lws.ENV_LEADER_ADDRESS: LEADER_ADDRESS, lws.ENV_GROUP_SIZE: str(role.inputs.nodes),
+            lws.ENV_WORKER_INDEX: str(NODE_RANK)}
+
+
+def flat_args(role: RolePlan) -> list[str]:
+    """The canonical argument list as a pod runs it: ``$(VAR)`` expanded the kubelet's way (multi-node)."""
+    return [expand_refs(a, lws_env(role)) for a in role.command.args]
+
+
 def pod_form(plan: Plan, role: RolePlan, tmp: Path) -> tuple[list[str], dict[str, str]]:
-    """The container's args with ``--config`` pointing at a copy of the ConfigMap's file, and its env."""
+    """The container's args with ``--config`` pointing at a copy of the ConfigMap's file, and its env
+    (a multi-node role: the worker template of its LeaderWorkerSet, args expanded for NODE_RANK)."""
     objs = render_role(plan, role)
     cm = next(o for o in objs if o["kind"] == "ConfigMap")
-    dep = next(o for o in objs if o["kind"] == "Deployment")
-    container = dep["spec"]["template"]["spec"]["containers"][0]
+    workload = next(o for o in objs if o["kind"] in ("Deployment", lws.KIND))
+    container = lws.pod_templates(workload)[-1]["spec"]["containers"][0]
     assert container["command"] == ["python3", "-m", "sglang.launch_server"]
     path = tmp / CONFIG_FILE
     path.write_text(cm["data"][CONFIG_FILE])
-    args = list(container["args"])
+    args = [expand_refs(a, lws_env(role)) for a in container["args"]]
     mounted = f"{CONFIG_DIR}/{CONFIG_FILE}"
     assert args.count("--config") == 1 and args[args.index("--config") + 1] == mounted
     args[args.index("--config") + 1] = str(path)
@@ -350,6 +372,10 @@ def expected_fields(plan: Plan, role: RolePlan) -> dict[str, Any]:
         "enable_amd_monokernel": plugin == "sgl-amd-mono",
         "enable_decoder_swa_bounded_replay": False if spec.rlRollout else None,
     }
+    if p.nodes > 1:  # every pod of the group: its own rank, node 0's address (as LWS and the kubelet give them)
+        exp.update(nnodes=p.nodes, node_rank=NODE_RANK, dist_init_addr=f"{LEADER_ADDRESS}:{DIST_INIT_PORT}")
+    else:
+        exp.update(nnodes=1, node_rank=0, dist_init_addr=None)
     if spec.model.servedModelName:
         exp["served_model_name"] = spec.model.servedModelName
     if not dsv4:
@@ -381,7 +407,7 @@ def assert_ib_devices(role: RolePlan, sa) -> None:
         return
     acc = role.inputs.accelerator
     known = {r.device for r in acc.rails}
-    for gpu in range(role.inputs.gpus_per_replica):
+    for gpu in range(role.inputs.gpus_per_pod):
         nics = get_ib_devices_for_gpu(value, gpu)
         assert nics, f"GPU {gpu} gets no NIC"
         assert {n.strip() for n in nics.split(",")} <= known, (gpu, nics, known)
@@ -390,7 +416,7 @@ def assert_ib_devices(role: RolePlan, sa) -> None:
 def assert_role_contract(plan: Plan, role: RolePlan) -> None:
     """Both forms of the role's command parse to the spec's values and to the same ServerArgs."""
     env = role.command.env_dict()
-    flat = real.parse_engine_args(role.command.args, env)
+    flat = real.parse_engine_args(flat_args(role), env)
     with tempfile.TemporaryDirectory() as tmp:
         pod_args, pod_env = pod_form(plan, role, Path(tmp))
         assert pod_env == env, "the pod's literal env is the planned env"
@@ -419,7 +445,7 @@ def assert_role_contract(plan: Plan, role: RolePlan) -> None:
             == role.layout.attention_backend
         ), "the requested backend resolves, on this GPU, to the backend the operator renders"
         assert (
-            real.real_dsv4_attn_backend(list(role.command.args), isa=isa, model_type=model.modelType, env=env)
+            real.real_dsv4_attn_backend(flat_args(role), isa=isa, model_type=model.modelType, env=env)
             == role.layout.attention_backend
         ), "rendering the resolved backend is a fixed point of SGLang's resolution"
         layout = real.real_pd_kv_layout(
@@ -433,7 +459,7 @@ def assert_role_contract(plan: Plan, role: RolePlan) -> None:
             kv_cache_dtype=flat.kv_cache_dtype,
         )
         assert layout == role.kv_layout_string
-        replay = real_dsv4_startup_checks(role.command.args, isa=isa, model_type=model.modelType, env=env)
+        replay = real_dsv4_startup_checks(flat_args(role), isa=isa, model_type=model.modelType, env=env)
         assert bool(replay) == plan_replay_on(plan, role), "decoder SWA bounded replay resolves as the operator plans"
         assert (role.memory.gpu_outside_kv_bytes > 0) == (
             bool(replay) and env.get("SGLANG_DSV4_DECODER_TAIL_GRAPH_MAX_ROWS") != "0"
@@ -662,10 +688,10 @@ def real_startup_refusals(plan: Plan) -> list[str]:
     for role in (plan.prefill, plan.decode):
         env = role.command.env_dict()
         try:
-            sa = real.parse_engine_args(role.command.args, env)
+            sa = real.parse_engine_args(flat_args(role), env)
             if role.inputs.is_deepseek_v4 and role.inputs.accelerator is not None:
                 real_dsv4_startup_checks(
-                    role.command.args, isa=role.inputs.accelerator.isa, model_type=role.inputs.model.modelType, env=env
+                    flat_args(role), isa=role.inputs.accelerator.isa, model_type=role.inputs.model.modelType, env=env
                 )
             if sa.disaggregation_decode_allocation_policy == "prefill_complete":
                 from sglang.srt.arg_groups.parallel_hook import handle_deprecated_dp_attention

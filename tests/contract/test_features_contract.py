@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sglang_real as real  # noqa: E402
-from test_engine_args_contract import example_docs, plan_of, valid_pdd_docs  # noqa: E402
+from test_engine_args_contract import example_docs, flat_args, plan_of, valid_pdd_docs  # noqa: E402
 
 from sglang_pd_operator.planning.features import (  # noqa: E402
     FEATURE_DESCRIPTIONS,
@@ -110,8 +110,9 @@ def test_feature_names_and_descriptions_are_sglangs():
 def test_example_features_match_sglang(name, doc):
     plan = plan_of(doc)
     for role in (plan.prefill, plan.decode):
-        assert_same_features(list(role.command.args), role.command.env_dict())
+        assert_same_features(flat_args(role), role.command.env_dict())  # a multi-node role as its pods run it
         assert "pd_disaggregation" in role.features  # every role of a PDDeployment is PD
+        assert ("multi_node_tp" in role.features) == role.inputs.multi_node
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
@@ -120,7 +121,7 @@ def test_generated_spec_features_match_sglang(doc):
     plan = plan_of(doc)
     assume(plan.valid)
     for role in (plan.prefill, plan.decode):
-        assert_same_features(list(role.command.args), role.command.env_dict())
+        assert_same_features(flat_args(role), role.command.env_dict())
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sglang_real as real  # noqa: E402
 from test_engine_args_contract import example_docs, plan_of, valid_pdd_docs  # noqa: E402
 
+from sglang_pd_operator import lws  # noqa: E402
 from sglang_pd_operator.planning.engine_args import ENGINE_PORT  # noqa: E402
 from sglang_pd_operator.planning.structs import Plan  # noqa: E402
 from sglang_pd_operator.render import render_all  # noqa: E402
@@ -58,20 +59,32 @@ def assert_gateway_contract(plan: Plan) -> None:
     for role, selector in (("prefill", ra.prefill_selector), ("decode", ra.decode_selector)):
         assert selector[L.LABEL_COMPAT_KEY] == key
         assert selector[L.LABEL_ROLE] == role
-    # smg lists pods by the labels common to both selectors: that must pin deployment and key.
+    # smg lists pods by the labels common to both selectors: that must pin deployment and key
+    # (and leaders only when both roles span nodes).
     common = dict(set(ra.prefill_selector.items()) & set(ra.decode_selector.items()))
-    assert common == {L.LABEL_DEPLOYMENT: plan.name, L.LABEL_COMPAT_KEY: key}
+    both_multi = plan.prefill.inputs.multi_node and plan.decode.inputs.multi_node
+    assert common == {L.LABEL_DEPLOYMENT: plan.name, L.LABEL_COMPAT_KEY: key,
+                      **({lws.LABEL_WORKER_INDEX: lws.LEADER_INDEX} if both_multi else {})}
 
-    # Each selector matches exactly its role's pods; prefill pods carry the bootstrap port.
-    pods = {
-        role: deployments[L.group_object_name(plan.name, key, role)]["spec"]["template"]["metadata"]
-        for role in ("prefill", "decode", L.ROLE_GATEWAY)
-    }
+    # Each selector matches exactly its role's serving pods: every pod of a single-node role, the
+    # leader (worker index 0, as LWS labels it) of a multi-node one, never its workers; prefill
+    # pods carry the bootstrap port.
+    workloads = {o["metadata"]["name"]: o for o in objs if o["kind"] in ("Deployment", lws.KIND)}
+    pods, workers = {}, {}
+    for role in ("prefill", "decode", L.ROLE_GATEWAY):
+        workload = workloads[L.group_object_name(plan.name, key, role)]
+        templates = lws.pod_templates(workload)
+        pods[role] = dict(templates[0]["metadata"])
+        if workload["kind"] == lws.KIND:
+            pods[role]["labels"] = {**pods[role]["labels"], lws.LABEL_WORKER_INDEX: lws.LEADER_INDEX}
+            workers[role] = {**templates[-1]["metadata"]["labels"], lws.LABEL_WORKER_INDEX: "1"}
     assert _selects(ra.prefill_selector, pods["prefill"]["labels"])
     assert _selects(ra.decode_selector, pods["decode"]["labels"])
     assert not _selects(ra.prefill_selector, pods["decode"]["labels"])
     assert not _selects(ra.decode_selector, pods["prefill"]["labels"])
     assert not _selects(ra.prefill_selector, pods["gateway"]["labels"])
+    for role, labels in workers.items():
+        assert not _selects(ra.prefill_selector, labels) and not _selects(ra.decode_selector, labels), role
     port = pods["prefill"]["annotations"][ra.bootstrap_port_annotation]
     assert int(port) == plan.spec.disaggregation.bootstrapPort
     assert ra.bootstrap_port_annotation not in pods["decode"].get("annotations", {})

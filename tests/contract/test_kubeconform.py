@@ -8,9 +8,9 @@ download its schemas here, so they are generated (hack/kubeconform/schemas.py):
   kube-apiserver v1.36.3, generated once into
   ``~/.cache/sglang-pd-operator/kube-schemas/<key>/`` (the key covers the cluster's
   binaries and the generator), starting a dev cluster for the purpose only on a cache miss;
-- our CRD schemas from ``crds/`` (every run: they change with the API models), and the
-  Prometheus Operator's ServiceMonitor / PodMonitor / PrometheusRule CRDs from its pinned
-  Go module.
+- our CRD schemas from ``crds/`` (every run: they change with the API models), the
+  Prometheus Operator's ServiceMonitor / PodMonitor / PrometheusRule CRDs and
+  LeaderWorkerSet's CRD (the multi-node examples' workloads) from their pinned Go modules.
 
 Every resource must be *valid* in strict mode (unknown fields refused): nothing skipped,
 no missing schema. Negative cases prove the schemas bite.
@@ -18,6 +18,7 @@ no missing schema. Negative cases prove the schemas bite.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -87,7 +88,7 @@ def schema_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("schemas")
     os.symlink(cache / f"v{KUBE_VERSION}-standalone-strict", out / f"v{KUBE_VERSION}-standalone-strict")
     ours = [yaml.safe_load(p.read_text()) for p in sorted((ROOT / "crds").glob("*.yaml"))]
-    schemas.crd_schemas(ours + schemas.prometheus_operator_crds(), out)
+    schemas.crd_schemas(ours + schemas.prometheus_operator_crds() + schemas.lws_crds(), out)
     return out
 
 
@@ -129,7 +130,9 @@ def test_examples_are_valid_pddeployments(kubeconform, schema_dir):
 
 
 def test_rendered_children_are_valid(kubeconform, schema_dir, catalog):
-    """What the operator applies for every example (incl. PodMonitor/PrometheusRule) passes the schemas."""
+    """What the operator applies for every example (incl. PodMonitor/PrometheusRule), and for the first one
+    with both roles scaled by the planner (its PDRoleScales), passes the schemas; so does the PDDeployment
+    with spec.autoscaling and the HPA of docs/autoscaling.md pointed at a PDRoleScale."""
     from sglang_pd_operator.api.load import parse_pddeployment
     from sglang_pd_operator.metrics.monitoring import render_monitoring
     from sglang_pd_operator.planning.plan import build_plan
@@ -137,19 +140,30 @@ def test_rendered_children_are_valid(kubeconform, schema_dir, catalog):
     from sglang_pd_operator.render import render_all
 
     objs = []
-    for path in sorted(EXAMPLES.glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if not doc:
-                continue
-            plan = build_plan(parse_pddeployment(doc), catalog)
-            assert plan.valid, path
-            owner = {"apiVersion": "pd.sglang-operator.io/v1alpha1", "kind": "PDDeployment",
-                     "name": plan.name, "uid": "00000000-0000-0000-0000-000000000000"}
-            objs += render_all(plan, owner=owner)
-            objs += render_monitoring(name=plan.name, namespace=plan.namespace, slo_spec=plan.spec.slo,
-                                      pod_selector={L.LABEL_DEPLOYMENT: plan.name}, role_label=L.LABEL_ROLE,
-                                      labels=L.common_labels(plan.name), owner_references=L.owner_reference(owner))
-    assert {"PodMonitor", "PrometheusRule", "Deployment"} <= {o["kind"] for o in objs}
+    docs = [d for p in sorted(EXAMPLES.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    scaled = copy.deepcopy(docs[0])  # both roles left to their PDRoleScales and the planner
+    for role in ("prefill", "decode"):
+        scaled["spec"][role].pop("replicas", None)
+    scaled["spec"]["autoscaling"] = {"prefill": {"maxReplicas": 2}, "decode": {"minReplicas": 2, "maxReplicas": 4}}
+    objs.append(scaled)
+    for doc in [*docs, scaled]:
+        plan = build_plan(parse_pddeployment(doc), catalog)
+        assert plan.valid, doc["metadata"]["name"]
+        owner = {"apiVersion": "pd.sglang-operator.io/v1alpha1", "kind": "PDDeployment",
+                 "name": plan.name, "uid": "00000000-0000-0000-0000-000000000000"}
+        objs += render_all(plan, owner=owner)
+        objs += render_monitoring(name=plan.name, namespace=plan.namespace, slo_spec=plan.spec.slo,
+                                  pod_selector={L.LABEL_DEPLOYMENT: plan.name}, role_label=L.LABEL_ROLE,
+                                  labels=L.common_labels(plan.name), owner_references=L.owner_reference(owner),
+                                  load=plan.spec.autoscaling is not None)
+    # the HPA of docs/autoscaling.md, pointed at a PDRoleScale
+    text = (ROOT / "docs" / "autoscaling.md").read_text()
+    blocks = [yaml.safe_load(b.split("```", 1)[0]) for b in text.split("```yaml\n")[1:]]
+    hpas = [b for b in blocks if isinstance(b, dict) and b.get("kind") == "HorizontalPodAutoscaler"]
+    assert hpas and hpas[0]["spec"]["scaleTargetRef"]["kind"] == "PDRoleScale"
+    objs += hpas
+    assert {"PodMonitor", "PrometheusRule", "Deployment", "LeaderWorkerSet", "PDRoleScale", "HorizontalPodAutoscaler"} <= {
+        o["kind"] for o in objs}
     assert_all_valid(validate(kubeconform, schema_dir, yaml.safe_dump_all(objs)), expected=len(objs))
 
 
@@ -165,8 +179,13 @@ def test_rendered_children_are_valid(kubeconform, schema_dir, catalog):
           "spec": {"decode": {"replica": 2}}}, "replica"),
         ({"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": {"name": "x"},
           "spec": {"endpoints": [{"port": "metrics", "intervall": "30s"}], "selector": {}}}, "intervall"),
+        ({"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {"name": "x"},
+          "spec": {"startupPolicy": "LeaderStarted",
+                   "leaderWorkerTemplate": {"size": 2, "workerTemplate": {"spec": {"containers": []}}}}},
+         "startupPolicy"),
     ],
-    ids=["deployment-type", "service-unknown-field", "pdb-type", "pdd-unknown-field", "servicemonitor-unknown-field"],
+    ids=["deployment-type", "service-unknown-field", "pdb-type", "pdd-unknown-field", "servicemonitor-unknown-field",
+         "lws-enum"],
 )
 def test_schemas_refuse_wrong_objects(kubeconform, schema_dir, doc, needle):
     report = validate(kubeconform, schema_dir, yaml.safe_dump(doc))

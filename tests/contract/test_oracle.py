@@ -197,6 +197,49 @@ def test_every_prefill_rank_registers(oracle, catalog):
     assert verdict.prefill.facts["attnDpSize"] == 4 and verdict.prefill.facts["attnTpSize"] == 1
 
 
+# --------------------------------------------------------------------------- multi-node replicas
+
+
+def test_each_node_rank_runs_its_own_command_through_sglang(oracle, catalog):
+    """Every pod of a LeaderWorkerSet group is judged: SGLang parses node k's expanded command
+    (``--node-rank k``, ``--dist-init-addr <node 0>:20000``) and resolves it on its own node."""
+    from sglang_pd_operator.oracle.judge import pod_launches
+
+    plan, verdict = _judge(oracle, catalog, _example("dsv41-flash-gb300-multi-node.yaml"))
+    assert verdict.accepted is True, verdict.to_dict()
+    assert verdict.decode.facts["nnodes"] == 4 and verdict.decode.facts["tpSize"] == 16
+    worker = oracle.pool.worker("gb300")
+    model_dir = oracle.pool.model_dir(plan.spec.model.name, catalog.hf_config(plan.spec.model.name))
+    for k, launch in enumerate(pod_launches(plan, plan.decode)):
+        result = worker.call("resolve", request={"role": "decode", **launch, "modelDir": model_dir})
+        worker.call("release", handle=result["handle"])
+        assert result["starts"] is True
+        assert (result["facts"]["nodeRank"], result["facts"]["nnodes"]) == (k, 4)
+
+
+def test_prefill_ranks_register_from_every_node_and_decode_reaches_them(oracle, catalog):
+    """A prefill replica on 2 nodes (DEP8): each node's 4 ranks register with the bootstrap server
+    at the dist-init host with their own node's address (SGLANG_HOST_IP), through SGLang's real
+    CommonKVManager; the decode's requests (one per prefill DP rank) reach all 8, on both nodes."""
+    _, verdict = _judge(oracle, catalog, _example("dsv41-flash-gb300-multi-node.yaml"))
+    assert verdict.pair.pairs is True, verdict.pair
+    hosts = [r.rsplit(":", 1)[0] for r in verdict.pair.prefill_ranks]
+    assert len(hosts) == 8 and sorted(set(hosts)) == ["127.0.0.1", "127.0.0.2"]
+    assert hosts.count("127.0.0.1") == hosts.count("127.0.0.2") == 4
+
+
+def test_a_multi_node_handshake_refusal_comes_from_conn_py(oracle, catalog):
+    """DEP prefill on 2 nodes with a TP8 decode on 2 nodes: both start, the handshake refuses
+    DSpark's attention TP mismatch in SGLang's words."""
+    doc = _example("dsv41-flash-gb300-multi-node.yaml")
+    doc["spec"]["decode"]["parallelism"] = {"tp": 8, "nodes": 2}
+    doc["spec"]["decode"]["extraArgs"] = []
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.prefill.starts and verdict.decode.starts, verdict.to_dict()
+    assert verdict.pair.pairs is False
+    assert "requires the same TP size" in verdict.pair.refusal.message
+
+
 def test_a_role_that_cannot_be_judged_is_named_and_the_other_is_not_blamed(oracle, catalog):
     doc = _example("dsv41-flash-gb300-low-latency.yaml")
     doc["spec"]["decode"]["accelerator"] = "b999"  # not in the catalog

@@ -1,7 +1,8 @@
 """The differential test: the operator's rules against SGLang 0.5.23's own verdict.
 
 The corpus is 2,000 generated PDDeployments (tests/oracle_corpus.py, seed 13: the same
-specs on every run), every document of examples/ and every case of the rules table
+specs on every run), 200 more whose roles span nodes (seed 31: each node rank's command
+is judged, and the handshake with prefill ranks on several nodes), every document of examples/ and every case of the rules table
 (tests/unit/rules_cases/*.yaml, built as tests/unit/test_rules_table.py builds them; a
 case's catalog overlay is not applied: both sides judge it with the built-in catalog).
 One oracle judges all of them (one worker per accelerator, started on first use).
@@ -35,6 +36,9 @@ EXAMPLES = ROOT / "examples"
 REPORT = ROOT / ".run" / "oracle-differential.txt"
 GENERATED = 2000
 SEED = 13
+#: Generated specs with a role spanning nodes (their own stream: the 2,000 above are unchanged).
+GENERATED_MULTI_NODE = 200
+MULTI_NODE_SEED = 31
 #: Most indeterminate verdicts tolerated, as a fraction of the judged specs.
 MAX_INDETERMINATE = 0.02
 
@@ -56,8 +60,9 @@ def rules_case_docs() -> list[tuple[str, dict]]:
 
 
 def full_corpus() -> list[tuple[str, dict]]:
-    """Generated specs, examples and rules cases, in that order."""
+    """Generated specs (single-node, then multi-node), examples and rules cases, in that order."""
     generated = [("generated", d) for d in oracle_corpus.corpus(GENERATED, seed=SEED)]
+    generated += [("generated", d) for d in oracle_corpus.multi_node_corpus(GENERATED_MULTI_NODE, seed=MULTI_NODE_SEED)]
     return generated + example_docs() + rules_case_docs()
 
 

@@ -49,8 +49,9 @@ SPECS = {
 }
 
 
-def write_rules(tmp_path: Path, spec: SLOSpec, name: str = "dsv41", namespace: str = "team-a") -> Path:
-    objs = render_monitoring(name=name, namespace=namespace, slo_spec=spec,
+def write_rules(tmp_path: Path, spec: SLOSpec, name: str = "dsv41", namespace: str = "team-a",
+                load: bool = False) -> Path:
+    objs = render_monitoring(name=name, namespace=namespace, slo_spec=spec, load=load,
                              pod_selector={"app.kubernetes.io/instance": name}, role_label="pd.sglang-operator.io/role")
     rule = next(o for o in objs if o["kind"] == "PrometheusRule")
     path = tmp_path / "rules.yaml"
@@ -122,11 +123,7 @@ def test_promtool_evaluates_percentiles_and_fires_the_fast_burn_alert(promtool, 
             ],
         }],
     }
-    test_file = tmp_path / "test.yaml"
-    test_file.write_text(yaml.safe_dump(test, sort_keys=False))
-    proc = subprocess.run([str(promtool), "test", "rules", str(test_file)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_rule_test(promtool, tmp_path, test)
 
 
 def test_promtool_counts_a_kv_failure_once_per_dp_shard(promtool, tmp_path):
@@ -164,6 +161,53 @@ def test_promtool_counts_a_kv_failure_once_per_dp_shard(promtool, tmp_path):
             ],
         }],
     }
+    run_rule_test(promtool, tmp_path, test)
+
+
+def test_promtool_evaluates_the_planners_load_gauges_once_per_shard(promtool, tmp_path):
+    """spec.autoscaling's recording rules (promql.role_load): a TP2 prefill's waiting queue logged by both
+    ranks counts once, a queue with priority scheduling counts its total (priority=""), not total +
+    per-priority series, two pods add up, the KV pool fill is averaged; the operator's batched query
+    gives the same per (deployment, compat_key, role)."""
+    spec = SLOSpec(ttft={"p90": "800ms"}, window="5m", objective=0.99)
+    rules = write_rules(tmp_path, spec, name="d", namespace="ns", load=True)
+    pre = 'namespace="ns",deployment="d",role="prefill",compat_key="k1",engine_type="prefill",pp_rank="0"'
+    dec = 'namespace="ns",deployment="d",role="decode",compat_key="k1",engine_type="decode",pp_rank="0"'
+    series = [
+        *({"series": f'sglang:num_queue_reqs{{{pre},pod="p0",tp_rank="{r}",moe_ep_rank="{r}"}}', "values": "5x10"}
+          for r in range(2)),
+        {"series": f'sglang:num_queue_reqs{{{pre},pod="p1",tp_rank="0",moe_ep_rank="0"}}', "values": "2x10"},
+        {"series": f'sglang:num_decode_prealloc_queue_reqs{{{dec},pod="d0",tp_rank="0",moe_ep_rank="0",priority=""}}',
+         "values": "3x10"},
+        {"series": f'sglang:num_decode_prealloc_queue_reqs{{{dec},pod="d0",tp_rank="0",moe_ep_rank="0",priority="1"}}',
+         "values": "2x10"},
+        {"series": f'sglang:token_usage{{{dec},pod="d0",tp_rank="0",moe_ep_rank="0"}}', "values": "0.2x10"},
+        {"series": f'sglang:token_usage{{{dec},pod="d1",tp_rank="0",moe_ep_rank="0"}}', "values": "0.6x10"},
+    ]
+    group = 'namespace="ns",deployment="d",compat_key="k1"'
+    test = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "30s",
+        "tests": [{
+            "interval": "1m",
+            "input_series": series,
+            "promql_expr_test": [
+                {"expr": "sglang_pd:role_num_queue_reqs", "eval_time": "5m", "exp_samples": [
+                    {"labels": f'sglang_pd:role_num_queue_reqs{{{group},role="prefill"}}', "value": 7}]},
+                {"expr": "sglang_pd:role_num_decode_prealloc_queue_reqs", "eval_time": "5m", "exp_samples": [
+                    {"labels": f'sglang_pd:role_num_decode_prealloc_queue_reqs{{{group},role="decode"}}', "value": 3}]},
+                {"expr": "sglang_pd:role_token_usage", "eval_time": "5m", "exp_samples": [
+                    {"labels": f'sglang_pd:role_token_usage{{{group},role="decode"}}', "value": 0.4}]},
+                {"expr": promql.role_load("sglang:num_queue_reqs", ""), "eval_time": "5m", "exp_samples": [
+                    {"labels": f'{{{group},role="prefill"}}', "value": 7}]},
+            ],
+        }],
+    }
+    run_rule_test(promtool, tmp_path, test)
+
+
+def run_rule_test(promtool: Path, tmp_path: Path, test: dict) -> None:
+    """``promtool test rules`` on ``test`` (a rule test file as a dict); fails with promtool's output."""
     test_file = tmp_path / "test.yaml"
     test_file.write_text(yaml.safe_dump(test, sort_keys=False))
     proc = subprocess.run([str(promtool), "test", "rules", str(test_file)], capture_output=True, text=True,

@@ -421,3 +421,48 @@ def test_rendered_bucket_flags_make_every_target_a_boundary_of_sglangs_histogram
         assert bounds[:-1] == tuple(float(b) for b in getattr(sa, {
             ex.TTFT: "bucket_time_to_first_token", ex.ITL: "bucket_inter_token_latency",
             ex.TPOT: "bucket_inter_token_latency", ex.E2E: "bucket_e2e_request_latency"}[family]))
+
+
+def test_the_simulators_load_model_exports_the_gauges_the_planner_reads_as_real_sglang_does(engines):
+    """Drift check for the simulator's load model (tools/engine_simulator/load.py), which the autoscaling
+    e2e test uses in place of SGLang under load: every gauge the planner reads per role
+    (``slo.LOAD_FAMILIES``: running batch, waiting queue, KV pool fill, the PD bootstrap / inflight
+    queues on prefill, the prealloc / transfer queues on decode) exists on real SGLang 0.5.23's
+    prefill and decode engines (their SchedulerMetricsCollector after log_stats) and on the
+    simulator's, with the same type and label names, and the scraper's parse reads them from both.
+    Fails when SGLang renames one or the simulator drifts."""
+    from engine_simulator import LogNormal, SimConfig, start_process
+
+    from sglang_pd_operator.metrics.slo import LOAD_FAMILIES
+
+    real_pages = {}
+    for role in ("decode", "prefill"):
+        engines[role].log_stats(_fill_seed=16)
+        real_pages[role] = _get(engines[role].url)[2].decode()
+
+    async def from_simulators():
+        pre = await start_process(SimConfig(role="prefill", host="127.0.0.1", port=0, bootstrap_port=0, model="m",
+                                            dp_size=2, load_model=True, prefill=LogNormal(0.01)))
+        dec = await start_process(SimConfig(role="decode", host="127.0.0.1", port=0, model="m", dp_size=4,
+                                            load_model=True, itl=LogNormal(0.002)))
+        try:
+            async with aiohttp.ClientSession() as s:
+                body = {"model": "m", "prompt": "x", "max_tokens": 3, "bootstrap_host": "127.0.0.1",
+                        "bootstrap_port": pre.config.bootstrap_port, "bootstrap_room": 7}
+                answers = await asyncio.gather(s.post(pre.url + "/v1/completions", json=body),
+                                               s.post(dec.url + "/v1/completions", json=body))
+                assert [r.status for r in answers] == [200, 200]
+            return {"prefill": _get(pre.url + "/metrics")[2].decode(), "decode": _get(dec.url + "/metrics")[2].decode()}
+        finally:
+            await pre.close()
+            await dec.close()
+
+    sim_pages = asyncio.run(from_simulators())
+    for role, families in LOAD_FAMILIES.items():
+        real_labels, sim_labels = _label_names(real_pages[role], families), _label_names(sim_pages[role], families)
+        assert set(real_labels) == set(families), f"real SGLang {role} lacks {set(families) - set(real_labels)}"
+        assert sim_labels == real_labels, role
+        for page in (real_pages[role], sim_pages[role]):
+            types = {f.name: f.type for f in text_string_to_metric_families(page)}
+            assert all(types[name] == "gauge" for name in families), (role, {n: types.get(n) for n in families})
+            assert set(ex.parse_exposition(page, families=families).gauges) == set(families), role

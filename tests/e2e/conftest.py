@@ -52,8 +52,8 @@ def cluster(tmp_path_factory, cluster_log) -> Iterator[devcluster.Cluster]:
     run_dir = tmp_path_factory.mktemp("cluster")
     running = devcluster.start_cluster(run_dir=run_dir, log=cluster_log)
     t = running.timings
-    cluster_log(f"dev cluster: /readyz {t['readyz']:.1f}s, nodes Ready {t['ready']:.1f}s, "
-                f"whole start {t['total']:.1f}s"
+    cluster_log(f"dev cluster: /readyz {t['readyz']:.1f}s, nodes Ready {t['nodes']:.1f}s, "
+                f"LWS serving {t['ready']:.1f}s, whole start {t['total']:.1f}s"
                 + (f" (including a {t['build']:.0f}s build)" if "build" in t else
                    " (warm start, binaries cached)"))
     try:

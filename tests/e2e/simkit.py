@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SIMULATOR = ROOT / "tools" / "engine_simulator"
 LOADGEN = ROOT / "tools" / "loadgen.py"
 BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"  # on every pod of a LeaderWorkerSet group
 
 
 def smg_binary() -> str | None:
@@ -189,7 +190,8 @@ class PDStack:
 def serve_pd(cluster, procs: Processes, ready: dict[str, Any], *, sim_extra: list[str]) -> PDStack:
     """Start a simulator for every engine pod of the Ready PDDeployment ``ready`` (``sim_extra``
     appended to each one's arguments, plus ``--seed <i>``) and smg with the operator's rendered
-    gateway arguments; returns once smg registered every prefill and decode pod."""
+    gateway arguments; returns once smg registered every prefill and decode pod it serves (of a
+    multi-node role, the LeaderWorkerSet leaders)."""
     from opkit import kget, pods, wait_for
 
     ns, name = ready["metadata"]["namespace"], ready["metadata"]["name"]
@@ -209,7 +211,10 @@ def serve_pd(cluster, procs: Processes, ready: dict[str, Any], *, sim_extra: lis
     gateway = f"http://{gw_pod['status']['podIP']}:{args[args.index('--port') + 1]}"
     start_smg(procs, args, kubeconfig=cluster.kubeconfig)
     wait_answering([gateway + "/health"], timeout=30)
-    n_p, n_d = len(by_role["prefill"]), len(by_role["decode"])
+    # smg serves every pod of a single-node role, the leader (worker index 0) of a multi-node one
+    serving = {r: [p for p in pods_ if p["metadata"]["labels"].get(LWS_WORKER_INDEX, "0") == "0"]
+               for r, pods_ in by_role.items()}
+    n_p, n_d = len(serving["prefill"]), len(serving["decode"])
     wait_for(lambda: (w := get_json(gateway + "/workers"))["stats"]["prefill_count"] == n_p
              and w["stats"]["decode_count"] == n_d, timeout=60, what=f"smg registered {n_p} prefill + {n_d} decode")
     return PDStack(engine=engine, by_role=by_role, gateway_pod=gw_pod, gateway=gateway, served=served, key=key)
@@ -236,8 +241,8 @@ KWOK_READY = "pd.sglang-operator.io/kwok-ready"
 POD_LOOPBACK = "127.0.0.1"
 
 
-def probe_policy(namespace: str, *, role: str = "prefill") -> list[dict[str, Any]]:
-    """A MutatingAdmissionPolicy and its binding: pods of ``role`` created in ``namespace`` get
+def probe_policy(namespace: str, *, role: str | tuple[str, ...] = "prefill") -> list[dict[str, Any]]:
+    """A MutatingAdmissionPolicy and its binding: pods of ``role`` (one or several) created in ``namespace`` get
     ``pd.sglang-operator.io/kwok-ready: "false"``, so kwok starts them Running but NotReady
     and leaves their readiness to a :class:`Prober` (the kubelet's part). Cluster-scoped
     objects named after the namespace; delete them after the test."""
@@ -264,7 +269,8 @@ def probe_policy(namespace: str, *, role: str = "prefill") -> list[dict[str, Any
                 "policyName": name,
                 "matchResources": {
                     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-                    "objectSelector": {"matchLabels": {"pd.sglang-operator.io/role": role}},
+                    "objectSelector": {"matchExpressions": [{"key": "pd.sglang-operator.io/role", "operator": "In",
+                                                             "values": [role] if isinstance(role, str) else list(role)}]},
                 },
             },
         },
@@ -383,3 +389,59 @@ class Prober:
         want = "true" if verdicts and all(verdicts) else "false"
         if pod["metadata"]["annotations"].get(KWOK_READY) != want:
             self.core.patch_namespaced_pod(name, self.namespace, {"metadata": {"annotations": {KWOK_READY: want}}})
+
+
+# --------------------------------------------------------------------------- a fleet that follows scaling
+class SimulatorFleet:
+    """A simulator for every engine pod of a PDDeployment, following its scaling: a thread lists the
+    deployment's prefill and decode pods every 0.5 s, starts a simulator (``start_simulator``, with
+    ``extra`` and ``--seed <n>``) for each new pod that has an IP, and stops the simulator of a pod
+    that is gone. ``started``: (monotonic time, pod name, role) of every start. Use as a context
+    manager; stopping it stops its simulators."""
+
+    def __init__(self, api, procs: Processes, namespace: str, name: str, *, model: str, served_model_name: str,
+                 extra: list[str] | None = None) -> None:
+        from kubernetes import client as k8s
+
+        self.core = k8s.CoreV1Api(api)
+        self.procs, self.namespace, self.name = procs, namespace, name
+        self.model, self.served, self.extra = model, served_model_name, list(extra or [])
+        self.running: dict[str, str] = {}  # pod name -> uid
+        self.started: list[tuple[float, str, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "SimulatorFleet":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        for pod in list(self.running):
+            self.procs.stop(pod)
+
+    def _run(self) -> None:
+        selector = f"pd.sglang-operator.io/deployment={self.name},pd.sglang-operator.io/role in (prefill,decode)"
+        while not self._stop.is_set():
+            try:
+                items = self.core.list_namespaced_pod(self.namespace, label_selector=selector, _request_timeout=10).items
+            except Exception:  # noqa: BLE001 - a busy API server: next tick
+                items = None
+            if items is not None:
+                live = {}
+                for pod in items:
+                    if pod.metadata.deletion_timestamp or not pod.status.pod_ip:
+                        continue
+                    live[pod.metadata.name] = pod.metadata.uid
+                    if self.running.get(pod.metadata.name) != pod.metadata.uid:
+                        body = self.core.api_client.sanitize_for_serialization(pod)
+                        start_simulator(self.procs, body, model=self.model, served_model_name=self.served,
+                                        extra=[*self.extra, "--seed", str(len(self.started))])
+                        self.running[pod.metadata.name] = pod.metadata.uid
+                        self.started.append((time.monotonic(), pod.metadata.name,
+                                             pod.metadata.labels["pd.sglang-operator.io/role"]))
+                for gone in set(self.running) - set(live):
+                    self.procs.stop(gone)
+                    del self.running[gone]
+            self._stop.wait(0.5)

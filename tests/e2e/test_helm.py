@@ -104,6 +104,15 @@ def _chart_with_crd(tmp: Path, edit) -> Path:
     return src
 
 
+def _before_slo(spec: dict) -> None:
+    """The spec schema of a CRD from before spec.slo: without it and without what came later and refers
+    to it (spec.autoscaling and its CEL rules, which the API server would not compile without spec.slo)."""
+    spec["properties"].pop("slo")
+    spec["properties"].pop("autoscaling", None)
+    spec["x-kubernetes-validations"] = [r for r in spec.get("x-kubernetes-validations", [])
+                                        if "slo" not in r["rule"] and "autoscaling" not in r["rule"]]
+
+
 @pytest.fixture(scope="module")
 def charts(kc, tmp_path_factory) -> dict[str, Path]:
     """0.1.0: the chart as it is; 0.2.0: its CRD adds spec.notes; 0.0.9: its CRD lacks spec.slo."""
@@ -113,8 +122,7 @@ def charts(kc, tmp_path_factory) -> dict[str, Path]:
         "0.1.0": _package(kc, CHART, out, "0.1.0"),
         "0.2.0": _package(kc, _chart_with_crd(tmp_path_factory.mktemp("c2"), lambda s: s["properties"].update(notes=notes)),
                           out, "0.2.0"),
-        "0.0.9": _package(kc, _chart_with_crd(tmp_path_factory.mktemp("c0"), lambda s: s["properties"].pop("slo")),
-                          out, "0.0.9"),
+        "0.0.9": _package(kc, _chart_with_crd(tmp_path_factory.mktemp("c0"), _before_slo), out, "0.0.9"),
     }
 
 
@@ -259,7 +267,7 @@ def test_operator_as_chart_sa_runs_the_main_scenario_with_one_leader(kc, release
     cluster_log(f"GB300 example Ready after {time.monotonic() - start:.1f}s (operator as {SA})")
     printed = kc.kubectl("get", "pdd", "-n", app_ns).stdout
     cluster_log("kubectl get pdd:\n" + printed)
-    assert re.search(rf"{NAME}\s+True\s+1/1\s+2/2\s+v41,c1:v41_fp4,c2:v41_fp4", printed), printed
+    assert re.search(rf"{NAME}\s+True\s+1/1\s+2/2\s+3/3\s+v41,c1:v41_fp4,c2:v41_fp4", printed), printed  # PODS 3/3
     key = obj["status"]["compatKey"]
     assert set(deployments(kc, app_ns)) == {f"{NAME}-{key[:6]}-{r}" for r in ("prefill", "decode", "gateway")}
     # with the Prometheus Operator's CRDs the operator applies a PodMonitor and a PrometheusRule too
@@ -419,18 +427,21 @@ def test_failover_lost_lease_and_graceful_release(kc, release, app_ns):
 
 
 def test_replicas_left_to_an_autoscaler_are_not_reset(kc, release, app_ns):
-    """decode.replicas omitted in Git: an autoscaler (here: kubectl scale as field manager hpa) owns it."""
+    """decode.replicas omitted in Git: an autoscaler (here: a /scale patch as field manager hpa) owns it
+    through the role's PDRoleScale, which the operator (as the chart's ServiceAccount) created."""
     doc = example(app_ns, decode={"parallelism": {"tp": 4}})
     gitops_apply(kc, doc)
     obj = wait_for(lambda: (o := ready(kc, app_ns)) and "replicas" not in o["spec"]["decode"] and o, timeout=60,
                    what="Ready with decode.replicas omitted")
     decode = f"{NAME}-{obj['status']['compatKey'][:6]}-decode"
-    kc.kubectl("patch", "deployment", decode, "-n", app_ns, "--subresource=scale", "--field-manager=hpa",
+    assert kget(kc, "pdrs", f"{NAME}-decode", "-n", app_ns)["spec"]["replicas"] == 1
+    kc.kubectl("patch", "pdrs", f"{NAME}-decode", "-n", app_ns, "--subresource=scale", "--field-manager=hpa",
                "--type=merge", "-p", '{"spec":{"replicas":2}}')
     wait_for(lambda: (o := ready(kc, app_ns)) and o["status"]["decode"]["replicas"] == "2/2", timeout=60, what="2/2")
     gitops_apply(kc, doc)  # a sync
     time.sleep(6)  # several resyncs
     assert kget(kc, "deployment", decode, "-n", app_ns)["spec"]["replicas"] == 2
+    assert kget(kc, "pdrs", f"{NAME}-decode", "-n", app_ns)["status"]["replicas"] == 2
     diff = kc.kubectl("diff", "--server-side", f"--field-manager={GITOPS}", "-f", "-", input=yaml.safe_dump(doc), check=False)
     assert diff.returncode == 0, diff.stdout
 
@@ -517,7 +528,7 @@ def test_older_crd_is_refused_then_applied_by_the_operator(kc, release, charts, 
                             extra=("--crds=check",)).start()
     assert refused.exit_code(timeout=60) == 1
     assert re.search(r"the installed CRD pddeployments\.pd\.sglang-operator\.io is older than this operator: "
-                     r"it lacks v1alpha1: spec\.slo", refused.log()), refused.log_tail()
+                     r"it lacks (v1alpha1: spec\.autoscaling; )?v1alpha1: spec\.slo", refused.log()), refused.log_tail()
     assert lease_holder(kc) != "op-f"  # refused before taking part in the election
 
     applier = ChartOperator(kubeconfig=kubeconfig, log_path=tmp_path / "apply.log", identity="op-g",

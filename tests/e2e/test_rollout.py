@@ -71,17 +71,26 @@ class Watcher:
 
     api: k8s.ApiClient
     namespace: str
+    name: str = NAME
     samples: list[Sample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def _sample(self) -> Sample:
+        """One snapshot: the Service is read at exactly the resourceVersion of the Deployment list.
+
+        Two plain reads are two moments: under load a cutover can land between them, and a
+        Service read after it beside Deployments listed before it looks like a Service pointing
+        at a group that is not Ready (seen in CI). ``resourceVersionMatch=Exact`` reads the
+        Service as etcd held it at the list's revision, so each sample is one state of the cluster.
+        """
         apps, core = k8s.AppsV1Api(self.api), k8s.CoreV1Api(self.api)
-        deps = apps.list_namespaced_deployment(self.namespace, label_selector=f"{LBL}/deployment={NAME}").items
-        try:
-            svc = core.read_namespaced_service(NAME, self.namespace)
-            service_key = (svc.spec.selector or {}).get(f"{LBL}/compat-key")
-        except k8s.ApiException:
-            service_key = None
+        listed = apps.list_namespaced_deployment(self.namespace, label_selector=f"{LBL}/deployment={self.name}")
+        deps = listed.items
+        services = core.list_namespaced_service(
+            self.namespace, field_selector=f"metadata.name={self.name}",
+            resource_version=listed.metadata.resource_version, resource_version_match="Exact",
+        ).items
+        service_key = (services[0].spec.selector or {}).get(f"{LBL}/compat-key") if services else None
         gateways, comps = {}, {}
         for d in deps:
             key, role = d.metadata.labels[f"{LBL}/compat-key"], d.metadata.labels[f"{LBL}/role"]

@@ -61,6 +61,8 @@ KUBE_VERBS = {
     "apply": {"create", "patch"},  # + "get" unless the caller passes ``live`` or ``fetch=False``
     "delete": {"delete"},
     "patch_status": {"patch"},  # on <plural>/status
+    "scale": {"patch"},  # on <plural>/scale (a PDRoleScale's or a Deployment's count)
+    "create": {"create"},  # a PDRoleScale at its seed count (the object is dynamic, as apply's)
     "event": {"create"},  # a core/v1 Event
     "has_kind": set(),  # discovery, allowed to every authenticated user
 }
@@ -177,8 +179,8 @@ def static_permissions() -> tuple[set[Perm], set[tuple[str, str, str, str]]]:
     workload: set[Perm] = set()
     own_ns: set[tuple[str, str, str, str]] = set()
     for call in kube_calls():
-        if call.method in ("apply", "has_kind"):
-            continue  # apply: dynamic (below); has_kind: discovery
+        if call.method in ("apply", "create", "has_kind"):
+            continue  # apply, create: dynamic (below); has_kind: discovery
         if call.method == "event":
             workload.add(("", "events", "create"))
             continue
@@ -192,6 +194,8 @@ def static_permissions() -> tuple[set[Perm], set[tuple[str, str, str, str]]]:
             group, plural = resource_of(api_version, kind)
             if call.method == "patch_status":
                 plural += "/status"
+            elif call.method == "scale":
+                plural += "/scale"
             for verb in KUBE_VERBS[call.method]:
                 if in_own_ns:
                     own_ns.add((group, plural, verb, _resolve(call, args[2])[0]))
@@ -212,6 +216,7 @@ class RecordingKube:
     """
 
     def __init__(self):
+        self.created: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, str, str]] = []
         self.applied: list[tuple[dict[str, Any], set[str]]] = []
         self.apply_sites: set[tuple[str, int]] = set()
@@ -219,7 +224,19 @@ class RecordingKube:
 
     def get(self, api_version, kind, name, namespace=None):
         self.calls.append(("get", api_version, kind))
-        return None
+        return copy.deepcopy(self.created.get((kind, namespace, name)))
+
+    def create(self, obj):
+        """Records like apply (verbs: create) and remembers the object, so a second reconcile finds it."""
+        self.calls.append(("create", obj["apiVersion"], obj["kind"]))
+        self.applied.append((obj, {"create"}))
+        self.created[(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])] = copy.deepcopy(obj)
+        self.total_writes += 1
+        return True
+
+    def scale(self, api_version, kind, name, namespace, replicas, *, field_manager=None):
+        self.calls.append(("scale", api_version, kind))
+        self.total_writes += 1
 
     def list(self, api_version, kind, namespace, label_selector):
         self.calls.append(("list", api_version, kind))
@@ -252,7 +269,9 @@ class RecordingKube:
 
 
 def example_bodies() -> list[dict[str, Any]]:
-    """Every example PDDeployment as written, then each again with ``kernels.cache: auto``."""
+    """Every example PDDeployment as written, then each again with ``kernels.cache: auto``, then the
+    first one with both roles' counts left to PDRoleScales and the planner (twice: creation, then
+    the objects exist)."""
     out, auto = [], []
     for path in sorted(EXAMPLES.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
@@ -265,7 +284,13 @@ def example_bodies() -> list[dict[str, Any]]:
                 cached["metadata"]["uid"] += "-kernels-auto"
                 cached["spec"]["kernels"] = {**(cached["spec"].get("kernels") or {}), "cache": "auto"}
                 auto.append(cached)
-    return out + auto
+    scaled = copy.deepcopy(out[0])
+    scaled["metadata"].update(name=scaled["metadata"]["name"] + "-scaled", uid="uid-scaled")
+    for role in ("prefill", "decode"):
+        scaled["spec"][role].pop("replicas", None)
+    scaled["spec"]["slo"] = scaled["spec"].get("slo") or {"ttft": {"p90": "800ms"}}
+    scaled["spec"]["autoscaling"] = {"prefill": {"maxReplicas": 2}, "decode": {"maxReplicas": 4}}
+    return out + auto + [scaled, copy.deepcopy(scaled)]
 
 
 @pytest.fixture(scope="module")
@@ -279,6 +304,8 @@ def recorded(catalog) -> RecordingKube:
         kwargs = {"kube": kube, "body": body, "catalog": catalog}
         if "monitoring" in params:
             kwargs["monitoring"] = True  # a cluster with the Prometheus Operator: the widest case
+        if "lws_served" in params:
+            kwargs["lws_served"] = True  # and with LeaderWorkerSet: the multi-node examples apply theirs
         outcome = reconcile(**kwargs)
         assert outcome.valid, body["metadata"]["name"]
     # the KernelBuilds kernels.cache: auto created (nothing exists yet: storage, request, attempt 1's Job)

@@ -7,6 +7,8 @@ and the resync directly and read the work queue.
 
 from __future__ import annotations
 
+import time
+
 import copy
 
 from sglang_pd_operator.controller import KERNELBUILD, PDDEPLOYMENT, Controller, LoopSettings, resync_offset
@@ -170,6 +172,46 @@ def test_slo_figures_that_only_move_are_written_at_most_once_per_period_transiti
     c.on_health(H)  # figures again 15 s later: deferred
     c.on_health(H)  # a transition: at once, whatever the period
     assert drain(c) == [key]
+
+
+def test_a_move_of_what_the_planner_reads_queues_a_planned_deployment_at_once():
+    """Figures that only move are written at most once per period, but for a deployment the built-in
+    planner scales, a move of its reading (a role going under pressure) queues a reconcile at once."""
+    from sglang_pd_operator.metrics.health import Health
+    from sglang_pd_operator.metrics.slo import KVTransferResult, SLOEvaluator, SLOResult, TargetResult
+
+    clock = Clock()
+    c = controller(clock, slo_status_period_s=60.0)
+    kv = KVTransferResult(latency_seconds={}, transfers=0, transfer_failures=0, bootstrap_failures=0,
+                          failures_per_second=0, failure_ratio=None)
+
+    def health(ttft: float) -> Health:
+        target = TargetResult("ttft", "p90", "seconds", 0.8, ttft, ttft <= 0.8, 0.8 - ttft, 0.1, 50, "decode", "x")
+        slo = SLOResult(deployment="ns/d", evaluated_at=time.time(), window_seconds=60, objective=0.99,
+                        targets=(target,), met=ttft <= 0.8, no_traffic=False, attainment=1.0,
+                        burn_rates=SLOEvaluator().record_interval("ns/d", 60, 0.99, True, 1.0)[1], kv_transfer=kv)
+        return Health(namespace="ns", name="d", serving_key="k", evaluated_at=time.time(), ready={}, reachable={},
+                      slo=slo, kv_transfer=kv)
+
+    key = (PDDEPLOYMENT, "ns", "d")
+    c.on_health(health(0.30))
+    assert drain(c) == [key]            # the first figures: a condition appeared
+    clock.t += 15
+    c.on_health(health(0.31))
+    assert drain(c) == []               # not planned: a figure that moved waits for the period
+    c.runtime.mark_planned("ns", "d", True)
+    clock.t += 15
+    c.on_health(health(0.32))
+    assert drain(c) == [key]            # planned: the planner's first reading
+    clock.t += 15
+    c.on_health(health(0.33))
+    assert drain(c) == []               # the same reading (hold): no extra reconcile
+    clock.t += 1
+    c.on_health(health(0.78))           # within 20% of the target: still hold without a queue
+    c.on_health(health(1.2))            # missed: prefill under pressure
+    assert drain(c) == [key]
+    c.runtime.mark_planned("ns", "d", False)
+    assert not c.runtime.planner_moved(health(0.3))
 
 
 def test_a_kernelbuild_is_looked_at_again_while_it_builds_and_when_its_retry_is_due():

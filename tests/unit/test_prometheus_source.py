@@ -229,3 +229,60 @@ def test_the_mooncake_master_is_still_probed_with_the_pods_it_is_given():
     assert with_mooncake.kvstore is not None and with_mooncake.kvstore.reachable is False
     assert with_mooncake.kvstore.url == f"http://127.0.0.1:{port}"
     assert plain.kvstore is None
+
+
+# --------------------------------------------------------------------------- the planner's load gauges
+def test_the_planners_load_gauges_come_from_the_rules_expressions_only_with_autoscaling():
+    spec = SLOSpec.model_validate(SLO)
+    one = promql.selector(namespace="ns", deployment="d")
+    plain = {r["record"] for r in prometheus_rule_spec(name="d", namespace="ns", slo_spec=spec)["groups"][0]["rules"]}
+    assert not any(r.startswith("sglang_pd:role_") for r in plain)
+    rules = prometheus_rule_spec(name="d", namespace="ns", slo_spec=spec, load=True)["groups"][0]["rules"]
+    recorded = {r["record"]: r["expr"] for r in rules}
+    assert recorded["sglang_pd:role_num_queue_reqs"] == promql.role_load("sglang:num_queue_reqs", one)
+    assert recorded["sglang_pd:role_token_usage"].startswith("avg by (namespace, deployment, compat_key, role)")
+    assert 'priority=""' in recorded["sglang_pd:role_num_decode_prealloc_queue_reqs"]
+    assert "max without (pp_rank, tp_rank, moe_ep_rank)" in recorded["sglang_pd:role_num_running_reqs"]
+    source = PrometheusSource(list_deployments=lambda: [], prometheus=PrometheusSettings(url="http://127.0.0.1:1"))
+    without = source.queries([_dep(body("d"))])
+    auto = body("d")
+    auto["spec"]["autoscaling"] = {"decode": {"maxReplicas": 3}}
+    from sglang_pd_operator.metrics import prometheus_source as P
+
+    asked = source.queries([P._Deployment(**{**_dep(auto).__dict__, "load": True})])
+    assert len(asked) == len(without) + len(promql.LOAD_GAUGES)   # once per pass, whatever the deployments
+    assert asked[(None, "load:sglang:num_queue_reqs")] == recorded["sglang_pd:role_num_queue_reqs"].replace(
+        'namespace="ns",deployment="d",', "")
+
+
+class LoadAnswers(FakeAnswers):
+    """Prometheus answers with the load gauges of the serving group (and of an older group, ignored)."""
+
+    VALUES = {"sglang:num_queue_reqs": {"prefill": 6, "decode": 0}, "sglang:num_running_reqs": {"prefill": 1, "decode": 9},
+              "sglang:num_decode_transfer_queue_reqs": {"decode": 4}, "sglang:token_usage": {"decode": 0.25}}
+
+    async def handle(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        q, at = form["query"], float(form["time"])
+        for gauge, per_role in self.VALUES.items():
+            if q.startswith(("sum by", "avg by")) and f"({gauge}{{" in q:
+                result = [{"metric": {"namespace": "ns", "deployment": "a", "compat_key": k, "role": r},
+                           "value": [at, str(v * (1 if k == KEY else 100))]}
+                          for r, v in per_role.items() for k in (KEY, "0ldk3y")]
+                return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+        return await super().handle(request)
+
+
+def test_load_gauges_reach_the_planner_like_the_scrapers():
+    from sglang_pd_operator.reconcilers.scaling import signals_from_health
+
+    auto = body("a")
+    auto["spec"]["autoscaling"] = {"prefill": {"maxReplicas": 3}}
+    (h,) = _run_against(LoadAnswers(up=UP, newest=1.0), [auto])
+    assert h.problem is None
+    assert h.slo.roles["prefill"].queues == {"num_queue_reqs": 6.0, "num_running_reqs": 1.0}
+    assert h.slo.roles["decode"].token_usage == 0.25 and h.slo.roles["decode"].pods == 1
+    s = signals_from_health(h)
+    assert s.role("prefill").waiting == 6.0 and s.role("decode").transfer == 4.0 and s.role("decode").running == 9.0
+    (plain,) = _run_against(LoadAnswers(up=UP, newest=1.0), [body("a")])
+    assert plain.slo.roles == {}   # not asked without spec.autoscaling

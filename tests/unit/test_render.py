@@ -104,10 +104,21 @@ def test_config_change_rolls_pods_and_replicas_do_not(gb300_doc, catalog):
     assert plan3.compat_key == key and ann(objs3, "decode") != ann(objs, "decode") and ann(objs3, "prefill") == ann(objs, "prefill")
 
 
-def test_omitted_replicas_are_left_to_an_autoscaler(gb300_doc, catalog):
+def test_omitted_replicas_are_owned_by_the_roles_pdrolescale(gb300_doc, catalog):
+    """A role without replicas gets a PDRoleScale named after the deployment and role (no compat key:
+    it survives rollouts), seeded at minReplicas (else 1), and its Deployment that count."""
     del gb300_doc["spec"]["decode"]["replicas"]
     plan, objs = _objs(gb300_doc, catalog)
-    assert "replicas" not in objs[("Deployment", f"dsv41-flash-{plan.compat_key[:6]}-decode")]["spec"]
+    assert objs[("Deployment", f"dsv41-flash-{plan.compat_key[:6]}-decode")]["spec"]["replicas"] == 1
+    scale = objs[("PDRoleScale", "dsv41-flash-decode")]
+    assert scale["spec"] == {"replicas": 1}
+    assert "pd.sglang-operator.io/compat-key" not in scale["metadata"]["labels"]
+    assert scale["metadata"]["labels"]["pd.sglang-operator.io/role"] == "decode"
+    assert ("PDRoleScale", "dsv41-flash-prefill") not in objs  # prefill's count is in the spec
+    gb300_doc["spec"]["autoscaling"] = {"decode": {"minReplicas": 3, "maxReplicas": 6}}
+    plan, objs = _objs(gb300_doc, catalog)
+    assert objs[("PDRoleScale", "dsv41-flash-decode")]["spec"] == {"replicas": 3}
+    assert objs[("Deployment", f"dsv41-flash-{plan.compat_key[:6]}-decode")]["spec"]["replicas"] == 3
 
 
 def _deployment(objs, plan, role):
@@ -185,3 +196,22 @@ def test_every_object_and_pod_template_carries_the_label_the_operator_watches_by
             template = obj.get("spec", {}).get("template")
             if template is not None:
                 assert managed.items() <= template["metadata"]["labels"].items(), (path.name, kind, name)
+
+
+def test_a_multi_node_role_without_replicas_gets_its_pdrolescales_count_in_its_leaderworkerset(catalog):
+    """The count of a role spanning nodes is LeaderWorkerSet groups: the PDRoleScale's count, rendered."""
+    from helpers import EXAMPLES
+
+    from sglang_pd_operator.render import render_group
+
+    doc = yaml.safe_load((EXAMPLES / "dsv41-flash-gb300-multi-node.yaml").read_text())
+    doc["spec"]["decode"].pop("replicas", None)
+    plan = build_plan(parse_pddeployment(doc), catalog)
+    assert plan.valid and plan.decode.inputs.multi_node
+    lws = next(o for o in render_group(plan, replicas={"decode": 3}) if o["kind"] == "LeaderWorkerSet"
+               and o["metadata"]["name"].endswith("-decode"))
+    assert lws["spec"]["replicas"] == 3
+    assert "replicas" not in next(o for o in render_group(plan) if o["kind"] == "LeaderWorkerSet"
+                                  and o["metadata"]["name"].endswith("-decode"))["spec"]
+    _, objs = _objs(doc, catalog)
+    assert objs[("PDRoleScale", f"{plan.name}-decode")]["spec"] == {"replicas": 1}

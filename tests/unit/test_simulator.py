@@ -250,3 +250,127 @@ def test_percentile_helper():
     assert percentile([], 0.5) is None
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == pytest.approx(2.5)
     assert percentile([5.0], 0.99) == 5.0
+
+
+# --------------------------------------------------------------------------- the load model (--load-model)
+def _gauges(text: str) -> dict[str, float]:
+    return {name: g.sum for name, g in ex.parse_exposition(text).gauges.items()}
+
+
+async def _pd_request(s: aiohttp.ClientSession, prefill, decode, room: int, max_tokens: int) -> tuple[float, list]:
+    """What smg does: the same body with bootstrap fields to both roles at once; decode's stream is the
+    answer. Returns (client TTFT, decode's SSE chunks)."""
+    body = {"model": "sim/m", "prompt": "x", "max_tokens": max_tokens, "stream": True,
+            "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill.config.bootstrap_port, "bootstrap_room": room}
+    t0 = asyncio.get_running_loop().time()
+    pre = asyncio.create_task(s.post(prefill.url + "/v1/completions", json=body))
+    resp = await s.post(decode.url + "/v1/completions", json=body)
+    assert resp.status == 200, await resp.text()
+    first = None
+    raw = b""
+    async for chunk in resp.content.iter_any():
+        first = first if first is not None else asyncio.get_running_loop().time() - t0
+        raw += chunk
+    p = await pre
+    assert p.status == 200
+    await p.read()
+    return first, [json.loads(e[6:]) for e in raw.decode().split("\n\n") if e.startswith("data: {")]
+
+
+def test_load_model_queues_at_prefill_and_decode_ttft_grows_with_it():
+    """One prefill slot of 100 ms and 8 PD requests at once: they queue at prefill (waiting, and in
+    bootstrap until decode pre-allocates), decode waits in its transfer queue, and decode's TTFT
+    (what the operator reads) grows by about one prefill time per place in the queue."""
+    async def main():
+        prefill = await start_process(config("prefill", prefill=LogNormal(0.1, 0.0), load_model=True,
+                                             prefill_slots=1, kv_transfer_ms=LogNormal(2.0, 0.0)))
+        decode = await start_process(config("decode", itl=LogNormal(0.002, 0.0), load_model=True, max_running=64))
+        try:
+            async with aiohttp.ClientSession() as s:
+                tasks = [asyncio.create_task(_pd_request(s, prefill, decode, i, 4)) for i in range(8)]
+                await asyncio.sleep(0.25)
+                busy = (_gauges(await (await s.get(prefill.url + "/metrics")).text()),
+                        _gauges(await (await s.get(decode.url + "/metrics")).text()))
+                done = await asyncio.gather(*tasks)
+                idle = (_gauges(await (await s.get(prefill.url + "/metrics")).text()),
+                        _gauges(await (await s.get(decode.url + "/metrics")).text()))
+                ttft = ex.parse_exposition(await (await s.get(decode.url + "/metrics")).text()).histograms[ex.TTFT]
+        finally:
+            await prefill.close()
+            await decode.close()
+        return busy, idle, done, ttft
+    (p_busy, d_busy), (p_idle, d_idle), done, ttft = run(main())
+    assert p_busy[ex.RUNNING_REQS] == 1 and p_busy[ex.QUEUE_REQS] >= 4, p_busy   # one slot, the rest wait
+    assert d_busy[ex.DECODE_TRANSFER_QUEUE] >= 5 and d_busy[ex.DECODE_PREALLOC_QUEUE] == 0, d_busy
+    assert all(p_idle[g] == 0 for g in (ex.RUNNING_REQS, ex.QUEUE_REQS, ex.PREFILL_BOOTSTRAP_QUEUE,
+                                        ex.PREFILL_INFLIGHT_QUEUE)), p_idle
+    assert d_idle[ex.DECODE_TRANSFER_QUEUE] == 0 and d_idle[ex.RUNNING_REQS] == 0
+    firsts = sorted(t for t, _ in done)
+    assert firsts[0] < 0.3 and firsts[-1] >= 8 * 0.1, firsts   # the eighth waits seven prefills
+    assert [len([c for c in chunks if c["choices"] and c["choices"][0]["text"]]) for _, chunks in done] == [4] * 8, done[0]
+    assert ttft.total == 8 and ttft.quantile(0.9) >= 0.6
+
+
+def test_load_model_itl_grows_with_the_decode_batch_and_full_kv_waits_in_prealloc():
+    """A decode step takes ITL x (1 + slope x (running - 1)): 8 requests at once stream slower than
+    one alone; with KV for 3 requests, the others wait in the prealloc queue (token_usage 1)."""
+    async def main():
+        decode = await start_process(config("decode", ttft=LogNormal(0.01, 0.0), itl=LogNormal(0.01, 0.0),
+                                            load_model=True, max_running=3, itl_batch_slope=0.5))
+        try:
+            async with aiohttp.ClientSession() as s:
+                req = {"model": "sim/m", "prompt": "x", "max_tokens": 6}
+                alone = await (await s.post(decode.url + "/v1/completions", json=req)).json()
+                tasks = [asyncio.create_task(s.post(decode.url + "/v1/completions", json=req)) for _ in range(8)]
+                await asyncio.sleep(0.05)
+                busy = _gauges(await (await s.get(decode.url + "/metrics")).text())
+                for t in tasks:
+                    assert (await t).status == 200
+                text = await (await s.get(decode.url + "/metrics")).text()
+        finally:
+            await decode.close()
+        return alone, busy, text
+    alone, busy, text = run(main())
+    assert busy[ex.DECODE_PREALLOC_QUEUE] == 5 and busy[ex.RUNNING_REQS] == 3 and busy[ex.TOKEN_USAGE] == 1.0
+    itl = ex.parse_exposition(text).histograms[ex.ITL]
+    # alone: 5 gaps of 10 ms; three at once: 10 ms x (1 + 0.5 x 2) = 20 ms
+    assert itl.total == 9 * 5
+    slow = itl.total - itl.counts[itl.bounds.index(0.015)]   # cumulative: gaps above 15 ms
+    assert itl.counts[itl.bounds.index(0.01)] >= 5 and slow >= 20, (itl.counts, slow)
+
+
+def test_loadgen_trace_arrivals_follow_the_rate():
+    from loadgen import arrivals, parse_trace, rate_at
+
+    points = parse_trace("0:2,60:2,60:8,120:8")
+    assert rate_at(points, 30) == 2 and rate_at(points, 60) == 8 and rate_at(points, 200) == 0
+    times = arrivals(points, seed=3)
+    before, after = sum(t < 60 for t in times), sum(t >= 60 for t in times)
+    assert 90 <= before <= 150 and 400 <= after <= 560      # 120 and 480 expected, Poisson
+    assert times == sorted(times) and arrivals(points, seed=3) == times
+    with pytest.raises(ValueError, match="t:rate"):
+        parse_trace("0:2,x")
+    with pytest.raises(ValueError, match="non-decreasing"):
+        parse_trace("10:2,5:3")
+
+
+def test_load_model_handshakes_are_not_capped_by_a_connection_pool():
+    """120 PD requests at once, KV memory for all: every decode handshake reaches prefill at once, so
+    prefill's bootstrap queue (decode short of KV memory) stays empty while its waiting queue is long.
+    (An HTTP pool of 100 connections on decode's side once showed as a bootstrap queue.)"""
+    async def main():
+        prefill = await start_process(config("prefill", prefill=LogNormal(0.04, 0.0), load_model=True,
+                                             kv_transfer_ms=LogNormal(1.0, 0.0)))
+        decode = await start_process(config("decode", itl=LogNormal(0.001, 0.0), load_model=True, max_running=256))
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+                tasks = [asyncio.create_task(_pd_request(s, prefill, decode, i, 2)) for i in range(120)]
+                await asyncio.sleep(0.5)
+                busy = _gauges(await (await s.get(prefill.url + "/metrics")).text())
+                await asyncio.gather(*tasks)
+        finally:
+            await prefill.close()
+            await decode.close()
+        return busy
+    busy = run(main())
+    assert busy[ex.PREFILL_BOOTSTRAP_QUEUE] == 0 and busy[ex.QUEUE_REQS] >= 30, busy

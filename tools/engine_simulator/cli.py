@@ -42,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dp-size", type=int, default=1, help="DP ranks: scheduler series get dp_rank labels")
     p.add_argument("--tp-size", type=int, default=1)
     p.add_argument("--spec-accept-length", type=float, default=0.0)
+    p.add_argument("--load-model", action="store_true",
+                   help="queues and batches make latency grow with load (engine_simulator/load.py)")
+    p.add_argument("--prefill-slots", type=int, default=1, help="load model: prefill forwards at once")
+    p.add_argument("--max-running", type=int, default=64, help="load model: requests decode holds KV for")
+    p.add_argument("--itl-batch-slope", type=float, default=0.0,
+                   help="load model: a decode step takes ITL x (1 + slope x (running - 1))")
+    p.add_argument("--bootstrap-timeout", type=float, default=60.0,
+                   help="load model: seconds prefill waits for decode's handshake (and decode for the KV)")
     return p
 
 
@@ -58,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         default_max_tokens=a.default_max_tokens, max_output_tokens=a.max_output_tokens,
         slow_factor=a.slow_factor, seed=a.seed, dp_size=a.dp_size, tp_size=a.tp_size,
         spec_accept_length=a.spec_accept_length, mode=a.mode, bootstrap_delay=a.bootstrap_delay,
+        load_model=a.load_model, prefill_slots=a.prefill_slots, max_running=a.max_running,
+        itl_batch_slope=a.itl_batch_slope, bootstrap_timeout=a.bootstrap_timeout,
     )
 
 
@@ -74,7 +84,11 @@ def config_to_argv(c: SimConfig) -> list[str]:
             "--default-max-tokens", str(c.default_max_tokens), "--max-output-tokens", str(c.max_output_tokens),
             "--slow-factor", repr(c.slow_factor), "--mode", c.mode, "--seed", str(c.seed),
             "--dp-size", str(c.dp_size), "--tp-size", str(c.tp_size),
-            "--spec-accept-length", repr(c.spec_accept_length), "--bootstrap-delay", repr(c.bootstrap_delay)]
+            "--spec-accept-length", repr(c.spec_accept_length), "--bootstrap-delay", repr(c.bootstrap_delay),
+            "--prefill-slots", str(c.prefill_slots), "--max-running", str(c.max_running),
+            "--itl-batch-slope", repr(c.itl_batch_slope), "--bootstrap-timeout", repr(c.bootstrap_timeout)]
+    if c.load_model:
+        argv.append("--load-model")
     if c.served_model_name is not None:
         argv += ["--served-model-name", c.served_model_name]
     return argv

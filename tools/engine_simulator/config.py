@@ -42,6 +42,10 @@ class SimConfig:
     records. ``slow_factor``: latency multiplier in slow mode. ``seed``: RNG seed.
     ``bootstrap_delay``: seconds after the HTTP server starts before a prefill opens its
     bootstrap port (a real prefill starts its bootstrap server separately; sglang #23430).
+    ``load_model``: queues and batches make latency grow with load (``load``):
+    ``prefill_slots`` prefill forwards at once, ``max_running`` requests decode holds KV
+    for, ``itl_batch_slope`` the ITL growth per extra running request, ``bootstrap_timeout``
+    seconds a prefill waits for decode's handshake (and decode for the KV).
     """
 
     role: str = "aggregated"
@@ -64,6 +68,11 @@ class SimConfig:
     spec_accept_length: float = 0.0
     mode: str = "normal"
     bootstrap_delay: float = 0.0
+    load_model: bool = False
+    prefill_slots: int = 1
+    max_running: int = 64
+    itl_batch_slope: float = 0.0
+    bootstrap_timeout: float = 60.0
 
     @property
     def name(self) -> str:

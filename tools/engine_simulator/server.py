@@ -38,14 +38,17 @@ import random
 import time
 import uuid
 from collections import Counter as PathCounter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+import aiohttp
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from .config import MODES, SGLANG_VERSION, LogNormal, SimConfig
+from .load import KV_PATH, BootstrapTimeout, DecodeLoad, PrefillLoad
 from .metrics import EngineMetrics
 
 __all__ = ["MODES", "SGLANG_VERSION", "EngineSimulator", "LogNormal", "RunningSimulator", "SimConfig", "serve",
@@ -70,11 +73,20 @@ class EngineSimulator:
         self.started_at = time.time()
         self.pd_requests: list[dict[str, Any]] = []  # bootstrap fields seen (last 100)
         self._next_dp = 0
+        self._session: aiohttp.ClientSession | None = None
+        c = config
+        self.prefill_load = (PrefillLoad(slots=c.prefill_slots, metrics=self.metrics,
+                                         bootstrap_timeout=c.bootstrap_timeout)
+                             if c.load_model and c.role == "prefill" else None)
+        self.decode_load = (DecodeLoad(max_running=c.max_running, itl_batch_slope=c.itl_batch_slope,
+                                       metrics=self.metrics, kv_timeout=c.bootstrap_timeout)
+                            if c.load_model and c.role == "decode" else None)
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
         """The aiohttp application with every route."""
         app = web.Application(middlewares=[self._count])
+        app.on_cleanup.append(self._close)
         r = app.router
         for path in ("/health", "/health_generate"):
             r.add_get(path, self.health)
@@ -265,9 +277,15 @@ class EngineSimulator:
         first_delay = (self.config.prefill if role == "prefill" else self.config.ttft).draw(self.rng, factor)
         gaps = [self.config.itl.draw(self.rng, factor) for _ in range(n_out - 1)]
         rid = body.get("rid") or uuid.uuid4().hex
+        loaded = self.config.load_model and role in ("prefill", "decode") and self.mode != "kv_fail"
         self.running += 1
-        self.metrics.num_running.labels(**sched).set(self.running)
+        if not loaded:  # the load model keeps its own gauges (load.py)
+            self.metrics.num_running.labels(**sched).set(self.running)
         try:
+            if loaded:
+                return await self._serve_loaded(request, kind, body, stream=stream, rid=rid, created=created, t0=t0,
+                                                factor=factor, sched=sched, prompt_tokens=prompt_tokens,
+                                                n_out=n_out)
             if self.mode == "kv_fail" and role in ("prefill", "decode"):
                 await asyncio.sleep(first_delay)
                 self.metrics.transfer_failed.labels(**sched).inc()
@@ -283,11 +301,86 @@ class EngineSimulator:
                                                          time.perf_counter() - t0))
         finally:
             self.running -= 1
-            self.metrics.num_running.labels(**sched).set(self.running)
+            if not loaded:
+                self.metrics.num_running.labels(**sched).set(self.running)
+
+    async def _client(self) -> aiohttp.ClientSession:
+        """The session decode uses for the KV handshake with prefill's bootstrap port (closed at cleanup)."""
+        if self._session is None:  # no connection limit: every request decode holds KV for waits on its own
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return self._session
+
+    async def _close(self, app: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _failed(self, sched: dict[str, str], counter: str, message: str) -> web.Response:
+        getattr(self.metrics, counter).labels(**sched).inc()
+        self.metrics.aborted.labels(**self.metrics.tok_labels).inc()
+        return web.json_response({"error": {"message": message, "code": 500}}, status=500)
+
+    async def _serve_loaded(self, request: web.Request, kind: str, body: dict[str, Any], *, stream: bool, rid: str,
+                            created: float, t0: float, factor: float, sched: dict[str, str], prompt_tokens: int,
+                            n_out: int) -> web.StreamResponse:
+        """One request through the load model's queues (``load.py``), then answered as usual."""
+        c = self.config
+        room = body.get("bootstrap_room")
+        room_id = None if room is None else str(room)
+        if c.role == "prefill":
+            assert self.prefill_load is not None
+            kv_ms = c.kv_transfer_ms.draw(self.rng)
+            try:
+                await self.prefill_load.run(room_id, prefill_s=c.prefill.draw(self.rng, factor), kv_s=kv_ms / 1000)
+            except BootstrapTimeout:
+                return self._failed(sched, "bootstrap_failed", "no decode pre-allocated the request (simulated)")
+            return await self._answer(request, kind, body, stream=stream, rid=rid, created=created, t0=t0,
+                                      first_delay=0.0, gaps=[], n_out=1, prompt_tokens=prompt_tokens, sched=sched,
+                                      kv_ms=kv_ms)
+        load = self.decode_load
+        assert load is not None
+        await load.admit()
+        running = False
+        try:
+            host = body.get("bootstrap_host")
+            if room_id is not None and host:
+                port = int(body.get("bootstrap_port") or c.bootstrap_port)
+                if not await load.receive_kv(await self._client(), str(host), port, room_id):
+                    return self._failed(sched, "transfer_failed", "the KV never came (simulated)")
+            else:
+                await asyncio.sleep(c.ttft.draw(self.rng, factor))
+            load.start_running()
+            running = True
+            first_step = load.step(c.itl.draw(self.rng, factor))  # the first token takes one decode step
+            return await self._answer(request, kind, body, stream=stream, rid=rid, created=created, t0=t0,
+                                      first_delay=first_step,
+                                      gaps=lambda i: load.step(c.itl.draw(self.rng, factor)), n_out=n_out,
+                                      prompt_tokens=prompt_tokens, sched=sched)
+        finally:
+            if running:
+                load.stop_running()
+            await load.release()
+
+    async def _answer(self, request: web.Request, kind: str, body: dict[str, Any], *, stream: bool, rid: str,
+                      created: float, t0: float, first_delay: float, gaps: Gaps, n_out: int, prompt_tokens: int,
+                      sched: dict[str, str], kv_ms: float | None = None) -> web.StreamResponse:
+        """Wait ``first_delay``, emit ``n_out`` tokens ``gaps`` apart (SSE or one JSON answer), record the metrics."""
+        if stream:
+            return await self._stream(request, kind, body, rid, created, t0, first_delay, gaps, prompt_tokens, sched,
+                                      n_out=n_out, kv_ms=kv_ms)
+        await asyncio.sleep(first_delay)
+        ttft = time.perf_counter() - t0
+        used = []
+        for i in range(n_out - 1):
+            gap = _gap(gaps, i)
+            await asyncio.sleep(gap)
+            used.append(gap)
+        self._finish(False, t0, first_delay, used, prompt_tokens, sched, ttft=ttft, kv_ms=kv_ms)
+        return web.json_response(self._full_response(kind, body, rid, created, n_out, prompt_tokens,
+                                                     time.perf_counter() - t0))
 
     def _finish(self, stream: bool, t0: float, first_delay: float, gaps: list[float], prompt_tokens: int,
                 sched: dict[str, str], *, ttft: float | None = None, e2e: float | None = None,
-                ttft_observed: bool = False) -> None:
+                ttft_observed: bool = False, kv_ms: float | None = None) -> None:
         """Record one finished request the way SGLang's tokenizer manager does (TTFT too,
         unless the streaming path already observed it at the first token)."""
         m = self.metrics
@@ -302,7 +395,7 @@ class EngineSimulator:
         m.generation_tokens_hist.labels(**m.tok_labels).observe(n_out)
         m.e2e.labels(**sl).observe(e2e)
         if self.config.role == "prefill":
-            kv_ms = self.config.kv_transfer_ms.draw(self.rng)
+            kv_ms = self.config.kv_transfer_ms.draw(self.rng) if kv_ms is None else kv_ms
             m.kv_transfer_latency.labels(**sched).observe(kv_ms)
             m.kv_transfer_speed.labels(**sched).observe(max(0.01, 2.0 * prompt_tokens / 1000.0 / max(kv_ms, 1e-3)))
             m.kv_transfer_bootstrap.labels(**sched).observe(1.0)
@@ -338,10 +431,12 @@ class EngineSimulator:
                              "logprobs": None, "finish_reason": finish}], "usage": usage}
 
     async def _stream(self, request: web.Request, kind: str, body: dict[str, Any], rid: str, created: float,
-                      t0: float, first_delay: float, gaps: list[float], prompt_tokens: int,
-                      sched: dict[str, str]) -> web.StreamResponse:
+                      t0: float, first_delay: float, gaps: Gaps, prompt_tokens: int,
+                      sched: dict[str, str], *, n_out: int | None = None,
+                      kv_ms: float | None = None) -> web.StreamResponse:
         model = body.get("model") or self.config.name
-        n_out = len(gaps) + 1
+        n_out = len(gaps) + 1 if n_out is None else n_out
+        used: list[float] = []
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         m = self.metrics
         await asyncio.sleep(first_delay)
@@ -356,7 +451,9 @@ class EngineSimulator:
         text = ""
         for i in range(n_out):
             if i > 0:
-                await asyncio.sleep(gaps[i - 1])
+                gap = _gap(gaps, i - 1)
+                used.append(gap)
+                await asyncio.sleep(gap)
                 now = time.perf_counter()
                 if self.config.role != "prefill":
                     m.itl.labels(**m.tok_labels).observe(now - last)
@@ -387,7 +484,8 @@ class EngineSimulator:
                                      "total_tokens": prompt_tokens + n_out}}
             await resp.write(f"data: {json.dumps(usage_chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
-        self._finish(True, t0, first_delay, gaps, prompt_tokens, sched, ttft=ttft, e2e=time.perf_counter() - t0,
+        self._finish(True, t0, first_delay, used, prompt_tokens, sched, ttft=ttft, e2e=time.perf_counter() - t0,
+                     kv_ms=kv_ms,
                      ttft_observed=True)
         await resp.write_eof()
         return resp
@@ -397,20 +495,39 @@ def _token(i: int) -> str:
     return f" tok{i}"
 
 
-def bootstrap_app() -> web.Application:
+Gaps = list[float] | Callable[[int], float]
+
+
+def _gap(gaps: Gaps, i: int) -> float:
+    """The gap before token ``i + 1``: from the list, or drawn now (the load model's batch-dependent step)."""
+    return gaps[i] if isinstance(gaps, list) else gaps(i)
+
+
+def bootstrap_app(sim: EngineSimulator | None = None) -> web.Application:
     """The prefill server's bootstrap endpoint (SGLang's CommonKVBootstrapServer routes).
 
     smg 1.13 opens a TCP connection to a prefill worker's bootstrap port at registration
     and warns when nothing listens; decode servers would use it to rendezvous. The
-    simulator answers ``/health`` and accepts ``/route`` without keeping anything.
+    simulator answers ``/health`` and accepts ``/route`` without keeping anything. With the
+    load model (``sim`` given, ``--load-model``), ``POST /simulator/kv {"room": ...}`` is
+    decode's side of the KV handshake (``load.py``): 200 once the room's KV was sent, 504
+    when it was not within the bootstrap timeout.
     """
     app = web.Application()
 
     async def ok(request: web.Request) -> web.Response:
         return web.Response(text="OK")
 
+    async def kv(request: web.Request) -> web.Response:
+        if sim is None or sim.prefill_load is None:
+            return web.json_response({"error": "this prefill runs no load model"}, status=404)
+        room = str((await request.json()).get("room"))
+        done = await sim.prefill_load.handshake(room, sim.config.bootstrap_timeout)
+        return web.json_response({"room": room, "sent": done}, status=200 if done else 504)
+
     app.router.add_get("/health", ok)
     app.router.add_route("*", "/route", ok)
+    app.router.add_post(KV_PATH, kv)
     return app
 
 
@@ -453,7 +570,7 @@ async def serve(config: SimConfig) -> RunningSimulator:
     config.port = _bound_port(site, config.port)
     boot = None
     if config.role == "prefill" and config.bootstrap_port >= 0:
-        boot = web.AppRunner(bootstrap_app(), access_log=None)
+        boot = web.AppRunner(bootstrap_app(sim), access_log=None)
         await boot.setup()
         boot_site = web.TCPSite(boot, config.host, config.bootstrap_port)
         if config.bootstrap_delay > 0:

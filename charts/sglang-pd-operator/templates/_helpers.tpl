@@ -68,9 +68,31 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
 - apiGroups: [pd.sglang-operator.io]
   resources: [kernelbuilds]
   verbs: [get, list, watch, create, patch, delete]
-# Status is the only thing the operator writes on the user's objects (merge patch).
+# PDRoleScales (one per role whose replicas is omitted): created at their seed count,
+# applied (labels, owner), deleted when the role's count is fixed again; watched so
+# kubectl scale, an HPA or KEDA reach the reconcile. The planner and the operator write
+# counts through /scale (a PDRoleScale's; a serving group's Deployment, or a multi-node role's
+# LeaderWorkerSet, while a new group surges).
 - apiGroups: [pd.sglang-operator.io]
-  resources: [pddeployments/status, kernelbuilds/status]
+  resources: [pdrolescales]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [pd.sglang-operator.io]
+  resources: [pdrolescales/scale]
+  verbs: [patch]
+- apiGroups: [apps]
+  resources: [deployments/scale]
+  verbs: [patch]
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets/scale]
+  verbs: [patch]
+# Which PDRoleScale an HPA (or KEDA's) targets: the planner steps aside for it (read every 30 s).
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [list]
+# Status is the only thing the operator writes on the user's objects (merge patch); and its
+# PDRoleScales' status (replicas and selector, read by /scale).
+- apiGroups: [pd.sglang-operator.io]
+  resources: [pddeployments/status, kernelbuilds/status, pdrolescales/status]
   verbs: [patch]
 # Children carry ownerReferences with blockOwnerDeletion: clusters with the
 # OwnerReferencesPermissionEnforcement admission plugin require update on the owner's finalizers.
@@ -81,6 +103,12 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
 # groups; watched so status follows readiness.
 - apiGroups: [apps]
   resources: [deployments]
+  verbs: [get, list, watch, create, patch, delete]
+# With LeaderWorkerSet installed (an optional dependency, sigs.k8s.io/lws): a role whose
+# replicas span nodes is one LeaderWorkerSet per compat group: apply, prune, watched so
+# status follows its groups. Harmless without LWS (the kind does not exist).
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
   verbs: [get, list, watch, create, patch, delete]
 # Kernel build Jobs (one per attempt): create, delete stale or superseded attempts; watched
 # so a build's status follows its Job.

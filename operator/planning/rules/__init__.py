@@ -13,11 +13,13 @@ from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..structs import RolePlan
 from ..problems import Problem
-from . import args, deepseek_v4, engram, handshake, kv, kvcache, moe, paged_experts, parallel, placement, plugins, runtime, speculative, transfer, updates
+from . import (args, autoscaling, deepseek_v4, engram, handshake, kv, kvcache, moe, multinode, paged_experts, parallel, placement,
+               plugins, runtime, speculative, transfer, updates)
 
 ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     placement.accelerator_known,
     placement.replica_fits_node,
+    *multinode.ROLE_RULES,
     placement.parallelism_consistent,
     placement.parallelism_divides_model,
     placement.memory_fits_node,
@@ -78,6 +80,7 @@ PAIR_RULES: tuple[Callable[..., list[Problem]], ...] = (
     *parallel.PAIR_RULES,
     updates.in_place_update_surges,
     runtime.image_tag_matches_version,
+    autoscaling.autoscaling_budget_fits,
 )
 
 

@@ -54,7 +54,14 @@ def extra_args_parse(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog
 
 
 def env_not_managed(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
-    """A variable the operator sets from a typed field cannot also come from env."""
+    """A variable the operator sets from a typed field (or that only the pod can know) cannot come from env.
+
+    SGLANG_HOST_IP / HOST_IP: the address a rank binds its KV and bootstrap sockets to and
+    gives its peers (sglang 0.5.23 utils/network.py get_local_ip_auto reads them first): a
+    fixed value is not the pod's IP, and the bind fails ("Cannot assign requested
+    address", which the SGLang oracle reproduces). The operator sets SGLANG_HOST_IP from the
+    pod IP on every rank of a multi-node replica; SGLang finds the pod IP itself otherwise.
+    """
     problems = []
     for i, var in enumerate(role.inputs.spec.env):
         owner = MANAGED_ENV.get(var.name)

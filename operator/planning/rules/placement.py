@@ -30,10 +30,13 @@ def accelerator_known(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalo
 
 
 def replica_fits_node(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
-    """A single-node replica's GPUs (tp x pp, x dp without DP attention) must fit one node."""
+    """A single-node replica's GPUs (tp x pp, x dp without DP attention) must fit one node.
+
+    A replica spanning nodes is judged per node by multinode.replica_fills_nodes.
+    """
     acc = role.inputs.accelerator
     gpus = role.inputs.gpus_per_replica
-    if acc is None or gpus <= acc.gpusPerNode:
+    if acc is None or role.inputs.multi_node or gpus <= acc.gpusPerNode:
         return []
     return [
         Problem(
@@ -72,7 +75,11 @@ def parallelism_consistent(*, spec: PDDeploymentSpec, role: RolePlan, catalog: C
 
 
 def memory_fits_node(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
-    """The pod's memory request (operator-sized or given) must fit the node's host memory."""
+    """The pod's memory request (operator-sized or given) must fit the node's host memory.
+
+    Per pod, so per node for a replica spanning nodes: each node's pod is sized for its
+    own GPUs (planning/memory.py), and an Engram host table is one copy per node.
+    """
     acc = role.inputs.accelerator
     if acc is None:
         return []
