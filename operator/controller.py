@@ -26,7 +26,9 @@ scraper stops passing.
 
 Before any worker starts, :meth:`Controller.start` fills the cache with one LIST per
 watched kind, so no reconcile acts on a half-known world; the same LIST runs again every
-``sweep_s`` to drop objects a re-listed watch never reported deleted.
+``sweep_s`` to drop objects a re-listed watch never reported deleted. When a burst of
+reconciles is over (the queue idle after at least ``heap.TRIM_AFTER_RECONCILES``), the
+ticker gives the heap's freed memory back to the OS (``heap.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .heap import TrimPolicy, trim_heap
 from .liveness import Heartbeats
 from .metrics.health import Health
 from .metrics.operator_metrics import OperatorMetrics
@@ -128,6 +131,7 @@ class Controller:
         self._resync_lock = threading.Lock()
         self._last_pass_s: float | None = None
         self._last_lag_s: float | None = None
+        self._trim = TrimPolicy()  # under _resync_lock
         #: optional kinds served when the loop started: kopf's scan at start found them and watches them
         self._watched_optional: set[str] = set()
         self._next_poll = 0.0
@@ -300,6 +304,7 @@ class Controller:
             self.queue.add_after(key, after + 0.5)
         with self._resync_lock:
             self._resync.reconciled(key, self.clock())
+            self._trim.reconciled()
 
     def _tick_loop(self) -> None:
         period = self.settings.resync_s
@@ -322,6 +327,10 @@ class Controller:
             stats = self.queue.stats()
             if stats.oldest_age_s < self.settings.stuck_after_s:
                 self.heartbeats.beat("workqueue")
+            with self._resync_lock:
+                trim = self._trim.due(now=now, idle=stats.depth == 0 and stats.processing == 0)
+            if trim:  # a burst ended: give what it freed back to the OS (heap.py)
+                log.debug("reconcile burst over: heap trimmed (%s)", "released" if trim_heap() else "nothing to release")
             if self.metrics is not None:
                 self.metrics.record_queue(stats, resync_pass_s=self._last_pass_s, resync_lag_s=self._last_lag_s)
                 self.metrics.record_cache({w.kind: self.cache.count(w.api_version, w.kind) for w in WATCHED})
