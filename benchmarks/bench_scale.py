@@ -170,21 +170,42 @@ def cluster_pids(cluster: Cluster) -> dict[str, int]:
     return {p.name: p.pid for p in (st.processes if st else ())}
 
 
-def apiserver_request_totals(cluster: Cluster) -> Counter:
-    """``apiserver_request_total`` from kube-apiserver's /metrics, summed by (verb, resource)."""
+def apiserver_request_totals(cluster: Cluster, sample: str = "apiserver_request_total") -> Counter:
+    """A counter of kube-apiserver's /metrics summed by (verb, resource): ``apiserver_request_total`` (requests), or
+    ``apiserver_request_duration_seconds_sum`` (seconds spent serving them; watches excluded by the API server)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     api = admin_api(components.Layout(run_dir=cluster.run_dir), cluster.server)
     status, text = api.request("GET", "/metrics")
     if status != 200:
         raise RuntimeError(f"GET /metrics of kube-apiserver answered {status}")
+    family = sample.removesuffix("_sum").removesuffix("_total")
     out: Counter = Counter()
     for fam in text_string_to_metric_families(text):
-        if fam.name == "apiserver_request":
+        if fam.name == family:
             for s in fam.samples:
-                if s.name == "apiserver_request_total":
+                if s.name == sample:
                     out[(s.labels.get("verb", "").lower(), s.labels.get("resource", ""))] += s.value
     return out
+
+
+def busiest_requests(cluster: Cluster, before: tuple[Counter, Counter], top: int = 6) -> list[tuple[str, int, float]]:
+    """(verb resource, requests, mean seconds) of the requests kube-apiserver spent most time on since ``before``
+    (a pair of :func:`apiserver_request_totals` of requests and of seconds), every client; longest total first."""
+    count = apiserver_request_totals(cluster) - before[0]
+    seconds = apiserver_request_totals(cluster, "apiserver_request_duration_seconds_sum") - before[1]
+    ranked = sorted(((k, count[k], seconds[k]) for k in count if count[k] and k[0] != "watch"), key=lambda r: -r[2])
+    return [(f"{v} {r}", int(n), s / n) for (v, r), n, s in ranked[:top]]
+
+
+def request_snapshot(cluster: Cluster) -> tuple[Counter, Counter]:
+    """The counters :func:`busiest_requests` subtracts: (requests, seconds) by (verb, resource)."""
+    return apiserver_request_totals(cluster), apiserver_request_totals(cluster, "apiserver_request_duration_seconds_sum")
+
+
+def busiest_text(rows: list[tuple[str, int, float]]) -> str:
+    """The busiest requests, for a printed line."""
+    return ", ".join(f"{k} {n} x {1000 * s:.0f} ms" for k, n, s in rows)
 
 
 def namespaces_for(n: int, per_namespace: int) -> list[str]:
@@ -511,6 +532,9 @@ class CaseResult:
     operator_s: float | None = None
     ready_count: int = 0
     converge_requests: dict[str, int] = field(default_factory=dict)
+    #: (verb resource, requests, mean seconds) kube-apiserver spent most time on, every client (busiest_requests)
+    plain_busiest: list[tuple[str, int, float]] = field(default_factory=list)
+    converge_busiest: list[tuple[str, int, float]] = field(default_factory=list)
     rest_s: float = 0.0
     rest_reads_per_min: dict[str, float] = field(default_factory=dict)
     rest_writes_per_min: dict[str, float] = field(default_factory=dict)
@@ -549,17 +573,20 @@ def plain_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Callabl
         wanted = {(o["metadata"]["namespace"], o["metadata"]["name"]) for g in groups for o in g
                   if o["kind"] == "Deployment"}
         meter = LoadMeter(lambda: [*cluster_pids(cluster).values(), os.getpid()])
+        requests0 = request_snapshot(cluster)
         started = time.monotonic()
         apply_s = run_parallel(cluster, [sum(groups[i::a.appliers], []) for i in range(a.appliers)])
         res.plain_s, done = wait_all(tracker, wanted, a.ready_timeout, started)
         tracker.stop()
         res.load["plain"] = meter.report()
+        res.plain_busiest = busiest_requests(cluster, requests0)
         pids = cluster_pids(cluster)
         log(f"  plain client: {len(wanted)} Deployments available after "
             + (f"{res.plain_s:.1f}s" if res.plain_s else f"TIMEOUT ({done}/{len(wanted)})")
             + f" (its {a.appliers} kubectl applies took {apply_s:.1f}s); kube-apiserver RSS "
             f"{_rss(pids.get('kube-apiserver')):.0f} MB, etcd {_rss(pids.get('etcd')):.0f} MB; "
             + load_text(res.load["plain"]))
+        log(f"    kube-apiserver's busiest requests meanwhile (count x mean latency): {busiest_text(res.plain_busiest)}")
     finally:
         cluster.stop(log=lambda m: None)
 
@@ -583,7 +610,7 @@ def operator_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Call
         kubeconfig = operator_kubeconfig(cluster, work)
         audit = AuditLog(audit_path)
         op = OperatorProcess(kubeconfig=kubeconfig, log_path=work / "operator.log", resync=None,
-                             command=a.operator_command).start()
+                             command=a.operator_command, extra_args=a.operator_args.split()).start()
         early: list[tuple[float, str, str]] = []
         wait_until(lambda: early.extend(audit.read()) or any(v == "watch" and r == "pddeployments"
                                                              for _, v, r in early),
@@ -593,11 +620,13 @@ def operator_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Call
         pids = cluster_pids(cluster)
         op_pid = op.proc.pid
         meter = LoadMeter(lambda: [*pids.values(), op_pid, os.getpid()])
+        requests0 = request_snapshot(cluster)
         started = time.monotonic()
         apply_s = run_parallel(cluster, [docs[i::a.appliers] for i in range(a.appliers)])
         keys = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs}
         res.operator_s, res.ready_count = wait_all(tracker, keys, a.ready_timeout, started, op)
         res.load["converge"] = meter.report()
+        res.converge_busiest = busiest_requests(cluster, requests0)
         converge = audit.read()
         res.converge_requests = dict(Counter(v for _, v, _ in converge))
         peak = proc_sample(op_pid)
@@ -607,6 +636,7 @@ def operator_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Call
             + f" (its {a.appliers} kubectl applies took {apply_s:.1f}s); "
             f"{len(converge)} requests by the operator meanwhile ({_counts(res.converge_requests)}); "
             f"peak RSS {res.operator_peak_rss_mb:.0f} MB; " + load_text(res.load["converge"]))
+        log(f"    kube-apiserver's busiest requests meanwhile (count x mean latency): {busiest_text(res.converge_busiest)}")
 
         # -- rest
         time.sleep(a.settle)
@@ -776,6 +806,7 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] = print) -> l
     p.add_argument("--ready-timeout", type=float, default=3600.0, help="seconds to wait for all Ready")
     p.add_argument("--appliers", type=int, default=4, help="concurrent kubectl processes applying")
     p.add_argument("--operator", default=None, help="the operator's command line (default: this checkout's)")
+    p.add_argument("--operator-args", default="", help="more flags of its run command (default: none, its defaults)")
     p.add_argument("--crds", type=Path, default=REPO / "crds", help="the CRDs of that operator")
     p.add_argument("--label", default="after", help="name of this operator in the figures")
     p.add_argument("--skip-plain", action="store_true", help="no plain-client run (no ratio)")

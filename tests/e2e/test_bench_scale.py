@@ -10,6 +10,7 @@ Lease renewals at rest). No assertion on time: figures are printed (docs/scale.m
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import pytest
 from helpers import ROOT
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.e2e
 def _bench():
     spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "benchmarks" / "bench_scale.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve string annotations through the module
     spec.loader.exec_module(module)
     return module
 
