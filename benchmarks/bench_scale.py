@@ -208,6 +208,28 @@ def busiest_text(rows: list[tuple[str, int, float]]) -> str:
     return ", ".join(f"{k} {n} x {1000 * s:.0f} ms" for k, n, s in rows)
 
 
+def cpu_by_component(cluster: Cluster, extra: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each cluster component and each of ``extra`` (name -> pid), and
+    "kubectl": this process' finished children (the kubectl processes it waited for)."""
+    import resource
+
+    out = {name: s.cpu_s for name, s in ((n, proc_sample(p)) for n, p in [*cluster_pids(cluster).items(),
+                                                                           *extra.items()]) if s is not None}
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["kubectl"] = children.ru_utime + children.ru_stime
+    return out
+
+
+def cpu_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each process used between two :func:`cpu_by_component` readings."""
+    return {k: round(after[k] - before[k], 1) for k in after if k in before}
+
+
+def cpu_text(cpu: dict[str, float]) -> str:
+    """CPU seconds by process, most first, for a printed line."""
+    return ", ".join(f"{k} {v:.0f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+
+
 def namespaces_for(n: int, per_namespace: int) -> list[str]:
     """The namespaces N PDDeployments are spread over (``per_namespace`` in each)."""
     return [f"bench-{i:02d}" for i in range((n + per_namespace - 1) // per_namespace)]
@@ -535,6 +557,9 @@ class CaseResult:
     #: (verb resource, requests, mean seconds) kube-apiserver spent most time on, every client (busiest_requests)
     plain_busiest: list[tuple[str, int, float]] = field(default_factory=list)
     converge_busiest: list[tuple[str, int, float]] = field(default_factory=list)
+    #: CPU seconds each process used while each side converged (cpu_by_component)
+    plain_cpu_s: dict[str, float] = field(default_factory=dict)
+    converge_cpu_s: dict[str, float] = field(default_factory=dict)
     rest_s: float = 0.0
     rest_reads_per_min: dict[str, float] = field(default_factory=dict)
     rest_writes_per_min: dict[str, float] = field(default_factory=dict)
@@ -574,12 +599,14 @@ def plain_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Callabl
                   if o["kind"] == "Deployment"}
         meter = LoadMeter(lambda: [*cluster_pids(cluster).values(), os.getpid()])
         requests0 = request_snapshot(cluster)
+        cpu0 = cpu_by_component(cluster, extra={})
         started = time.monotonic()
         apply_s = run_parallel(cluster, [sum(groups[i::a.appliers], []) for i in range(a.appliers)])
         res.plain_s, done = wait_all(tracker, wanted, a.ready_timeout, started)
         tracker.stop()
         res.load["plain"] = meter.report()
         res.plain_busiest = busiest_requests(cluster, requests0)
+        res.plain_cpu_s = cpu_since(cpu0, cpu_by_component(cluster, extra={}))
         pids = cluster_pids(cluster)
         log(f"  plain client: {len(wanted)} Deployments available after "
             + (f"{res.plain_s:.1f}s" if res.plain_s else f"TIMEOUT ({done}/{len(wanted)})")
@@ -587,6 +614,7 @@ def plain_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Callabl
             f"{_rss(pids.get('kube-apiserver')):.0f} MB, etcd {_rss(pids.get('etcd')):.0f} MB; "
             + load_text(res.load["plain"]))
         log(f"    kube-apiserver's busiest requests meanwhile (count x mean latency): {busiest_text(res.plain_busiest)}")
+        log(f"    CPU seconds meanwhile: {cpu_text(res.plain_cpu_s)}")
     finally:
         cluster.stop(log=lambda m: None)
 
@@ -621,6 +649,7 @@ def operator_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Call
         op_pid = op.proc.pid
         meter = LoadMeter(lambda: [*pids.values(), op_pid, os.getpid()])
         requests0 = request_snapshot(cluster)
+        cpu0 = cpu_by_component(cluster, extra={"operator": op_pid})
         started = time.monotonic()
         apply_s = run_parallel(cluster, [docs[i::a.appliers] for i in range(a.appliers)])
         keys = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs}
@@ -631,12 +660,14 @@ def operator_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Call
         res.converge_requests = dict(Counter(v for _, v, _ in converge))
         peak = proc_sample(op_pid)
         res.operator_peak_rss_mb = peak.hwm_mb if peak else 0.0
+        res.converge_cpu_s = cpu_since(cpu0, cpu_by_component(cluster, extra={"operator": op_pid}))
         log(f"  operator: {res.ready_count}/{res.n} PDDeployments Ready after "
             + (f"{res.operator_s:.1f}s" if res.operator_s else f"TIMEOUT ({a.ready_timeout:.0f}s)")
             + f" (its {a.appliers} kubectl applies took {apply_s:.1f}s); "
             f"{len(converge)} requests by the operator meanwhile ({_counts(res.converge_requests)}); "
             f"peak RSS {res.operator_peak_rss_mb:.0f} MB; " + load_text(res.load["converge"]))
         log(f"    kube-apiserver's busiest requests meanwhile (count x mean latency): {busiest_text(res.converge_busiest)}")
+        log(f"    CPU seconds meanwhile: {cpu_text(res.converge_cpu_s)}")
 
         # -- rest
         time.sleep(a.settle)
