@@ -26,7 +26,9 @@ scraper stops passing.
 
 Before any worker starts, :meth:`Controller.start` fills the cache with one LIST per
 watched kind, so no reconcile acts on a half-known world; the same LIST runs again every
-``sweep_s`` to drop objects a re-listed watch never reported deleted.
+``sweep_s`` to drop objects a re-listed watch never reported deleted. When a burst of
+reconciles is over (the queue idle after at least ``heap.TRIM_AFTER_RECONCILES``), the
+ticker gives the heap's freed memory back to the OS (``heap.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .heap import TrimPolicy, trim_heap
 from .liveness import Heartbeats
 from .metrics.health import Health
 from .metrics.operator_metrics import OperatorMetrics
@@ -124,9 +127,11 @@ class Controller:
         self._figures_written: dict[tuple[str, str], float] = {}  # (ns, name) -> monotonic time figures were queued
         self._stale_flagged: set[tuple[str, str]] = set()
         self._catalog_version = runtime.catalog_version
-        self._resync_cycle_start = clock()
-        self._resync_pending: set[Key] = set()
+        self._resync = _ResyncPass(start=clock())
+        self._resync_lock = threading.Lock()
         self._last_pass_s: float | None = None
+        self._last_lag_s: float | None = None
+        self._trim = TrimPolicy()  # under _resync_lock
         #: optional kinds served when the loop started: kopf's scan at start found them and watches them
         self._watched_optional: set[str] = set()
         self._next_poll = 0.0
@@ -184,9 +189,7 @@ class Controller:
         if not self.served(watched):
             return []
         namespaces = list(self.settings.namespaces) if self.settings.namespaces else None
-        items: list[dict[str, Any]] = []
-        for ns in namespaces or [None]:
-            items.extend(self.kube.list_kind(watched, ns))
+        items = (item for ns in namespaces or [None] for item in self.kube.list_kind(watched, ns))
         changes = self.cache.replace_kind(watched.api_version, watched.kind, items, namespaces=namespaces)
         if self.cache.synced(watched.api_version, watched.kind) and self._threads:
             for ref, change in changes:
@@ -299,10 +302,9 @@ class Controller:
         self.queue.forget(key)
         if after is not None:
             self.queue.add_after(key, after + 0.5)
-        if key in self._resync_pending:
-            self._resync_pending.discard(key)
-            if not self._resync_pending:
-                self._last_pass_s = self.clock() - self._resync_cycle_start
+        with self._resync_lock:
+            self._resync.reconciled(key, self.clock())
+            self._trim.reconciled()
 
     def _tick_loop(self) -> None:
         period = self.settings.resync_s
@@ -325,8 +327,12 @@ class Controller:
             stats = self.queue.stats()
             if stats.oldest_age_s < self.settings.stuck_after_s:
                 self.heartbeats.beat("workqueue")
+            with self._resync_lock:
+                trim = self._trim.due(now=now, idle=stats.depth == 0 and stats.processing == 0)
+            if trim:  # a burst ended: give what it freed back to the OS (heap.py)
+                log.debug("reconcile burst over: heap trimmed (%s)", "released" if trim_heap() else "nothing to release")
             if self.metrics is not None:
-                self.metrics.record_queue(stats, resync_pass_s=self._last_pass_s)
+                self.metrics.record_queue(stats, resync_pass_s=self._last_pass_s, resync_lag_s=self._last_lag_s)
                 self.metrics.record_cache({w.kind: self.cache.count(w.api_version, w.kind) for w in WATCHED})
             previous = now
 
@@ -356,20 +362,25 @@ class Controller:
     def _resync_due(self, previous: float, now: float, period: float) -> None:
         """Queue the keys whose offset in the resync period falls in (previous, now].
 
-        A period whose keys were not all reconciled before the next one began reports
-        its pass as lasting until then (``resync_pass_s`` at least the period).
+        When a new period begins, the one that ended is published (see :class:`_ResyncPass`):
+        its pass (from its start until its last key was reconciled; a period whose keys
+        were not all reconciled before the next one began lasts until then, at least the
+        period) and its lag (the longest a key waited from its due time until its
+        reconcile finished). A period that queued no key publishes nothing.
         """
         lo, hi = previous % period, now % period
         if hi < lo or now - previous >= period:  # a new period began
-            if self._resync_pending:
-                self._last_pass_s = now - self._resync_cycle_start
-                self._resync_pending = set()
-            self._resync_cycle_start = now - hi
+            with self._resync_lock:
+                ended, self._resync = self._resync, _ResyncPass(start=now - hi)
+            figures = ended.finish(now)
+            if figures is not None:
+                self._last_pass_s, self._last_lag_s = figures
         for key, uid in self._all_keys_with_uids():
             at = resync_offset(key, uid, period)
             due = (lo < at <= hi) if lo <= hi else (at > lo or at <= hi)
             if due or now - previous >= period:
-                self._resync_pending.add(key)
+                with self._resync_lock:
+                    self._resync.queued(key, now)
                 self.queue.add(key)
 
     def _flag_stale(self) -> None:
@@ -427,6 +438,43 @@ class Controller:
             watched = next(w for w in WATCHED if w.kind == kind)
             out.extend(((kind, ns, name), uid) for ns, name, uid in self.cache.keys(watched.api_version, kind))
         return out
+
+
+class _ResyncPass:
+    """One resync period's bookkeeping: which of its keys are still to be reconciled, since when.
+
+    Not thread-safe by itself: the controller holds ``_resync_lock`` around every call.
+    ``start``: the period's start (monotonic seconds).
+    """
+
+    def __init__(self, *, start: float) -> None:
+        self.start = start
+        self.pending: dict[Key, float] = {}  # key -> when it was due
+        self.queued_any = False
+        self.drained_at: float | None = None
+        self.lag = 0.0
+
+    def queued(self, key: Key, now: float) -> None:
+        """``key`` is due at ``now`` (a key already pending keeps its first due time)."""
+        self.pending.setdefault(key, now)
+        self.queued_any = True
+
+    def reconciled(self, key: Key, now: float) -> None:
+        """A reconcile of ``key`` finished at ``now`` (any reconcile counts: it saw the current state)."""
+        due = self.pending.pop(key, None)
+        if due is None:
+            return
+        self.lag = max(self.lag, now - due)
+        if not self.pending:
+            self.drained_at = now
+
+    def finish(self, now: float) -> tuple[float, float] | None:
+        """(pass seconds, lag seconds) of this period, which ends at ``now``; None when it queued no key."""
+        if not self.queued_any:
+            return None
+        if self.pending:  # not done before the next period began: it lasted at least until now
+            return now - self.start, max([self.lag, *(now - due for due in self.pending.values())])
+        return (self.drained_at if self.drained_at is not None else now) - self.start, self.lag
 
 
 def _kernelbuild_next_look(outcome: Any, *, now: float) -> float | None:

@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import yaml
@@ -56,7 +56,8 @@ _PORT_RETRIES = 3
 
 
 def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
-                  node_pools: Path | None = None, lws: bool = True) -> Cluster:
+                  node_pools: Path | None = None, lws: bool = True,
+                  apiserver_args: Sequence[str] = ()) -> Cluster:
     """Start a cluster in ``run_dir`` and return once it is usable.
 
     "Usable": /readyz answers 200, every fake node is Ready without the not-ready taint
@@ -68,7 +69,9 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
     and an atexit hook stops them); ``detach=True`` leaves them running for ``down``.
 
     Raises ClusterAlreadyRunning, ComponentFailed (with log paths and the failing log's
-    tail), ClusterError, build.BuildError or gomod.GoModuleDownloadError. On any error,
+    tail), ClusterError, build.BuildError or gomod.GoModuleDownloadError.
+    ``node_pools``: another node-pools.yaml (default hack/cluster/node-pools.yaml);
+    ``apiserver_args``: extra kube-apiserver flags (benchmarks/bench_scale.py adds an audit log). On any error,
     or Ctrl-C, everything started so far is stopped before the exception propagates.
     """
     begin = time.monotonic()
@@ -93,7 +96,7 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
         _write_pki(layout)
         started = time.monotonic()
         api = _start_api(layout=layout, bins=bins, holder=holder, log=log,
-                         die_with_parent=die_with_parent)
+                         die_with_parent=die_with_parent, extra_args=apiserver_args)
         readyz_s = time.monotonic() - started
         cached = "binaries cached" if bins.cached else f"binaries built in {bins.build_seconds:.0f}s"
         log(f"cluster: reached /readyz in {readyz_s:.1f}s ({cached})")
@@ -227,7 +230,7 @@ def _check_alive(running: dict[str, subprocess.Popen], holder: _StateHolder) -> 
 
 
 def _start_api(*, layout: components.Layout, bins: build.Binaries, holder: _StateHolder,
-               log: Log, die_with_parent: bool) -> rest.Api:
+               log: Log, die_with_parent: bool, extra_args: Sequence[str] = ()) -> rest.Api:
     """Start etcd and kube-apiserver and wait for /readyz; retry on a port collision."""
     for attempt in range(1, _PORT_RETRIES + 1):
         etcd_client, etcd_peer, api_port = netalloc.free_ports(3)
@@ -245,7 +248,8 @@ def _start_api(*, layout: components.Layout, bins: build.Binaries, holder: _Stat
                                      die_with_parent=die_with_parent,
                                      argv=components.apiserver_argv(
                                          binary=bins.path("kube-apiserver"), layout=layout,
-                                         port=api_port, etcd_port=etcd_client)),
+                                         port=api_port, etcd_port=etcd_client,
+                                         extra=extra_args)),
         }
         api = admin_api(layout, server)
         try:

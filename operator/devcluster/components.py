@@ -20,6 +20,7 @@ Nothing here starts a process; ``cluster`` does, with these argv lists.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,7 +97,9 @@ def etcd_argv(*, binary: Path, layout: Layout, client_port: int, peer_port: int)
     ]
 
 
-def apiserver_argv(*, binary: Path, layout: Layout, port: int, etcd_port: int) -> list[str]:
+def apiserver_argv(*, binary: Path, layout: Layout, port: int, etcd_port: int,
+                   extra: Sequence[str] = ()) -> list[str]:
+    """kube-apiserver argv; ``extra`` flags go last (e.g. the scale benchmark's audit log flags)."""
     pki = layout.pki
     return [
         str(binary),
@@ -116,6 +119,7 @@ def apiserver_argv(*, binary: Path, layout: Layout, port: int, etcd_port: int) -
         "--enable-priority-and-fairness=false",
         "--profiling=false",
         "--event-ttl=15m",
+        *extra,
     ]
 
 

@@ -63,6 +63,9 @@ class OperatorProcess:
 
     Started processes are killed at interpreter exit if nobody stopped them, so a failing
     test cannot leave an operator retrying against a cluster that is gone.
+    ``resync``: seconds passed as ``--resync`` (None: the operator's own default);
+    ``command``: the command line to run instead of this package's (e.g. another
+    checkout's ``.venv/bin/sglang-pd-operator``, as benchmarks/bench_scale.py does).
     """
 
     def __init__(
@@ -70,15 +73,17 @@ class OperatorProcess:
         *,
         kubeconfig: Path,
         log_path: Path,
-        resync: float = 2.0,
+        resync: float | None = 2.0,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        command: list[str] | None = None,
     ):
         self.kubeconfig = Path(kubeconfig)
         self.env = dict(env or {})
         self.log_path = Path(log_path)
         self.resync = resync
         self.extra_args = list(extra_args or [])
+        self.command = list(command) if command else operator_command()
         self.metrics_port = free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -86,8 +91,9 @@ class OperatorProcess:
         """Start the process; returns self."""
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONSAFEPATH": "1", **self.env}
         self._log = open(self.log_path, "ab")
+        resync = ["--resync", str(self.resync)] if self.resync is not None else []
         argv = [
-            *operator_command(), "run", "--kubeconfig", str(self.kubeconfig), "--resync", str(self.resync),
+            *self.command, "run", "--kubeconfig", str(self.kubeconfig), *resync,
             "--metrics-port", str(self.metrics_port), "--liveness-port", "0", *self.extra_args,
         ]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd="/", start_new_session=True)

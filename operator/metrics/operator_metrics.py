@@ -164,9 +164,11 @@ class OperatorMetrics:
       ready key has waited; ``..._queue_retries_total{kind}`` failed reconciles queued again.
     - ``sglang_pd_operator_cache_objects{kind}`` gauge: objects of each watched kind in the
       operator's in-memory view (only what the label selectors let through).
-    - ``sglang_pd_operator_resync_pass_seconds`` gauge: how long the last resync period took
-      from its start until every key it queued was reconciled (about the period when the
-      loop keeps up; more means it falls behind).
+    - ``sglang_pd_operator_resync_pass_seconds`` gauge: how long the last finished resync
+      period took from its start until every key it queued was reconciled (at most the
+      period when the loop keeps up: keys are spread over it; more means it falls behind);
+      ``..._resync_lag_seconds`` the longest a key of that period waited from its due time
+      until its reconcile finished (the queue wait plus one reconcile when it keeps up).
     - ``sglang_pd_operator_scrape_errors_total{role}`` counter: failed pod scrapes.
     - ``sglang_pd_operator_api_writes_total{verb,kind}`` counter: every write to the API
       server (apply, delete, patch-status, create Event); flat while specs are unchanged.
@@ -202,6 +204,10 @@ class OperatorMetrics:
             f"{PREFIX}_resync_pass_seconds",
             "Seconds from the start of the last finished resync period until every key it queued was reconciled.",
             registry=self.registry)
+        self.resync_lag = Gauge(
+            f"{PREFIX}_resync_lag_seconds",
+            "Longest wait of a key of the last finished resync period, from its due time until its reconcile finished.",
+            registry=self.registry)
         self.scrape_errors = Counter(
             f"{PREFIX}_scrape_errors_total", "Engine or gateway /metrics scrapes that failed.",
             ["role"], registry=self.registry)
@@ -229,13 +235,17 @@ class OperatorMetrics:
         """Count one write request (``Kube``'s ``on_write`` hook)."""
         self.api_writes.labels(verb=verb, kind=kind).inc()
 
-    def record_queue(self, stats: QueueStats, *, resync_pass_s: float | None = None) -> None:
-        """Export a work queue snapshot (``workqueue.QueueStats``) and the last resync pass duration."""
+    def record_queue(self, stats: QueueStats, *, resync_pass_s: float | None = None,
+                     resync_lag_s: float | None = None) -> None:
+        """Export a work queue snapshot (``workqueue.QueueStats``) and the last finished resync period's
+        pass duration and lag (seconds; None: no period finished yet)."""
         self.queue_depth.set(stats.depth)
         self.queue_delayed.set(stats.delayed)
         self.queue_oldest_age.set(stats.oldest_age_s)
         if resync_pass_s is not None:
             self.resync_pass.set(resync_pass_s)
+        if resync_lag_s is not None:
+            self.resync_lag.set(resync_lag_s)
 
     def record_cache(self, counts: dict[str, int]) -> None:
         """Export how many objects of each watched kind the cache holds."""

@@ -38,16 +38,18 @@ compliance period is 8640 W (30 days at 5m), so the thresholds keep their meanin
 
 Memory is bounded whatever the window and the scrape interval: increases sit in at most
 :data:`SLOTS_PER_WINDOW` slots per window and role, outcomes in at most
-:data:`OUTCOME_BINS_PER_WINDOW` bins per window (72 windows kept); a slot or bin is never
-narrower than ``resolution_s``, so at the default 5m window both are exactly as before
-(one per scrape). ``spec.slo.window`` is at most ``MAX_SLO_WINDOW`` (1h) besides.
+:data:`OUTCOME_BINS_PER_WINDOW` bins per window for the last :data:`FINE_OUTCOME_WINDOWS`
+(12) windows and in bins one window wide before that (72 windows kept, 32 bytes a bin);
+a slot or fine bin is never narrower than ``resolution_s``, so at the default 5m window
+both are exactly as before (one per scrape) and only the 72-window burn window's edge
+moves, by at most one window. ``spec.slo.window`` is at most ``MAX_SLO_WINDOW`` (1h) besides.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -418,32 +420,107 @@ class _Role:
     slots: list[_Slot] = field(default_factory=list)  # ordered by t
 
 
-@dataclass(slots=True)
-class _Outcomes:
-    """Evaluation outcomes in time bins: ``first``/``last`` evaluation time, good and counted
-    intervals, and the last outcome (so that a repeated ``now`` replaces it)."""
+class _OutcomeBins:
+    """One deployment's evaluation outcomes in time bins, oldest first, as parallel arrays.
 
-    first: float
-    last: float
-    good: int = 0
-    counted: int = 0
-    last_outcome: bool | None = None
+    Bin ``i``: ``first[i]`` / ``last[i]`` evaluation time in it, ``good[i]`` and
+    ``counted[i]`` intervals. The first ``coarse`` bins are coarse (one window wide: older
+    than the page alert's long window, only the ticket's long window reads them), the rest
+    fine (``OUTCOME_BINS_PER_WINDOW`` per window). ``last_outcome`` is the newest
+    interval's outcome, so that the same ``now`` again replaces it. 32 bytes a bin (a
+    bin as a Python object with two floats took about 100).
+    """
+
+    __slots__ = ("first", "last", "good", "counted", "coarse", "last_outcome")
+
+    def __init__(self) -> None:
+        self.first, self.last = array("d"), array("d")
+        self.good, self.counted = array("q"), array("q")
+        self.coarse = 0
+        self.last_outcome: bool | None = None
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+    def record(self, now: float, met: bool | None, width: float) -> None:
+        """Add the outcome of the interval ending at ``now`` to the newest fine bin when it is
+        less than ``width`` seconds old, else to a new one; the same ``now`` again replaces it."""
+        n = len(self.first)
+        if n > self.coarse and self.last[-1] == now:
+            if self.last_outcome is not None:
+                self.counted[-1] -= 1
+                self.good[-1] -= self.last_outcome
+            if self.first[-1] == now:  # the bin holds only this interval
+                self._delete(n - 1)
+                n -= 1
+        if not (n > self.coarse and now - self.first[-1] < width and now >= self.last[-1]):
+            for a, v in ((self.first, now), (self.last, now), (self.good, 0), (self.counted, 0)):
+                a.append(v)
+        self.last[-1], self.last_outcome = now, met
+        if met is not None:
+            self.counted[-1] += 1
+            self.good[-1] += met
+
+    def age(self, now: float, *, fine_s: float, coarse_width: float) -> None:
+        """Fine bins that began ``fine_s`` or more before ``now`` become coarse: merged into the
+        newest coarse bin while it spans less than ``coarse_width``."""
+        while self.coarse < len(self.first) and self.first[self.coarse] <= now - fine_s:
+            i = self.coarse
+            if i and self.first[i] - self.first[i - 1] < coarse_width:
+                self.last[i - 1] = max(self.last[i - 1], self.last[i])
+                self.good[i - 1] += self.good[i]
+                self.counted[i - 1] += self.counted[i]
+                self._delete(i)
+            else:
+                self.coarse += 1
+
+    def expire(self, now: float, horizon_s: float) -> None:
+        """Drop the bins whose last interval ended ``horizon_s`` or more before ``now``."""
+        k = 0
+        while k < len(self.last) and self.last[k] <= now - horizon_s:
+            k += 1
+        if k:
+            for a in (self.first, self.last, self.good, self.counted):
+                del a[:k]
+            self.coarse = max(0, self.coarse - k)
+
+    def count(self, now: float, window_s: float) -> tuple[int, int]:
+        """(good, counted) intervals in ``(now - window_s, now]``, by bin (a bin counts when its
+        first evaluation is inside: edges are exact to one bin width)."""
+        good = counted = 0
+        for i in range(len(self.first) - 1, -1, -1):
+            if self.first[i] <= now - window_s:
+                break
+            if self.first[i] > now:
+                continue
+            counted += self.counted[i]
+            good += self.good[i]
+        return good, counted
+
+    def _delete(self, i: int) -> None:
+        for a in (self.first, self.last, self.good, self.counted):
+            del a[i]
 
 
 @dataclass
 class _Deployment:
     roles: dict[str, _Role] = field(default_factory=dict)
-    outcomes: deque[_Outcomes] = field(default_factory=deque)
+    outcomes: _OutcomeBins = field(default_factory=_OutcomeBins)
     retention_s: float = 0.0
     first_seen: float | None = None
 
 
 #: Memory bound: increases are kept in at most this many time slots per window and role,
-#: and outcomes in at most this many bins per window (72 windows are kept for the burn
-#: rates), whatever the window and the scrape interval. A slot or bin is never narrower
-#: than the evaluator's ``resolution_s``; window edges are exact to one slot or bin width.
+#: and outcomes in at most this many bins per window for the last
+#: ``FINE_OUTCOME_WINDOWS`` windows, then in bins one window wide (72 windows are kept
+#: for the burn rates), whatever the window and the scrape interval. A slot or bin is
+#: never narrower than the evaluator's ``resolution_s``; window edges are exact to one
+#: slot or bin width: the attainment window and the burn windows up to 12 windows to a
+#: fine bin, the ticket's 72-window burn window to one window (1/72 of it).
 SLOTS_PER_WINDOW = 120
 OUTCOME_BINS_PER_WINDOW = 60
+#: Windows of fine outcome bins: the page alert's long window (12 W), the longest but one.
+FINE_OUTCOME_WINDOWS = PAGE_LONG_WINDOWS
 
 
 def _merge_hist(into: dict[str, Histogram], name: str, h: Histogram) -> None:
@@ -710,55 +787,19 @@ class SLOEvaluator:
         own verdict, so attainment and burn rates follow one rule whatever the source.
         """
         dep = self._deployments.setdefault(deployment_key, _Deployment(retention_s=window_s))
-        self._record(dep, now, met, max(self._resolution_s, window_s / OUTCOME_BINS_PER_WINDOW))
+        outcomes = dep.outcomes
+        outcomes.record(now, met, max(self._resolution_s, window_s / OUTCOME_BINS_PER_WINDOW))
         windows = burn_windows(window_s)
-        horizon = max(w.seconds for w in windows)
-        while dep.outcomes and dep.outcomes[0].last <= now - horizon:
-            dep.outcomes.popleft()
-        good, counted = self._count(dep, now, window_s)
+        outcomes.age(now, fine_s=FINE_OUTCOME_WINDOWS * window_s, coarse_width=window_s)
+        outcomes.expire(now, max(w.seconds for w in windows))
+        good, counted = outcomes.count(now, window_s)
         attainment = good / counted if counted else None
         budget = 1.0 - objective
         burn = []
         for w in windows:
-            g, n = self._count(dep, now, w.seconds)
+            g, n = outcomes.count(now, w.seconds)
             burn.append(BurnRate(window=w, value=((n - g) / n) / budget if n else None, intervals=n))
         return attainment, tuple(burn)
-
-    @staticmethod
-    def _record(dep: _Deployment, now: float, met: bool | None, width: float) -> None:
-        """Add the outcome of the interval ending at ``now`` to its bin (``width`` seconds);
-        the same ``now`` again replaces the outcome recorded for it."""
-        outcomes = dep.outcomes
-        if outcomes and outcomes[-1].last == now:
-            b = outcomes[-1]
-            if b.last_outcome is not None:
-                b.counted -= 1
-                b.good -= b.last_outcome
-            if b.first == now:  # the bin holds only this interval
-                outcomes.pop()
-        if outcomes and now - outcomes[-1].first < width and now >= outcomes[-1].last:
-            b = outcomes[-1]
-        else:
-            b = _Outcomes(first=now, last=now)
-            outcomes.append(b)
-        b.last, b.last_outcome = now, met
-        if met is not None:
-            b.counted += 1
-            b.good += met
-
-    @staticmethod
-    def _count(dep: _Deployment, now: float, window_s: float) -> tuple[int, int]:
-        """(good, counted) intervals in ``(now - window_s, now]``, by bin (a bin counts when
-        its first evaluation is inside: edges are exact to one bin width)."""
-        good = counted = 0
-        for b in reversed(dep.outcomes):
-            if b.first <= now - window_s:
-                break
-            if b.first > now:
-                continue
-            counted += b.counted
-            good += b.good
-        return good, counted
 
     def _kv_transfer(self, key: str, dep: _Deployment, now: float, window_s: float) -> KVTransferResult:
         hist = self.window_histogram(key, ROLE_PREFILL, ex.KV_TRANSFER_LATENCY_MS, now, window_s)

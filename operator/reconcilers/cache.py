@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import threading
 import time
 import zlib
@@ -145,7 +146,7 @@ def _rv(obj: dict[str, Any] | None) -> str | None:
     return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One stored object: what the cache reads itself (resourceVersion, uid, labels) and the
     trimmed object as zlib-compressed JSON (:meth:`decode` gives a fresh dict)."""
@@ -160,13 +161,20 @@ class Entry:
         """The entry of a full object (trimmed first)."""
         trimmed = trim(obj)
         meta = trimmed["metadata"]
+        # label keys and values repeat across objects (every child carries the same keys,
+        # a deployment's children its name): one shared string each
         return cls(resource_version=meta.get("resourceVersion"), uid=meta.get("uid"),
-                   labels=dict(meta.get("labels") or {}),
+                   labels={sys.intern(k): sys.intern(v) for k, v in (meta.get("labels") or {}).items()},
                    blob=zlib.compress(json.dumps(trimmed, separators=(",", ":")).encode(), 1))
 
     def decode(self) -> dict[str, Any]:
         """The stored object as a new dict."""
         return json.loads(zlib.decompress(self.blob))
+
+
+def _rv_order(rv: str | None) -> int:
+    """A resourceVersion as an integer for ordering; -1 when it is missing or not an integer."""
+    return int(rv) if rv and rv.isdigit() else -1
 
 
 def newer(candidate: str | None, current: str | None) -> bool:
@@ -308,23 +316,30 @@ class ObjectCache:
             self._purge_tombstones()
         return Change(old is not None, old, None)
 
-    def replace_kind(self, api_version: str, kind: str, items: list[dict[str, Any]], *,
+    def replace_kind(self, api_version: str, kind: str, items: Iterable[dict[str, Any]], *,
                      namespaces: list[str] | None = None) -> list[tuple[tuple[str, str], Change]]:
         """Make the view of ``kind`` (in ``namespaces``, or everywhere) equal a fresh LIST of it.
 
-        Objects in ``items`` are upserted (newer versions stored); stored objects that are
-        not in ``items`` are removed, unless they changed after the LIST (newer
-        resourceVersion than every listed item) or live in a namespace the LIST did not
-        cover. Marks the kind synced. Returns ((namespace, name), change) for each change made.
+        Objects in ``items`` are upserted (newer versions stored) one by one as they come
+        (``items`` may be a LIST read page by page: the whole list is never held); then
+        stored objects that were not in ``items`` are removed, unless they changed after
+        the LIST (newer resourceVersion than every listed item) or live in a namespace the
+        LIST did not cover. Marks the kind synced. Returns ((namespace, name), change) for
+        each change made.
         """
-        listed = {(_ref(o)[2], _ref(o)[3]) for o in items}
-        newest = max((_rv(o) for o in items), key=lambda r: int(r) if r and r.isdigit() else -1, default=None)
+        listed: set[tuple[str, str]] = set()
+        newest: str | None = None
         changes: list[tuple[tuple[str, str], Change]] = []
+        for obj in items:
+            ref = _ref(obj)
+            listed.add((ref[2], ref[3]))
+            rv = _rv(obj)
+            if newest is None or _rv_order(rv) > _rv_order(newest):
+                newest = rv
+            change = self.upsert(obj)
+            if change.stored:
+                changes.append((ref[2:], change))
         with self._lock:
-            for obj in items:
-                change = self.upsert(obj)
-                if change.stored:
-                    changes.append((_ref(obj)[2:], change))
             for ns, bucket in list(self._objects.get((api_version, kind), {}).items()):
                 if namespaces is not None and ns not in namespaces:
                     continue

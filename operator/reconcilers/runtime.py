@@ -110,6 +110,7 @@ class Runtime:
     _health_guard: threading.Lock = field(default_factory=threading.Lock)
     #: group/version -> (kinds served, monotonic time of the check); see :meth:`kinds_served`.
     _served: dict[str, tuple[frozenset[str], float]] = field(default_factory=dict)
+    _served_guard: threading.Lock = field(default_factory=threading.Lock)
     #: Unix time this runtime was made: the age of "no health yet" counts from here.
     started_at: float = field(default_factory=time.time)
     #: Liveness: each reconcile is in flight here while it holds its lock; stuck after ``stuck_after_s``.
@@ -256,23 +257,27 @@ class Runtime:
         known = self._served.get(api_version)
         if known is not None and now - known[1] < self.monitoring_check_ttl_s:
             return known[0]
-        kinds = known[0] if known is not None else frozenset()
-        group, _, version = api_version.rpartition("/")
-        try:
-            if group:
-                listed = k8s.CustomObjectsApi(self.kube.api_client).get_api_resources(group, version)
-            else:
-                listed = k8s.CoreV1Api(self.kube.api_client).get_api_resources()
-            kinds = frozenset(r.kind for r in listed.resources or [] if "/" not in r.name)
-        except k8s.ApiException as e:
-            if e.status == 404:
-                kinds = frozenset()
-            else:  # discovery failed: keep the last answer
+        with self._served_guard:  # one request per period, not one per worker that finds it due
+            known = self._served.get(api_version)
+            if known is not None and time.monotonic() - known[1] < self.monitoring_check_ttl_s:
+                return known[0]  # answered by another worker while this one waited
+            kinds = known[0] if known is not None else frozenset()
+            group, _, version = api_version.rpartition("/")
+            try:
+                if group:
+                    listed = k8s.CustomObjectsApi(self.kube.api_client).get_api_resources(group, version)
+                else:
+                    listed = k8s.CoreV1Api(self.kube.api_client).get_api_resources()
+                kinds = frozenset(r.kind for r in listed.resources or [] if "/" not in r.name)
+            except k8s.ApiException as e:
+                if e.status == 404:
+                    kinds = frozenset()
+                else:  # discovery failed: keep the last answer
+                    log.warning("cannot check which kinds %s serves: %s", api_version, e)
+            except Exception as e:
                 log.warning("cannot check which kinds %s serves: %s", api_version, e)
-        except Exception as e:
-            log.warning("cannot check which kinds %s serves: %s", api_version, e)
-        self._served[api_version] = (kinds, now)
-        return kinds
+            self._served[api_version] = (kinds, time.monotonic())
+            return kinds
 
     def monitoring_available(self) -> bool:
         """True when the API server serves PodMonitor and PrometheusRule (the Prometheus Operator's kinds)."""

@@ -13,6 +13,7 @@ the pods.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Any, Literal
@@ -76,7 +77,15 @@ def split_config(args: tuple[str, ...] | list[str]) -> tuple[dict[str, Any], lis
 
 def config_yaml(role: RolePlan) -> str:
     """The role's SGLang config file text."""
-    config, _ = split_config(role.command.args)
+    return _config_text(tuple(role.command.args))
+
+
+@functools.lru_cache(maxsize=1024)
+def _config_text(args: tuple[str, ...]) -> str:
+    """:func:`config_yaml` of a command line, remembered: every reconcile renders each role's
+    config file twice (the ConfigMap and the pod template's hash), and PyYAML's emitter was
+    a fifth of a reconcile's CPU at scale (benchmarks/bench_scale.py, docs/scale.md)."""
+    config, _ = split_config(args)
     return yaml.safe_dump(config, sort_keys=False)
 
 

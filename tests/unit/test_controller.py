@@ -224,3 +224,33 @@ def test_a_kernelbuild_is_looked_at_again_while_it_builds_and_when_its_retry_is_
     assert _kernelbuild_next_look(KernelBuildOutcome(phase="Succeeded"), now=100.0) is None
     assert _kernelbuild_next_look(KernelBuildOutcome(phase="Building", deleted=True), now=0) is None
     assert _kernelbuild_next_look(None, now=0) is None
+
+
+def test_resync_pass_and_lag_are_published_once_per_finished_period(monkeypatch):
+    clock = Clock()
+    c = controller(clock, resync_s=100.0)
+    monkeypatch.setattr(c.runtime, "reconcile_key", lambda ns, name: None)
+    for i in range(50):
+        c.cache.upsert(pdd(f"d{i}", "1"))
+    last_offset = max(resync_offset((PDDEPLOYMENT, "ns", f"d{i}"), f"uid-d{i}", 100.0) for i in range(50))
+
+    def tick(*, work: bool) -> None:
+        before = clock.t
+        clock.t += 1.0
+        c._resync_due(before, clock.t, 100.0)
+        due = clock.t
+        for j, key in enumerate(drain(c) if work else []):
+            clock.t = due + 0.05 * (j + 1)  # each reconcile takes 50 ms, one after the other
+            c._reconcile(key)
+        clock.t = due
+
+    for _ in range(99):  # one whole period (its 100th tick begins the next one), keeping up
+        tick(work=True)
+        assert c._last_pass_s is None  # nothing published while the period runs
+    tick(work=True)  # the next period begins: the first one is published
+    assert last_offset <= c._last_pass_s <= 100.0 + 5  # until its last key (spread over the period) was done
+    assert 0 < c._last_lag_s < 1.0  # each key waited at most for the few due in the same tick
+    for _ in range(99):  # a period in which no worker runs: it falls behind
+        tick(work=False)
+    tick(work=False)
+    assert c._last_pass_s >= 100.0 and c._last_lag_s > 50.0

@@ -109,3 +109,22 @@ def test_selectors_and_resource_versions():
     assert not matches({"a": "1", "b": "2", "c": "", "e": "5"}, req)
     assert not matches({"a": "1", "c": "", "d": "x", "e": "5"}, req)
     assert newer("10", "9") and not newer("9", "10") and newer(None, "3") and newer("x", "y")
+
+
+def test_a_relist_stores_each_item_as_it_comes_without_holding_the_list():
+    """replace_kind consumes a LIST read page by page (Kube.list_kind yields items): every item
+    is in the view before the next one is asked for, so only one item is held at a time."""
+    cache = ObjectCache()
+    cache.upsert(dep("gone", "1"))
+    asked: list[str] = []
+
+    def items():
+        for i in range(5):
+            if asked:  # the previous item is stored already
+                assert cache.get("apps/v1", "Deployment", asked[-1], "ns") is not None
+            asked.append(f"d{i}")
+            yield dep(f"d{i}", str(10 + i))
+
+    changes = cache.replace_kind("apps/v1", "Deployment", items())
+    assert sorted(o["metadata"]["name"] for o in cache.list("apps/v1", "Deployment", "ns")) == asked
+    assert ("ns", "gone") in [ref for ref, _ in changes]

@@ -60,3 +60,20 @@ def test_every_kopf_request_and_watch_has_a_connect_and_an_overall_timeout():
     assert settings.watching.connect_timeout == 3
     assert settings.watching.server_timeout < settings.watching.client_timeout < float("inf")
     assert settings.watching.inactivity_timeout <= 90  # a silent stream is replaced (kopf's bookmark watchdog)
+
+
+def test_kopf_keeps_no_diff_base_because_only_event_handlers_exist():
+    """kopf's diff base (a deep copy of every event's object) serves create/update/resume
+    handlers; the operator registers event handlers only, so it keeps none (NoDiffBase).
+    A changing or spawning handler added to handlers.py would need the real one back."""
+    import kopf
+
+    from sglang_pd_operator.reconcilers.kube import ApiTimeouts
+
+    registry = kopf.get_default_registry()
+    assert registry._watching.get_all_handlers()
+    assert not registry._changing.get_all_handlers() and not registry._spawning.get_all_handlers()
+    storage = operator_main.kopf_settings(ApiTimeouts()).persistence.diffbase_storage
+    assert isinstance(storage, operator_main.NoDiffBase)
+    body = kopf.Body({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"x": [1] * 1000}})
+    assert storage.build(body=body) == {} and storage.fetch(body=body) is None

@@ -37,6 +37,18 @@ def test_config_file_round_trips_to_the_same_args(gb300_doc, catalog):
     assert config["disaggregation-mode"] == "decode"
 
 
+def test_config_file_text_is_remembered_per_command_line_and_equals_a_fresh_render(gb300_doc, catalog):
+    from sglang_pd_operator.render.engine import _config_text, config_yaml
+
+    plan, _ = _objs(gb300_doc, catalog)
+    for role in (plan.prefill, plan.decode):
+        fresh = yaml.safe_dump(split_config(list(role.command.args))[0], sort_keys=False)
+        hits = _config_text.cache_info().hits
+        assert config_yaml(role) == fresh and config_yaml(role) == fresh
+        assert _config_text.cache_info().hits > hits  # the second render is the memo's
+    assert config_yaml(plan.prefill) != config_yaml(plan.decode)  # keyed by the role's own command line
+
+
 def test_dp_attention_switch_stays_on_the_command_line():
     config, cli = split_config(["--tp-size", "4", "--enable-dp-attention", "--dp-size", "4"])
     assert config == {"tp-size": 4, "dp-size": 4} and cli == ["--enable-dp-attention"]

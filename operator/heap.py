@@ -1,0 +1,84 @@
+"""Give the heap's free memory back to the operating system after a burst of reconciles.
+
+A burst (a thousand PDDeployments applied at once, a resync of every key after a restart)
+parses and renders tens of thousands of objects in several threads. CPython frees them,
+but glibc's malloc keeps most freed blocks in its arenas (one per thread that allocated)
+instead of returning them: the process' RSS at rest stays near its peak. ``malloc_trim(0)``
+returns every free page of every arena (glibc >= 2.8 releases pages inside the heap too,
+not only at its top), the call Dask's workers make for the same reason.
+
+Pure policy (:class:`TrimPolicy`) apart from the one libc call (:func:`trim_heap`); the
+control loop (``controller.py``) asks the policy once per tick. Measured by
+benchmarks/bench_scale.py (docs/scale.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+#: Reconciles since the last trim that make a burst worth trimming after.
+TRIM_AFTER_RECONCILES = 200
+#: Least seconds between two trims.
+TRIM_MIN_INTERVAL_S = 60.0
+
+_libc: ctypes.CDLL | None | bool = False  # False: not looked up yet; None: no glibc
+
+
+def _malloc_trim():
+    global _libc
+    if _libc is False:
+        name = ctypes.util.find_library("c")
+        try:
+            lib = ctypes.CDLL(name) if name else None
+            _libc = lib if lib is not None and hasattr(lib, "malloc_trim") else None
+        except OSError:
+            _libc = None
+    return _libc.malloc_trim if _libc else None
+
+
+def trim_heap() -> bool:
+    """Return the heap's free pages to the OS (glibc ``malloc_trim(0)``).
+
+    True when glibc released memory, False when it had none to release or the C library
+    is not glibc (musl, macOS: nothing is done). Never raises.
+    """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    try:
+        return bool(trim(0))
+    except Exception as e:  # noqa: BLE001 - an optimisation must never stop the loop
+        log.debug("malloc_trim failed: %s", e)
+        return False
+
+
+@dataclass
+class TrimPolicy:
+    """When to trim: after at least ``after_reconciles`` reconciles since the last trim, once
+    the work queue is idle (nothing ready, nothing in a worker), at most every
+    ``min_interval_s`` seconds. Not thread-safe: one caller (the loop's ticker).
+
+    ``reconciled()`` counts a finished reconcile (workers call it under the controller's lock).
+    """
+
+    after_reconciles: int = TRIM_AFTER_RECONCILES
+    min_interval_s: float = TRIM_MIN_INTERVAL_S
+    _count: int = 0
+    _last: float = field(default=-1e18)
+
+    def reconciled(self) -> None:
+        """One more reconcile finished."""
+        self._count += 1
+
+    def due(self, *, now: float, idle: bool) -> bool:
+        """True when a trim is due now (``now``: monotonic seconds; ``idle``: the queue has nothing
+        ready and nothing in flight); the caller then trims, and the count starts again."""
+        if not idle or self._count < self.after_reconciles or now - self._last < self.min_interval_s:
+            return False
+        self._count, self._last = 0, now
+        return True

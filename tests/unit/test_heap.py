@@ -1,0 +1,46 @@
+"""The heap trim after a burst of reconciles (operator/heap.py): when it is due, and the libc call."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from sglang_pd_operator.heap import TrimPolicy, trim_heap
+
+
+def test_due_once_a_burst_is_over_and_the_queue_idle():
+    policy = TrimPolicy(after_reconciles=3, min_interval_s=60.0)
+    for _ in range(3):
+        policy.reconciled()
+    assert not policy.due(now=100.0, idle=False)  # still busy: wait for the burst to end
+    assert policy.due(now=101.0, idle=True)
+    assert not policy.due(now=102.0, idle=True)  # the count starts again
+
+
+def test_not_for_a_trickle_nor_twice_within_the_interval():
+    policy = TrimPolicy(after_reconciles=3, min_interval_s=60.0)
+    policy.reconciled()
+    policy.reconciled()
+    assert not policy.due(now=0.0, idle=True)  # two reconciles are no burst (the resync's steady trickle)
+    policy.reconciled()
+    assert policy.due(now=0.0, idle=True)
+    for _ in range(10):
+        policy.reconciled()
+    assert not policy.due(now=59.0, idle=True)
+    assert policy.due(now=60.0, idle=True)
+
+
+def _rss_mb() -> float:
+    return int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS")).split()[1]) / 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim (/proc)")
+def test_trim_heap_gives_freed_blocks_back():
+    blocks = [bytes(2000) + bytes([i % 256]) for i in range(20000)]  # 40 MB of malloc blocks (> pymalloc's 512 B)
+    kept = blocks[::50]  # a few survivors pin the heap's top, as the cache's entries do
+    del blocks
+    before = _rss_mb()
+    assert trim_heap() is True
+    assert _rss_mb() < before - 20, "glibc kept the freed blocks"
+    assert len(kept) == 400
