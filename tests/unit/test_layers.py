@@ -18,7 +18,7 @@ SOURCE = Path(__file__).resolve().parents[2] / "operator"
 #: Rank of each top-level module or subpackage: an import must go to a lower rank (or stay in its own package).
 RANK = {
     "api": 0,
-    "catalog": 1, "lws": 1, "liveness": 1, "workqueue": 1,
+    "catalog": 1, "heap": 1, "lws": 1, "liveness": 1, "workqueue": 1,
     "planning": 2,
     "render": 3,
     "kernelbuild": 4, "metrics": 4, "oracle": 4,
