@@ -45,3 +45,18 @@ async def run_every(
             log.warning("%s took %.1fs, longer than the %.1fs interval", what, interval - delay, interval)
             next_at, delay = loop.time(), 0.0
         await asyncio.sleep(delay)
+
+
+async def deliver(on_health: Callable[[Any], Any], health: Any) -> None:
+    """Hand one pass's ``health`` (a :class:`~sglang_pd_operator.metrics.health.Health`) to ``on_health``.
+
+    ``on_health`` may be a plain function or a coroutine function (it is awaited then). An
+    exception it raises is logged with the deployment's key and swallowed: one deployment's
+    failed status write must not stop the pass delivering the others'. Returns None.
+    """
+    try:
+        result = on_health(health)
+        if asyncio.iscoroutine(result):
+            await result
+    except Exception:
+        log.exception("on_health for %s failed", getattr(health, "key", health))

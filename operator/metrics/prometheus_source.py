@@ -57,7 +57,7 @@ import aiohttp
 from ..api.v1alpha1 import SLOSpec, parse_duration
 from . import promql
 from .operator_metrics import OperatorMetrics
-from .periodic import run_every
+from .periodic import deliver, run_every
 from .health import Health
 from . import exposition as ex
 from .scraper import (
@@ -342,16 +342,8 @@ class PrometheusSource:
         self._forget_gone({d.key for d in deployments})
         if self.on_health is not None:
             for h in healths:
-                await self._deliver(h)
+                await deliver(self.on_health, h)
         return healths
-
-    async def _deliver(self, health: Health) -> None:
-        try:
-            result = self.on_health(health)  # type: ignore[misc]
-            if asyncio.iscoroutine(result):
-                await result
-        except Exception:
-            log.exception("on_health for %s failed", health.key)
 
     async def _probe_masters(self, session: aiohttp.ClientSession,
                              deployments: Sequence[_Deployment]) -> dict[str, Any]:

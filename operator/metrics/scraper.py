@@ -69,7 +69,7 @@ from . import exposition as ex
 from .health import Health, MasterHealth
 from .kvstore import probe_master_async, transfer_families, transfer_summary
 from .operator_metrics import OperatorMetrics
-from .periodic import run_every
+from .periodic import deliver, run_every
 from .slo import LOAD_FAMILIES, ROLE_DECODE, ROLE_GATEWAY, ROLE_PREFILL, SLOEvaluator
 
 log = logging.getLogger(__name__)
@@ -381,18 +381,10 @@ class Scraper:
         published = [h for h in healths if h is not None]
         self._forget_gone({t.key for t in targets})
         if self.on_health is not None:
-            await asyncio.gather(*(self._deliver(h) for h in published))
+            await asyncio.gather(*(deliver(self.on_health, h) for h in published))
         log.debug("SLO scrape pass: %d deployments, %d pods in %.3fs", len(targets),
                   sum(len(t.pods) for t in targets), time.perf_counter() - started)
         return published
-
-    async def _deliver(self, health: Health) -> None:
-        try:
-            result = self.on_health(health)  # type: ignore[misc]
-            if asyncio.iscoroutine(result):
-                await result
-        except Exception:
-            log.exception("on_health for %s failed", health.key)
 
     def _forget_gone(self, present: set[str]) -> None:
         for key in list(self._passes):
