@@ -352,6 +352,30 @@ def _previous_cond(previous: dict[str, Any], type_: str) -> dict[str, Any] | Non
     return None
 
 
+def phase_transitions(previous_rollout: dict[str, Any], decision: RolloutDecision, *, target_key: str,
+                      now: float) -> dict[str, str]:
+    """``status.rollout.phaseTransitions``: phase name -> RFC 3339 time this rollout last entered it.
+
+    ``previous_rollout``: the last written ``status.rollout`` ({} for none). A new target
+    compat key starts a new map. A phase that continues keeps its time; a phase entered
+    now (a transition, or seen again after another phase, as a second in-place update
+    surges again after Complete) gets the time it was entered: ``decision.phase_started``,
+    except ``Failed``, whose ``phase_started`` is when the failed surge began (the progress
+    deadline's clock), so it gets ``now``, the reconcile that saw the deadline pass.
+    Entering ``Draining`` also stamps ``Cutover`` (the two happen together).
+    """
+    times = dict(previous_rollout.get("phaseTransitions") or {})
+    if previous_rollout.get("targetKey") != target_key:
+        times = {}
+    entered = previous_rollout.get("phase") != decision.phase or decision.phase not in times
+    if entered:
+        at = rfc3339(now if decision.phase == "Failed" else decision.phase_started)
+        times[decision.phase] = at
+        if decision.phase == "Draining":
+            times["Cutover"] = at
+    return times
+
+
 def valid_status(
     *,
     previous: dict[str, Any],
@@ -422,12 +446,7 @@ def valid_status(
         previous_conditions = [c for c in previous_conditions if c.get("type") != "SLOMet"]
     reported = {c.type for c in extra_conditions}
     previous_conditions = [c for c in previous_conditions if c.get("type") not in OPTIONAL_CONDITIONS or c.get("type") in reported]
-    phase_times = dict((previous.get("rollout") or {}).get("phaseTransitions") or {})
-    if (previous.get("rollout") or {}).get("targetKey") != target_key:
-        phase_times = {}
-    phase_times.setdefault(decision.phase, rfc3339(decision.phase_started))
-    if decision.phase == "Draining":
-        phase_times.setdefault("Cutover", rfc3339(decision.phase_started))
+    phase_times = phase_transitions(previous.get("rollout") or {}, decision, target_key=target_key, now=now)
     rollout: dict[str, Any] = {
         "generation": generation,
         "servingKey": decision.serving_key,

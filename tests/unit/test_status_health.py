@@ -208,3 +208,33 @@ def test_measured_at_is_kept_while_the_figures_stay_and_moves_with_them():
     feed.pod.traffic(10, ttft=0.1)  # the figures move: measuredAt with them
     st = status(st, feed.health())
     assert st["scrape"]["measuredAt"] == S.rfc3339(feed.t)
+
+
+def _decision(phase: str, started: float) -> RolloutDecision:
+    return RolloutDecision(serving_key=KEY, apply_target=True, target_to_zero=False, delete_keys=(), phase=phase,
+                           phase_started=started, draining_key=None, drain_started=None, message="m")
+
+
+def test_phase_transitions_stamp_when_a_phase_is_entered_not_when_the_surge_began():
+    t = S.rfc3339
+    surging = S.phase_transitions({}, _decision("Surging", 1000.0), target_key=KEY, now=1000.0)
+    assert surging == {"Surging": t(1000.0)}
+    still = S.phase_transitions({"targetKey": KEY, "phase": "Surging", "phaseTransitions": surging},
+                                _decision("Surging", 1000.0), target_key=KEY, now=1500.0)
+    assert still == {"Surging": t(1000.0)}
+    # Failed's phase_started is the surge's start (the deadline's clock); it failed now
+    failed = S.phase_transitions({"targetKey": KEY, "phase": "Surging", "phaseTransitions": still},
+                                 _decision("Failed", 1000.0), target_key=KEY, now=2800.0)
+    assert failed == {"Surging": t(1000.0), "Failed": t(2800.0)}
+    # a second in-place update of the same key: Surging entered again gets its new time
+    done = S.phase_transitions({"targetKey": KEY, "phase": "Failed", "phaseTransitions": failed},
+                               _decision("Complete", 3000.0), target_key=KEY, now=3000.0)
+    again = S.phase_transitions({"targetKey": KEY, "phase": "Complete", "phaseTransitions": done},
+                                _decision("Surging", 4000.0), target_key=KEY, now=4000.0)
+    assert again["Surging"] == t(4000.0) and again["Complete"] == t(3000.0)
+    draining = S.phase_transitions({"targetKey": KEY, "phase": "Surging", "phaseTransitions": again},
+                                   _decision("Draining", 4100.0), target_key=KEY, now=4100.0)
+    assert draining["Draining"] == draining["Cutover"] == t(4100.0)
+    # a new target key starts a new map
+    assert S.phase_transitions({"targetKey": "other", "phase": "Complete", "phaseTransitions": done},
+                               _decision("Surging", 5000.0), target_key=KEY, now=5000.0) == {"Surging": t(5000.0)}
