@@ -172,12 +172,16 @@ def decide(
     settings: RolloutSettings,
     target_gpus: int,
     now: float,
+    scaled_to_zero: tuple[str, ...] = (),
 ) -> RolloutDecision:
     """Decide the serving group, what to apply and what to delete.
 
     ``target``: the compat key of the current spec; ``serving``: the key the user-facing
     Service selects now (None when there is no Service yet); ``groups``: every group that
-    exists, by key; ``target_gpus``: GPUs the target group requests. Never returns a
+    exists, by key; ``target_gpus``: GPUs the target group requests; ``scaled_to_zero``:
+    roles whose count is 0 (``spec.<role>.replicas`` or its PDRoleScale): a group that
+    serves with such a role is as asked, phase ``Complete`` with a message saying it serves
+    nothing (never a surge waiting forever for pods nobody asked for). Never returns a
     decision whose ``delete_keys`` contains the serving key.
     """
     first_deploy = serving is None and not groups
@@ -205,9 +209,10 @@ def decide(
         ready = state is not None and state.ready
         if state is not None and not ready and state.stalled:
             return _in_place_failed(target=target, state=state, previous=previous, others=others, now=now)
-        phase: Phase = "Complete" if ready else ("Updating" if state is not None and state.updating else "Surging")
+        parked = bool(scaled_to_zero) and state is not None and not ready and not state.updating
+        phase: Phase = "Complete" if ready or parked else ("Updating" if state is not None and state.updating else "Surging")
         # an event only for a rollout that finished: not when a pod of a group that was Complete recovers
-        if phase == "Complete" and previous.phase not in (None, "Complete"):
+        if phase == "Complete" and not parked and previous.phase not in (None, "Complete"):
             if previous.phase == "Updating":
                 events.append(("RolloutComplete", f"group {target[:6]} serves; updated in place"))
             elif not (same_rollout and previous.completed):
@@ -221,6 +226,10 @@ def decide(
         first = first_deploy or not (others or (same_rollout and previous.completed))
         if ready:
             message = f"group {target[:6]} serves"
+        elif parked:
+            roles = ", ".join(scaled_to_zero)
+            message = (f"group {target[:6]} serves nothing: {roles} scaled to 0 replicas (spec.<role>.replicas or "
+                       f"its PDRoleScale); scale {roles} to at least 1 to serve")
         elif phase == "Updating":
             message = f"group {target[:6]} updates in place, its older pods serve until the new ones are Ready ({'; '.join(state.updating)})" + pending
         else:

@@ -351,6 +351,8 @@ def _decide(
         settings=_rollout_settings(plan),
         target_gpus=target_gpus,
         now=now,
+        scaled_to_zero=tuple(r for r in ("prefill", "decode") if counts.get(r) == 0)
+        + (("gateway",) if plan.spec.gateway.replicas == 0 else ()),
     )
 
 

@@ -412,6 +412,8 @@ def valid_status(
         ready_c = Cond("Ready", "True", "Ready", f"group {target_key[:6]} serves at generation {generation}")
     elif decision.phase == "Failed":
         ready_c = Cond("Ready", "False", "RolloutFailed", decision.message)
+    elif decision.phase == "Complete":  # complete but not ready: a role scaled to 0 (rollout.decide)
+        ready_c = Cond("Ready", "False", "ScaledToZero", decision.message)
     else:
         ready_c = Cond("Ready", "False", "NotReady", decision.message)
     if decision.phase == "Complete":

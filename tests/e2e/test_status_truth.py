@@ -254,6 +254,27 @@ def test_a_recovering_pod_fires_no_rollout_complete(cluster, operator, ns):
     assert len(events) == before, [e["message"] for e in events]
 
 
+def test_a_role_scaled_to_zero_reads_scaled_to_zero_not_a_surge_that_never_ends(cluster, operator, ns):
+    kapply(cluster, _spec(ns))
+    wait_for(lambda: _ready(cluster, ns), timeout=90, what="Ready")
+    kapply(cluster, _spec(ns, **{"decode.replicas": 0}))
+
+    def parked():
+        o = _pdd(cluster, ns)
+        c = {k["type"]: k for k in (o or {}).get("status", {}).get("conditions", [])}
+        return (o["status"].get("observedGeneration") == o["metadata"]["generation"]
+                and (c.get("Ready") or {}).get("reason") == "ScaledToZero" and c)
+
+    conds = wait_for(parked, timeout=60, what="Ready False/ScaledToZero")
+    assert conds["Ready"]["status"] == "False" and "decode scaled to 0 replicas" in conds["Ready"]["message"]
+    assert (conds["Progressing"]["status"], conds["Progressing"]["reason"]) == ("False", "Complete")
+    assert pods(cluster, ns, f"{LBL}/deployment={NAME},{LBL}/role=prefill"), "prefill was not asked to stop"
+    time.sleep(3)  # resyncs: it stays so (no surge, no deadline)
+    assert (_pdd(cluster, ns)["status"]["rollout"]["phase"]) == "Complete"
+    kapply(cluster, _spec(ns))
+    wait_for(lambda: _ready(cluster, ns), timeout=60, what="Ready again at decode 1")
+
+
 # ---------------------------------------------------------------------------------- 5.
 def test_a_stopped_scraper_turns_slo_met_unknown(cluster, operator, ns, tmp_path):
     doc = _spec(ns, **{"slo": {"ttft": {"p90": "800ms"}, "window": "30s"}})

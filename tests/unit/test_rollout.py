@@ -206,3 +206,20 @@ def test_workload_state_sees_old_pods_and_a_stalled_rollout():
     done = {**dep, "metadata": {"name": "x-prefill", "generation": 3},
             "status": {"observedGeneration": 3, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}}
     assert workload_state(done).ready_all and not workload_state(done).updating
+
+
+def test_a_role_scaled_to_zero_is_complete_and_says_it_serves_nothing_instead_of_surging_forever():
+    serving = RolloutStatus(target_key="aaa", phase="Complete", phase_started=0, completed=True)
+    not_ready = {"aaa": GroupState("aaa", ready=False)}
+    d = decide(target="aaa", serving="aaa", groups=not_ready, previous=serving, settings=S, target_gpus=8, now=10,
+               scaled_to_zero=("decode",))
+    assert d.phase == "Complete" and d.serving_key == "aaa" and not d.events
+    assert "serves nothing: decode scaled to 0 replicas" in d.message and "at least 1" in d.message
+    # without a role at zero the same group is a surge waiting for its pods (and may fail its deadline)
+    d = decide(target="aaa", serving="aaa", groups=not_ready, previous=serving, settings=S, target_gpus=8, now=10)
+    assert d.phase == "Surging"
+    # older pods still being replaced: an in-place update, whatever the counts
+    updating = {"aaa": GroupState("aaa", ready=False, updating=("decode 0/1 updated, 1 pods",))}
+    d = decide(target="aaa", serving="aaa", groups=updating, previous=serving, settings=S, target_gpus=8, now=10,
+               scaled_to_zero=("decode",))
+    assert d.phase == "Updating"

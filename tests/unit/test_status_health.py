@@ -238,3 +238,14 @@ def test_phase_transitions_stamp_when_a_phase_is_entered_not_when_the_surge_bega
     # a new target key starts a new map
     assert S.phase_transitions({"targetKey": "other", "phase": "Complete", "phaseTransitions": done},
                                _decision("Surging", 5000.0), target_key=KEY, now=5000.0) == {"Surging": t(5000.0)}
+
+
+def test_ready_false_scaled_to_zero_when_the_decision_is_complete_but_the_group_is_not_ready():
+    parked = _decision("Complete", 0.0)
+    not_ready = Observed(groups={KEY: ObservedGroup(key=KEY, workloads={c: ws(c) for c in ("prefill", "gateway")})},
+                         serving_key=KEY, service_exists=True)
+    st = S.valid_status(previous={}, generation=1, problems=[], observed=not_ready, decision=parked, target_key=KEY,
+                        kv_layouts={}, attention_backends={}, endpoint="http://d.ns.svc:8000", now=10.0)
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", "ScaledToZero")
+    assert (conds["Progressing"]["status"], conds["Progressing"]["reason"]) == ("False", "Complete")
