@@ -671,7 +671,8 @@ class RoleSpec(_Model):
         le=1024,
         description=(
             "Replicas. Omit to let the role's PDRoleScale <name>-<role> own the count (kubectl scale, an HPA or "
-            "KEDA, or spec.autoscaling's planner drive it through its /scale subresource); it starts at "
+            "KEDA, or spec.autoscaling's planner drive it through its /scale subresource); it starts at the role's "
+            "serving count when the role already serves (within spec.autoscaling's bounds), else at "
             "spec.autoscaling.<role>.minReplicas, else 1."
         ),
     )
@@ -845,7 +846,7 @@ class RoleAutoscalingSpec(_Model):
         le=1024,
         description=(
             "Fewest replicas the planner keeps (at least 1: a serving role is never scaled to zero). Also the "
-            "count the role's PDRoleScale starts at."
+            "count a new role's PDRoleScale starts at (a role that already serves keeps its count, at least this)."
         ),
     )
     maxReplicas: int = Field(ge=1, le=1024, description="Most replicas the planner scales the role to.")

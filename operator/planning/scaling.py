@@ -28,12 +28,21 @@ def scaled_roles(spec: PDDeploymentSpec) -> tuple[str, ...]:
     return tuple(r for r in ROLES if getattr(spec, r).replicas is None)
 
 
-def seed_replicas(spec: PDDeploymentSpec, role: str) -> int:
-    """The count a new PDRoleScale starts at: ``spec.autoscaling.<role>.minReplicas`` when the planner
-    scales the role, else 1. Never 0: an HPA does not scale a target whose count is 0
-    (kube-controller-manager's podautoscaler disables scaling at 0 replicas)."""
+def seed_replicas(spec: PDDeploymentSpec, role: str, serving: int | None = None) -> int:
+    """The count a new PDRoleScale starts at.
+
+    ``serving``: replicas of the role in the group that serves now (None: no group yet).
+    A role that already serves keeps its count (``spec.<role>.replicas`` removed to hand the
+    role to an HPA or the planner must not scale it down on the spot), within
+    ``spec.autoscaling.<role>``'s bounds when the planner scales it; a new role starts at
+    ``minReplicas`` when planned, else 1. Never 0: an HPA does not scale a target whose
+    count is 0 (kube-controller-manager's podautoscaler disables scaling at 0 replicas).
+    """
     bounds = getattr(spec.autoscaling, role, None) if spec.autoscaling is not None else None
-    return bounds.minReplicas if bounds is not None else 1
+    low, high = (bounds.minReplicas, bounds.maxReplicas) if bounds is not None else (1, None)
+    if not serving:
+        return low
+    return max(low, serving if high is None else min(serving, high))
 
 
 def role_counts(spec: PDDeploymentSpec, scale_replicas: Mapping[str, int | None]) -> dict[str, int]:

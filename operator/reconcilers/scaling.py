@@ -181,6 +181,13 @@ class Scaling:
     next_look_s: float | None = None
 
 
+def _serving(observed: Observed, role: str) -> int | None:
+    """Desired replicas of ``role`` in the group that serves now (None: no serving group or role yet)."""
+    group = observed.groups.get(observed.serving_key) if observed.serving_key else None
+    workload = group.workloads.get(role) if group is not None else None
+    return workload.desired if workload is not None else None
+
+
 def reconcile_scaling(
     *,
     kube: Kube,
@@ -206,7 +213,7 @@ def reconcile_scaling(
         name = role_scale_name(plan.name, role)
         obj = kube.get(API_VERSION, rolescale.KIND, name, ns)
         if obj is None:
-            seeded = render_role_scale(plan, role, owner=owner, replicas=seed_replicas(spec, role))
+            seeded = render_role_scale(plan, role, owner=owner, replicas=seed_replicas(spec, role, _serving(observed, role)))
             kube.create(seeded)
             obj = kube.get(API_VERSION, rolescale.KIND, name, ns) or seeded
         else:

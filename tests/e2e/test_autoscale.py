@@ -374,3 +374,22 @@ def test_a_rollout_in_the_middle_of_scaling_keeps_the_count_and_one_key_per_gate
     first_new = watcher.samples[keys.index(new)]
     assert first_new.ready.get(new), "the Service moved to a group that was not Ready"
     assert keys[keys.index(new):] == [new] * (len(keys) - keys.index(new)), "the Service went back"
+
+
+def test_handing_a_serving_role_to_its_pdrolescale_keeps_its_count(cluster, op, ns):
+    name = "handover"
+    doc = _doc(ns, name)
+    doc["spec"]["prefill"]["replicas"], doc["spec"]["decode"]["replicas"] = 1, 3
+    kapply(cluster, doc)
+    wait_for(lambda: (o := _pdd(cluster, ns, name)) and _status(o, "Ready") == "True", timeout=90, what="Ready")
+    key = _pdd(cluster, ns, name)["status"]["compatKey"]
+    before = {p["metadata"]["uid"] for p in pods(cluster, ns, f"{LBL}/deployment={name},{LBL}/role=decode")}
+    assert len(before) == 3 and kget(cluster, "pdrs", f"{name}-decode", "-n", ns) is None
+    del doc["spec"]["decode"]["replicas"]  # hand decode to kubectl scale / an HPA
+    kapply(cluster, doc)
+    wait_for(lambda: _count(cluster, ns, name, "decode") is not None, timeout=30, what="the decode PDRoleScale")
+    assert _count(cluster, ns, name, "decode") == 3, "the PDRoleScale must start at the serving count"
+    time.sleep(3)  # a few reconciles: nothing scales down
+    assert kget(cluster, "deployment", f"{name}-{key[:6]}-decode", "-n", ns)["spec"]["replicas"] == 3
+    after = {p["metadata"]["uid"] for p in pods(cluster, ns, f"{LBL}/deployment={name},{LBL}/role=decode")}
+    assert after == before, "a decode pod was deleted by the handover"

@@ -283,6 +283,10 @@ def test_role_counts_seed_and_surge(gb300_doc):
     gb300_doc["spec"]["slo"] = {"itl": {"p90": "25ms"}}
     spec = parse_pddeployment(gb300_doc).spec
     assert seed_replicas(spec, "decode") == 2 and seed_replicas(spec, "prefill") == 1
+    # a role that already serves keeps its count (within the planner's bounds): handing it over scales nothing
+    assert seed_replicas(spec, "decode", serving=4) == 4
+    assert seed_replicas(spec, "decode", serving=9) == 5 and seed_replicas(spec, "decode", serving=1) == 2
+    assert seed_replicas(spec, "prefill", serving=3) == 3 and seed_replicas(spec, "prefill", serving=0) == 1
     assert role_counts(spec, {}) == {"prefill": spec.prefill.replicas, "decode": 2}
     assert role_counts(spec, {"decode": 4, "prefill": 9})["decode"] == 4  # prefill's count is the spec's
     counts, per = {"prefill": 2, "decode": 4}, {"prefill": 4, "decode": 4}
