@@ -17,7 +17,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from .labels import check_label_map, label_key_problem, label_value_problem
 
 GROUP = "pd.sglang-operator.io"
 VERSION = "v1alpha1"
@@ -48,6 +50,10 @@ Quantity = Annotated[
     str,
     Field(pattern=QUANTITY_PATTERN, description="A Kubernetes resource quantity, e.g. 64Gi, 500m, 16."),
 ]
+#: A node selector: keys and values in Kubernetes label syntax (api/labels.py), checked when
+#: the spec is parsed (the CRD cannot: a CEL rule over map keys of unknown length costs too
+#: much for the API server to admit), so a bad key never creates half a group.
+NodeSelector = Annotated[dict[str, str], AfterValidator(check_label_map)]
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNSLabel = Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)]
 
@@ -144,7 +150,8 @@ class ModelSpec(_Model):
     )
     source: ModelSource = Field(description="Where the weights come from.")
     servedModelName: str | None = Field(
-        default=None, max_length=256, description="Name clients use in the OpenAI API (--served-model-name)."
+        default=None, min_length=1, max_length=256,
+        description="Name clients use in the OpenAI API (--served-model-name); omit it for the model's path."
     )
     trustRemoteCode: bool = Field(default=False, description="Pass --trust-remote-code to SGLang.")
 
@@ -627,6 +634,22 @@ class Toleration(_Model):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(default=None, description="Effect.")
     tolerationSeconds: int | None = Field(default=None, description="For NoExecute: seconds to stay bound.")
 
+    @field_validator("key")
+    @classmethod
+    def _label_key(cls, v: str | None) -> str | None:
+        why = label_key_problem(v) if v else None  # core/v1 validation: a label key (empty: every taint)
+        if why is not None:
+            raise ValueError(f"{v!r} is not a valid taint key: {why}")
+        return v
+
+    @field_validator("value")
+    @classmethod
+    def _label_value(cls, v: str | None) -> str | None:
+        why = label_value_problem(v) if v else None
+        if why is not None:
+            raise ValueError(f"{v!r} is not a valid taint value: it {why}")
+        return v
+
 
 def _single_gpu(role: str) -> str:
     """CEL: the role's parallelism is tp = dp = ep = 1 (absent fields default to 1)."""
@@ -685,7 +708,7 @@ class RoleSpec(_Model):
     )
     pagedExperts: PagedExpertsSpec | None = Field(default=None, description="Override spec.pagedExperts for this role.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="CPU, memory, shared memory.")
-    nodeSelector: dict[str, str] = Field(
+    nodeSelector: NodeSelector = Field(
         default_factory=dict, description="Extra node labels; merged with the accelerator's labels."
     )
     tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations.")
@@ -729,7 +752,7 @@ class GatewaySpec(_Model):
     resources: GatewayResourcesSpec = Field(
         default_factory=GatewayResourcesSpec, description="CPU and memory of each gateway pod."
     )
-    nodeSelector: dict[str, str] = Field(
+    nodeSelector: NodeSelector = Field(
         default_factory=dict,
         description="Node labels for the gateway pods, e.g. a CPU pool, so the gateway does not take GPU nodes' CPUs.",
     )
@@ -772,6 +795,9 @@ class SpeedTargets(_Model):
 #: Longest ``spec.slo.window``: the evaluator keeps outcomes for 72 windows (the ticket
 #: burn window) and increases for one, so its memory grows with the window (metrics/slo.py).
 MAX_SLO_WINDOW = "1h"
+#: Shortest ``spec.slo.window``: a window must hold several measurement passes (``run
+#: --slo-interval``, 15 s by default; the e2e tests run 2 s passes under 20-30 s windows).
+MIN_SLO_WINDOW = "10s"
 
 
 class SLOSpec(_Model):
@@ -786,7 +812,13 @@ class SLOSpec(_Model):
                     f"its burn rates); set a window of {MAX_SLO_WINDOW} or less, and judge longer periods with "
                     "the PrometheusRule's burn-rate alerts",
                     field_path=".window",
-                )
+                ),
+                cel(
+                    f"!has(self.window) || duration(self.window) >= duration('{MIN_SLO_WINDOW}')",
+                    f"spec.slo.window: at least {MIN_SLO_WINDOW} (a percentile needs several of the operator's "
+                    f"measurement passes inside one window); set a window of {MIN_SLO_WINDOW} or more, e.g. 5m",
+                    field_path=".window",
+                ),
             ]
         }
     )
@@ -798,7 +830,8 @@ class SLOSpec(_Model):
         default=None, description="Per-user generation speed (output tokens/s per request)."
     )
     window: Duration = Field(
-        default="5m", description=f"Window over which percentiles are computed; at most {MAX_SLO_WINDOW}."
+        default="5m",
+        description=f"Window over which percentiles are computed; at least {MIN_SLO_WINDOW}, at most {MAX_SLO_WINDOW}."
     )
     objective: float = Field(
         default=0.99, gt=0, lt=1, description="Fraction of windows that must meet every target (error budget)."
@@ -814,7 +847,12 @@ class RolloutSpec(_Model):
         description="Most extra GPUs the new group may take while the old one serves; default: no limit.",
     )
     progressDeadline: Duration = Field(
-        default="30m", description="How long a new group may take to become Ready before the rollout fails."
+        default="30m",
+        description=(
+            "How long a new group (or an in-place update) may take to become Ready before the rollout fails "
+            "(phase Failed; the older pods keep serving). Default 30m: on a cluster without spare GPUs a surge "
+            "pod waits that long; lower it, or set rollout.maxSurgeGPUs to 0 to replace pods one at a time."
+        ),
     )
     drainGracePeriod: Duration = Field(
         default="60s", description="After cutover, how long the old group keeps running for in-flight requests."
