@@ -286,15 +286,22 @@ def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def _ready(cluster, namespace: str, name: str) -> dict | None:
+def _settled(cluster, namespace: str, name: str) -> dict | None:
+    """The PDDeployment once its current generation is Ready or refused (Valid False), else None."""
     obj = _pdd(cluster, namespace, name)
     if obj is None:
         return None
     gen = obj["metadata"].get("generation")
     for c in (obj.get("status") or {}).get("conditions") or []:
-        if c["type"] == "Ready" and c["status"] == "True" and c.get("observedGeneration") == gen:
+        if c.get("observedGeneration") != gen:
+            continue
+        if (c["type"], c["status"]) in (("Ready", "True"), ("Valid", "False")):
             return obj
     return None
+
+
+def _refused(obj: dict) -> bool:
+    return any(c["type"] == "Valid" and c["status"] == "False" for c in (obj.get("status") or {}).get("conditions") or [])
 
 
 def running_hints(cluster, *, namespace: str, operator_log: Path) -> list[str]:
@@ -304,7 +311,7 @@ def running_hints(cluster, *, namespace: str, operator_log: Path) -> list[str]:
         "== running until Ctrl-C (the cluster and the operator stay up). In a second terminal:",
         *(f"     {line}" for line in cluster.shell_exports()),
         "     kubectl get pdd -A",
-        f"     kubectl apply -f {examples[0].parent}/<example>.yaml",
+        f"     kubectl apply --server-side -f {examples[0].parent}/<example>.yaml",
         f"   kubectl: {cluster.bin_dir / 'kubectl'} (this cluster's version; the PATH line puts it first)",
         f"   namespace {namespace} and its model-store PVC exist; examples: {', '.join(p.name for p in examples)}",
         f"   operator log: {operator_log}",
@@ -330,11 +337,15 @@ def run_demo(*, cluster, example: Path, log: Callable[[str], None], once: bool) 
         log(cluster.kubectl("apply", "-f", str(example)).stdout.rstrip())
         start = time.monotonic()
         try:
-            obj = _wait(lambda: _ready(cluster, namespace, name), READY_TIMEOUT_S, f"{namespace}/{name} Ready")
+            obj = _wait(lambda: _settled(cluster, namespace, name), READY_TIMEOUT_S, f"{namespace}/{name} Ready")
         except TimeoutError as e:
             report = not_ready_report(_pdd(cluster, namespace, name), _warning_events(cluster, namespace))
             log("\n".join([f"error: {e}", *report, f"--- operator log (last lines; all in {op.log_path}) ---",
                             op.log_tail(20)]))
+            return 1
+        if _refused(obj):  # the operator refused the spec: no point waiting for Ready
+            report = not_ready_report(obj, _warning_events(cluster, namespace))
+            log("\n".join([f"error: the operator refused {namespace}/{name} (Valid=False); nothing was created", *report]))
             return 1
         log(f"== Ready after {time.monotonic() - start:.1f}s")
         log(cluster.kubectl("get", "pdd", "-n", namespace).stdout.rstrip())
