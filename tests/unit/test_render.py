@@ -152,7 +152,7 @@ def test_in_place_updates_surge_within_the_gpu_budget(gb300_doc, catalog):
     (warn,) = [p for p in plan.problems if p.rule == "in_place_update_surges"]
     assert warn.field == "spec.rollout.maxSurgeGPUs" and warn.severity == "warning"
     assert "decode updates in place without a surge pod: one needs 4 GPUs and rollout.maxSurgeGPUs (4) leaves 0" in warn.message
-    assert "set rollout.maxSurgeGPUs to at least 8" in warn.fix
+    assert "set rollout.maxSurgeGPUs to at least 8 (one budget for both roles' surge pods: prefill 4 + decode 4 GPUs)" in warn.fix
 
 
 def test_prefill_readiness_covers_the_bootstrap_port_in_one_probe(gb300_doc, catalog):

@@ -33,7 +33,10 @@ def in_place_update_surges(*, spec: PDDeploymentSpec, prefill: RolePlan, decode:
             out.append(Problem(
                 field="spec.rollout.maxSurgeGPUs",
                 message=s.reason,
-                fix=f"set rollout.maxSurgeGPUs to at least {need} (or remove it), or run more {role} replicas",
+                fix=f"set rollout.maxSurgeGPUs to at least {need}"
+                + (f" (one budget for both roles' surge pods: prefill {prefill.inputs.gpus_per_replica} + decode "
+                   f"{decode.inputs.gpus_per_replica} GPUs)" if role == "decode" else "")
+                + f" (or remove it), or run more {role} replicas",
                 rule="in_place_update_surges",
                 severity="warning",
             ))
