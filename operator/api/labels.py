@@ -14,12 +14,30 @@ import re
 
 #: A qualified name's name part, and a label value (non-empty form): alphanumerics at both ends,
 #: '-', '_' and '.' inside (IsQualifiedName's qualifiedNameFmt / IsValidLabelValue's labelValueFmt).
-_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_NAME_RE = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 #: A DNS-1123 subdomain (IsDNS1123Subdomain): the optional prefix of a key.
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SUBDOMAIN_RE = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 NAME_MAX = 63
 PREFIX_MAX = 253
 VALUE_MAX = 63
+KEY_MAX = PREFIX_MAX + 1 + NAME_MAX
+
+#: The same rules as whole-string regexes, valid in Python's ``re`` and in RE2 (CEL's
+#: ``matches`` in the API server): the CRD's rules (api/v1alpha1.py) are built from these.
+KEY_SYNTAX_PATTERN = rf"^({_SUBDOMAIN_RE}/)?{_NAME_RE}$"
+KEY_LENGTHS_PATTERN = rf"^([^/]{{1,{PREFIX_MAX}}}/)?[^/]{{1,{NAME_MAX}}}$"
+VALUE_PATTERN = rf"^({_NAME_RE})?$"
+KEY_RULE_TEXT = ("a Kubernetes label key: [prefix/]name, the name 1-63 letters, digits, '-', '_' or '.' "
+                 "starting and ending with a letter or digit, the prefix a DNS subdomain of at most 253 characters "
+                 "(e.g. nvidia.com/gpu.product)")
+
+_NAME = re.compile(_NAME_RE)
+_SUBDOMAIN = re.compile(_SUBDOMAIN_RE)
+
+
+def cel_is_label_key(expr: str) -> str:
+    """A CEL expression true when the string ``expr`` is a valid label key (the two patterns above)."""
+    return f"{expr}.matches('{KEY_SYNTAX_PATTERN}') && {expr}.matches('{KEY_LENGTHS_PATTERN}')"
 
 
 def label_key_problem(key: str) -> str | None:

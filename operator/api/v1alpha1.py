@@ -19,7 +19,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from .labels import check_label_map, label_key_problem, label_value_problem
+from .labels import (
+    KEY_MAX,
+    KEY_RULE_TEXT,
+    VALUE_MAX,
+    VALUE_PATTERN,
+    cel_is_label_key,
+    check_label_map,
+    label_key_problem,
+    label_value_problem,
+)
 
 GROUP = "pd.sglang-operator.io"
 VERSION = "v1alpha1"
@@ -50,10 +59,6 @@ Quantity = Annotated[
     str,
     Field(pattern=QUANTITY_PATTERN, description="A Kubernetes resource quantity, e.g. 64Gi, 500m, 16."),
 ]
-#: A node selector: keys and values in Kubernetes label syntax (api/labels.py), checked when
-#: the spec is parsed (the CRD cannot: a CEL rule over map keys of unknown length costs too
-#: much for the API server to admit), so a bad key never creates half a group.
-NodeSelector = Annotated[dict[str, str], AfterValidator(check_label_map)]
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNSLabel = Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)]
 
@@ -80,6 +85,24 @@ def cel(rule: str, message: str, *, field_path: str | None = None, reason: str |
         out["reason"] = reason
     return out
 
+
+#: A node selector: keys and values in Kubernetes label syntax (api/labels.py), so a bad key
+#: never creates half a group. The API server refuses them at apply (a CEL rule on the keys,
+#: a pattern on the values); the AfterValidator names the bad key in ``check`` and for an
+#: object stored before these rules existed.
+NodeSelector = Annotated[
+    dict[str, Annotated[str, Field(max_length=VALUE_MAX, pattern=VALUE_PATTERN)]],
+    AfterValidator(check_label_map),
+    Field(
+        json_schema_extra={
+            "maxProperties": 64,  # bounds the rule's cost for the API server
+            "x-kubernetes-validations": [
+                cel(f"self.all(k, {cel_is_label_key('k')})",
+                    f"nodeSelector: every key must be {KEY_RULE_TEXT}; fix or remove the key")
+            ]
+        },
+    ),
+]
 
 class _Model(BaseModel):
     """Base: camelCase field names as written in YAML, unknown fields refused."""
@@ -628,9 +651,19 @@ class ResourcesSpec(_Model):
 class Toleration(_Model):
     """A pod toleration (core/v1 Toleration)."""
 
-    key: str | None = Field(default=None, description="Taint key.")
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(f"!has(self.key) || self.key == '' || ({cel_is_label_key('self.key')})",
+                    f"key: a taint key must be {KEY_RULE_TEXT}; fix the key", field_path=".key"),
+            ]
+        }
+    )
+
+    key: str | None = Field(default=None, max_length=KEY_MAX, description="Taint key (a label key).")
     operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
-    value: str | None = Field(default=None, description="Taint value.")
+    value: str | None = Field(default=None, max_length=VALUE_MAX, pattern=VALUE_PATTERN,
+                              description="Taint value (a label value).")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(default=None, description="Effect.")
     tolerationSeconds: int | None = Field(default=None, description="For NoExecute: seconds to stay bound.")
 
@@ -711,7 +744,7 @@ class RoleSpec(_Model):
     nodeSelector: NodeSelector = Field(
         default_factory=dict, description="Extra node labels; merged with the accelerator's labels."
     )
-    tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Pod tolerations (at most 32).")
     extraArgs: list[str] = Field(
         default_factory=list,
         description=(
@@ -756,7 +789,7 @@ class GatewaySpec(_Model):
         default_factory=dict,
         description="Node labels for the gateway pods, e.g. a CPU pool, so the gateway does not take GPU nodes' CPUs.",
     )
-    tolerations: list[Toleration] = Field(default_factory=list, description="Gateway pod tolerations.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Gateway pod tolerations (at most 32).")
 
 
 # --------------------------------------------------------------------------- SLO

@@ -5,8 +5,9 @@ the API server would refuse in a Pod template (so a bad key never creates half a
 one role's Deployment applied, the next refused). Its rules are a restatement of
 k8s.io/apimachinery's IsQualifiedName and IsValidLabelValue; this test holds them to the
 real kube-apiserver: for each candidate, a Pod is created with ``dryRun=All`` and the
-server's verdict must equal ours, and a PDDeployment using the candidate must be refused
-by ``check`` exactly when the server refuses the Pod.
+server's verdict must equal ours, ``check``'s, and the API server's verdict on a
+PDDeployment carrying it (the CRD's CEL rule on nodeSelector keys and toleration keys, the
+patterns on values, built from the same regexes in api/labels.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sglang_pd_operator.api.labels import label_key_problem, label_value_problem
 from sglang_pd_operator.api.load import SpecError, parse_pddeployment
+from sglang_pd_operator.api.v1alpha1 import GROUP, VERSION
 
 pytestmark = pytest.mark.e2e
 
@@ -43,6 +45,23 @@ def _server_refuses(api: k8s.CoreV1Api, ns: str, selector: dict[str, str] | None
     return False
 
 
+def _crd_refuses(api: k8s.CustomObjectsApi, ns: str, selector: dict[str, str] | None = None,
+                 toleration: dict[str, str] | None = None) -> bool:
+    """The API server's verdict on a PDDeployment carrying the candidate (the CRD's schema and CEL rules)."""
+    doc = load_example()
+    doc["metadata"] = {"name": "label-syntax", "namespace": ns}
+    if selector is not None:
+        doc["spec"]["prefill"]["nodeSelector"] = selector
+    if toleration is not None:
+        doc["spec"]["decode"]["tolerations"] = [toleration]
+    try:
+        api.create_namespaced_custom_object(GROUP, VERSION, ns, "pddeployments", doc, dry_run="All")
+    except ApiException as e:
+        assert e.status == 422, (selector, toleration, e.status, e.body)
+        return True
+    return False
+
+
 def _check_refuses(selector: dict[str, str] | None = None, toleration: dict[str, str] | None = None) -> bool:
     doc = load_example()
     if selector is not None:
@@ -58,30 +77,28 @@ def _check_refuses(selector: dict[str, str] | None = None, toleration: dict[str,
     return False
 
 
-def test_label_keys_and_values_judged_as_the_api_server_judges_them(cluster):
+def test_label_keys_and_values_judged_as_the_api_server_judges_them(cluster, crds):
     api = k8s.CoreV1Api(cluster.api_client())
+    custom = k8s.CustomObjectsApi(cluster.api_client())
     ns = "default"
     disagree = []
+
+    def compare(what: str, candidate: str, ours: str | None, **where) -> None:
+        pod = _server_refuses(api, ns, **where)  # Kubernetes' own validation of a Pod
+        verdicts = {"pod": pod, "ours": ours is not None, "check": _check_refuses(**where),
+                    "crd": _crd_refuses(custom, ns, **where)}  # the CRD's CEL rules and patterns, in the API server
+        if len(set(verdicts.values())) != 1:
+            disagree.append((what, candidate, verdicts, ours))
+
     for key in KEYS:
-        server = _server_refuses(api, ns, {key: "v"})
-        ours = label_key_problem(key) is not None
-        if server != ours or _check_refuses({key: "v"}) != server:
-            disagree.append(("key", key, "server refuses" if server else "server accepts", label_key_problem(key)))
+        compare("key", key, label_key_problem(key), selector={key: "v"})
+        # a toleration's key is a label key, its value (operator Equal) a label value
+        compare("toleration key", key, label_key_problem(key),
+                toleration={"key": key, "operator": "Equal", "value": "v", "effect": "NoSchedule"})
     for value in VALUES:
-        server = _server_refuses(api, ns, {"gpu": value})
-        ours = label_value_problem(value) is not None
-        if server != ours or _check_refuses({"gpu": value}) != server:
-            disagree.append(("value", value, "server refuses" if server else "server accepts", label_value_problem(value)))
-    for key in KEYS:  # a toleration's key is a label key, its value (operator Equal) a label value
-        tol = {"key": key, "operator": "Equal", "value": "v", "effect": "NoSchedule"}
-        server = _server_refuses(api, ns, toleration=tol)
-        if server != (label_key_problem(key) is not None) or _check_refuses(toleration=tol) != server:
-            disagree.append(("toleration key", key, "server refuses" if server else "server accepts"))
-    for value in VALUES:
-        tol = {"key": "gpu", "operator": "Equal", "value": value, "effect": "NoSchedule"}
-        server = _server_refuses(api, ns, toleration=tol)
-        if server != (label_value_problem(value) is not None) or _check_refuses(toleration=tol) != server:
-            disagree.append(("toleration value", value, "server refuses" if server else "server accepts"))
+        compare("value", value, label_value_problem(value), selector={"gpu": value})
+        compare("toleration value", value, label_value_problem(value),
+                toleration={"key": "gpu", "operator": "Equal", "value": value, "effect": "NoSchedule"})
     assert not disagree, disagree
     refused = sum(label_key_problem(k) is not None for k in KEYS) + sum(label_value_problem(v) is not None for v in VALUES)
     assert 10 <= refused < len(KEYS) + len(VALUES)  # both verdicts exercised
