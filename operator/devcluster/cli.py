@@ -28,6 +28,17 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _stop_on_signals() -> None:
+    """A foreground cluster stops on Ctrl-C (SIGINT) and on SIGTERM: both unwind as KeyboardInterrupt.
+
+    SIGINT is set explicitly: a process started in the background by a non-interactive
+    shell (`cmd &` in a script, as a CI runner may) inherits SIGINT ignored, and Python then
+    installs no handler of its own, so a SIGINT would be lost.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 _run_dir_option = click.option(
     "--run-dir", type=click.Path(file_okay=False, path_type=Path),
     default=None, help="Run directory (default: <checkout>/.run/cluster).")
@@ -66,8 +77,7 @@ def up(run_dir: Path | None, detach: bool, no_lws: bool) -> None:
     """Start the cluster; print the `export KUBECONFIG=...` and `export PATH=...` lines to use it."""
     run_dir = run_dir or paths.default_run_dir()
     if not detach:
-        # SIGTERM behaves like Ctrl-C: unwind, so the finally below stops the cluster.
-        signal.signal(signal.SIGTERM, _interrupt)
+        _stop_on_signals()
     try:
         running = start_cluster(run_dir=run_dir, detach=detach, log=_echo, lws=not no_lws)
     except (ClusterError, build.BuildError, gomod.GoModuleDownloadError,
@@ -141,7 +151,7 @@ def demo(run_dir: Path | None, example: Path | None, once: bool) -> None:
     from sglang_pd_operator.devcluster.demo import GB300_EXAMPLE, run_demo
 
     run_dir = run_dir or paths.default_run_dir().parent / "demo"
-    signal.signal(signal.SIGTERM, _interrupt)
+    _stop_on_signals()
     try:
         running = start_cluster(run_dir=run_dir, log=_echo)
     except (ClusterError, build.BuildError, gomod.GoModuleDownloadError, gomod.GoToolMissing) as err:
