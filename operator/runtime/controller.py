@@ -42,18 +42,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .heap import TrimPolicy, trim_heap
-from .liveness import Heartbeats
+from ..kernelbuild.inputs import LABEL_KERNELBUILD
 from ..metrics.health import Health
 from ..metrics.operator_metrics import OperatorMetrics
 from ..metrics.prometheus_source import PrometheusSettings
 from ..metrics.sources import SCRAPE, make_slo_source
-from .cache import WATCHED, Change, ObjectCache, WatchedKind
 from ..reconcilers.kube import Kube
 from ..reconcilers.observe import unschedulable_reason
 from ..reconcilers.runtime import HealthChange, KernelBuildRuntime, Runtime
-from ..kernelbuild.inputs import LABEL_KERNELBUILD
 from ..render.labels import LABEL_DEPLOYMENT
+from .cache import WATCHED, Change, ObjectCache, WatchedKind
+from .heap import TrimPolicy, trim_heap
+from .liveness import Heartbeats
 from .workqueue import ShutDown, WorkQueue
 
 log = logging.getLogger(__name__)

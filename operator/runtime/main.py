@@ -29,17 +29,17 @@ from typing import Any
 
 import kopf
 
-from . import kopf_glue  # noqa: F401  (registers the kopf handlers)
 from ..api.v1alpha1 import API_VERSION
-from .controller import Controller, LoopSettings
-from .leader import LeaderSettings, refuse_if_led, run_when_leading
-from .liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
 from ..metrics.operator_metrics import OperatorMetrics
-from .cache import WATCHED, ObjectCache
 from ..metrics.prometheus_source import PrometheusSettings
 from ..reconcilers.crds import ensure_crds
 from ..reconcilers.kube import ApiTimeouts, Kube
 from ..reconcilers.runtime import Hooks, KernelBuildRuntime, Runtime, api_client_from_env
+from . import kopf_glue  # noqa: F401  (registers the kopf handlers)
+from .cache import WATCHED, ObjectCache
+from .controller import Controller, LoopSettings
+from .leader import LeaderSettings, refuse_if_led, run_when_leading
+from .liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
 
 log = logging.getLogger(__name__)
 
