@@ -9,21 +9,11 @@ oracle sets) that differs from the lock's fails here, naming it and the fix.
 
 from __future__ import annotations
 
-import importlib.util
-
-from helpers import ROOT
+from helpers import ROOT, load_script
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-
-def _lock_tool():
-    spec = importlib.util.spec_from_file_location("hack_lock", ROOT / "hack" / "lock.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-LOCK_TOOL = _lock_tool()
+LOCK_TOOL = load_script(ROOT / "hack" / "lock.py", "hack_lock")
 FIX = "run ./hack/setup.sh --contract, then .venv/bin/python -P hack/lock.py"
 
 
