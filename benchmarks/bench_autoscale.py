@@ -63,8 +63,8 @@ from simkit import (  # noqa: E402
     with_address,
 )
 
-from sglang_pd_operator.devcluster import cluster as devcluster  # noqa: E402
-from sglang_pd_operator.devcluster.demo import OperatorProcess, install_crds, model_store  # noqa: E402
+from sglang_pd_operator_dev.cluster import cluster as devcluster  # noqa: E402
+from sglang_pd_operator_dev.cluster.demo import OperatorProcess, install_crds, model_store  # noqa: E402
 
 LBL = "pd.sglang-operator.io"
 NAME = "bench"

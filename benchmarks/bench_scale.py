@@ -57,10 +57,10 @@ from typing import Any
 
 import yaml
 
-from sglang_pd_operator.devcluster import components, paths, state
-from sglang_pd_operator.devcluster.cluster import Cluster, admin_api, start_cluster
-from sglang_pd_operator.devcluster.demo import OperatorProcess, model_store, operator_command
-from sglang_pd_operator.devcluster.kubeconfig import write_kubeconfig
+from sglang_pd_operator_dev.cluster import components, paths, state
+from sglang_pd_operator_dev.cluster.cluster import Cluster, admin_api, start_cluster
+from sglang_pd_operator_dev.cluster.demo import OperatorProcess, model_store, operator_command
+from sglang_pd_operator_dev.cluster.kubeconfig import write_kubeconfig
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH_POOLS = Path(__file__).resolve().parent / "scale-node-pools.yaml"

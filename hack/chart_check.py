@@ -17,7 +17,7 @@ Commands (run from anywhere; they never import the package, so the repository's
 
 ``tests/unit/test_chart.py`` runs :func:`problems`; the chart tests render the chart with
 :func:`helm_template` (helm v3.21.4 from the dev cluster's binaries, built once into a
-cache by ``sglang_pd_operator.devcluster.build``).
+cache by ``sglang_pd_operator_dev.cluster.build``).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def sync() -> list[str]:
 
 def helm_binary(*, log=print) -> Path:
     """helm from the dev cluster's binaries (cache hit, or built once: see docs/dev-cluster.md)."""
-    from sglang_pd_operator.devcluster.build import ensure_binaries
+    from sglang_pd_operator_dev.cluster.build import ensure_binaries
 
     return ensure_binaries(log=log).path("helm")
 

@@ -6,7 +6,7 @@ where ``<hash>`` is the sha256 of go.mod and go.sum: a second call finds it and 
 nothing. The build writes into a temporary sibling directory and renames it into place,
 so an interrupted build never leaves a half-filled cache; a file lock serialises
 concurrent builds of the same hash (the approach of the dev cluster's binaries,
-``sglang_pd_operator.devcluster.build``). An environment variable naming a prebuilt
+``sglang_pd_operator_dev.cluster.build``). An environment variable naming a prebuilt
 binary skips all of it.
 """
 

@@ -1,4 +1,4 @@
-"""The command line: ``run`` the operator, ``check`` and ``render`` specs offline, write ``crds``, ``dev`` tools.
+"""The command line: ``run`` the operator, ``check`` and ``render`` specs offline, write ``crds``; ``dev`` tools when installed.
 
 ``check`` and ``render`` need no cluster: they are what a GitOps pipeline runs before
 merging. Exit codes of ``check``: 0 valid (warnings allowed), 1 any error (ours, or with
@@ -8,6 +8,7 @@ not installed, failed, or could not judge a spec the operator accepts).
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import sys
@@ -100,7 +101,47 @@ def _human(path: str, result: dict[str, Any], problems: list[Problem]) -> str:
     return "\n".join([head, *lines])
 
 
-@click.group()
+#: Entry-point group through which another installed distribution adds commands: the
+#: repository's dev tools (devtools/, distribution sglang-pd-operator-dev) add ``dev``. The
+#: operator never imports them by name (tests/unit/test_layers.py), and its image has none.
+PLUGIN_GROUP = "sglang_pd_operator.cli"
+#: What ``dev`` says when the dev tools are not installed.
+DEV_MISSING = (
+    "the `dev` commands (dev cluster, dev demo) come with the repository's dev tools "
+    "(distribution sglang-pd-operator-dev), which are not installed here: in a checkout run "
+    "./hack/setup.sh, or pip install -e ./devtools"
+)
+
+
+def _plugins() -> list[importlib.metadata.EntryPoint]:
+    return list(importlib.metadata.entry_points(group=PLUGIN_GROUP))
+
+
+class _Commands(click.Group):
+    """The command group; a name it does not hold is looked up among the installed plugins
+    (:data:`PLUGIN_GROUP`), loaded only when run, so ``check`` never imports them."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *(ep.name for ep in _plugins()), "dev"})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        if command is not None:
+            return command
+        for ep in _plugins():
+            if ep.name == name:
+                return ep.load()
+        return _dev_missing if name == "dev" else None
+
+
+@click.command("dev", add_help_option=False, short_help="Dev tools (not installed here).",
+               context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def _dev_missing() -> None:
+    """The dev tools are not installed: say how to install them (exit 1)."""
+    raise click.ClickException(DEV_MISSING)
+
+
+@click.group(cls=_Commands)
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
     """sglang-pd-operator: SGLang prefill/decode disaggregation on Kubernetes."""
@@ -401,8 +442,8 @@ def run(
 
     Exits 2 with --no-leader-elect while another process holds the Lease.
     """
-    from .leader import AnotherLeader, LeaderSettings, default_identity, default_lease_namespace
-    from .operator_main import run_operator
+    from .runtime.leader import AnotherLeader, LeaderSettings, default_identity, default_lease_namespace
+    from .runtime.main import run_operator
     from .reconcilers.crds import CRDSchemaError
     from .reconcilers.kube import ApiTimeouts
 
@@ -525,16 +566,6 @@ def sglang_status(python: str | None) -> None:
         sys.exit(EXIT_NO_VERDICT)
     click.echo("the SGLang 0.5.23 oracle is ready")
 
-
-def _mount_dev() -> None:
-    try:
-        from .devcluster.cli import dev
-    except ImportError:  # pragma: no cover - devcluster is part of the package
-        return
-    main.add_command(dev)
-
-
-_mount_dev()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -28,12 +28,16 @@ def with_fields(doc: dict, changes: dict) -> dict:
     return doc
 
 
-def rules_table():
-    """tests/unit/test_rules_table.py as a module, loaded by path: its CASES, bases and build_doc()."""
+def load_script(path: Path, name: str):
+    """The Python file ``path`` (a script under hack/, a test file) as a module named ``name``, loaded by path."""
     import importlib.util
 
-    path = ROOT / "tests" / "unit" / "test_rules_table.py"
-    spec = importlib.util.spec_from_file_location("rules_table_cases", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def rules_table():
+    """tests/unit/test_rules_table.py as a module, loaded by path: its CASES, bases and build_doc()."""
+    return load_script(ROOT / "tests" / "unit" / "test_rules_table.py", "rules_table_cases")

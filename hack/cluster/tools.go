@@ -1,7 +1,7 @@
 //go:build tools
 
 // Package tools pins every binary the local control plane needs, so `go mod tidy`
-// keeps them in go.mod/go.sum. operator/devcluster/build.py compiles them all (plus
+// keeps them in go.mod/go.sum. devtools/sglang_pd_operator_dev/cluster/build.py compiles them all (plus
 // ./cmd/etcd) in one `go build`.
 package tools
 

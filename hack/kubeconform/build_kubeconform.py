@@ -7,7 +7,7 @@ directive for ``cmd/kubeconform``; go.sum pins every dependency. The binary land
 The build writes into a temporary sibling directory and renames it into place, so an
 interrupted build never leaves a half-filled cache; a file lock serialises concurrent
 builds of the same hash (hack/gotool.py, shared with hack/promtool/build_promtool.py; the
-dev cluster's binaries, ``sglang_pd_operator.devcluster.build``).
+dev cluster's binaries, ``sglang_pd_operator_dev.cluster.build``).
 
 kubeconform downloads its Kubernetes JSON schemas from GitHub by default; that is not
 possible here, so the schemas come from ``hack/kubeconform/schemas.py`` (generated from a

@@ -43,7 +43,7 @@ PROMETHEUS_OPERATOR = ("github.com/prometheus-operator/prometheus-operator", "v0
                        "h1:M5xLCLEoaW2IJfnuCwFzzpL+jSVQu3KGT84Pye+fW8s=")
 PROMETHEUS_OPERATOR_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
 #: The LeaderWorkerSet release whose CRD validates the operator's multi-node workloads
-#: (sglang_pd_operator.lws.TESTED_VERSIONS[0]); the Go checksum of its module pins the content.
+#: (sglang_pd_operator.api.lws.TESTED_VERSIONS[0]); the Go checksum of its module pins the content.
 LWS = ("sigs.k8s.io/lws", "v0.9.0", "h1:DcJCgxjjoGOx//QHZkeKpyiblxYq70aCRZNYSfykWyI=")
 LWS_CRD = "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
 

@@ -1,9 +1,9 @@
 """Kernel builds: pre-compiled SGLang kernel caches that travel with the engine pods.
 
-This package imports nothing at package level on purpose: :mod:`.builder` and
-:mod:`.standin` run inside the SGLang runtime image with the standard library only
-(the build pod's init container copies them there), so importing the package must not
-pull in pydantic, kopf or the kubernetes client.
+This package imports nothing at package level on purpose: :mod:`.builder` runs inside
+the SGLang runtime image with the standard library only (the build pod's init container
+copies it there), so importing the package must not pull in pydantic, kopf or the
+kubernetes client.
 
 Modules:
 
@@ -15,5 +15,7 @@ Modules:
 - :mod:`.gate`     pure: for the PDDeployment reconciler, per role: which build, ready or
   not; the extra compat-key input; the render helpers that mount the cache.
 - :mod:`.builder`  the Job's entrypoint (stdlib only): build, verify, publish atomically.
-- :mod:`.standin`  stand-in compile/serve commands for machines without GPUs.
+
+The ``standin`` recipe (stand-in compile/serve commands for machines without GPUs) is a
+dev tool (the repository's devtools/ package), never in this catalog.
 """

@@ -462,11 +462,11 @@ def _report(result: dict[str, Any], termination_log: str | None) -> None:
 
 
 # --------------------------------------------------------------------------- install
-_INSTALL_FILES = ("__init__.py", "kernelbuild/__init__.py", "kernelbuild/builder.py", "kernelbuild/standin.py")
+_INSTALL_FILES = ("__init__.py", "kernelbuild/__init__.py", "kernelbuild/builder.py")
 
 
 def install(target: Path) -> list[Path]:
-    """Copy this builder (and its stand-in) into ``target``/sglang_pd_operator (the init container's job)."""
+    """Copy this builder into ``target``/sglang_pd_operator (the init container's job)."""
     package_root = Path(__file__).resolve().parent.parent
     written = []
     for rel in _INSTALL_FILES:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 from collections.abc import Mapping
 
-from .. import lws
+from ..api import lws
 from ..planning.engine_args import SGLANG_CACHE_DIR
 from ..planning.structs import Plan
 from ..planning.roles import ROLES, Role

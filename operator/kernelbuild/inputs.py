@@ -246,7 +246,7 @@ def kernel_build_inputs(
 
     The spec carries every default resolved (recipe, plugin version), so its hash needs
     no catalog lookups and equals what the KernelBuild reconciler computes for it.
-    ``recipe`` overrides the vendor default (tests use ``standin``). Raises
+    ``recipe`` overrides the vendor default (tests use ``standin``, with ``builds`` holding it). Raises
     :class:`KernelBuildError` when the role's accelerator is unknown (an invalid plan).
     """
     builds = builds or builtin_build_catalog()

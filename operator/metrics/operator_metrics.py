@@ -29,8 +29,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sglang_pd_operator.liveness import Heartbeats, healthz
-from sglang_pd_operator.workqueue import QueueStats
+from ..runtime.liveness import Heartbeats, healthz
+from ..runtime.workqueue import QueueStats
 from sglang_pd_operator.metrics.kvstore import KVStoreCollector
 from sglang_pd_operator.metrics.slo import UNIT_SECONDS, SLOResult, format_duration
 
@@ -265,7 +265,7 @@ class OperatorMetrics:
     def serve(self, port: int, addr: str = "0.0.0.0", *, heartbeats: Heartbeats | None = None) -> int:
         """Serve ``/metrics`` (and, with ``heartbeats``, ``/healthz``) on ``addr:port`` from a daemon thread.
 
-        ``/healthz`` is :func:`sglang_pd_operator.liveness.healthz`: 200, or 503 naming each
+        ``/healthz`` is :func:`sglang_pd_operator.runtime.liveness.healthz`: 200, or 503 naming each
         stuck loop. Returns the bound port (``port`` 0 picks a free one). Raises
         ``OSError`` when the port is taken.
         """

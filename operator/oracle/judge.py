@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import lws
+from ..api import lws
 from ..catalog import Catalog, hf_config_path
 from ..planning.structs import Plan, RolePlan
 from ..render.engine import role_launch

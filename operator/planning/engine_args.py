@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import lws
+from ..api import lws
 from ..api.v1alpha1 import PDDeploymentSpec
 from .buckets import BUCKET_FLAGS, bucket_args
 from .hicache import LOCAL_HOSTNAME_ENV, hicache_args

@@ -12,7 +12,7 @@ connect and a read timeout (:class:`ApiTimeouts`) unless the caller passes its o
 and a half-open connection (a peer that vanished without a FIN) blocks the calling
 thread, and through the per-object lock every reconcile of that object, for good.
 
-With an :class:`~sglang_pd_operator.reconcilers.cache.ObjectCache` attached (the operator
+With an :class:`~sglang_pd_operator.runtime.cache.ObjectCache` attached (the operator
 process), ``get`` and ``list`` of a watched kind read the cache once it is synced, not
 the API server; every write's answer is stored in it (read your writes). Reads of
 objects the operator does not own (the catalog ConfigMap, a PVC) go through
@@ -35,7 +35,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 from ..render.labels import FIELD_MANAGER
-from .cache import ObjectCache, WatchedKind, watched_kind
+from ..runtime.cache import ObjectCache, WatchedKind, watched_kind
 from .drift import needs_apply, with_applied_hash
 
 #: Items per page of :meth:`Kube.list_kind` (the API server's ``limit``).

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import lws
+from ..api import lws
 from ..planning.rollout import GroupState
 from ..render import labels as L
 from .kube import Kube

@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
-from .. import lws
+from ..api import lws
 from ..api.v1alpha1 import API_VERSION, parse_duration
 from ..catalog import Catalog
 from ..kernelbuild.gate import (

@@ -27,12 +27,12 @@ from typing import Any, Callable
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from .. import lws
+from ..api import lws
 from ..api.kernelbuild import KIND as KERNELBUILD_KIND
 from ..api.v1alpha1 import API_VERSION
 from ..catalog import CATALOG_FILES, Catalog, CatalogError, builtin_catalog, load_catalog
 from ..kernelbuild.recipes import BuildCatalog, builtin_build_catalog
-from ..liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
+from ..runtime.liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
 from ..metrics.health import Health
 from ..metrics.monitoring import MONITORING_API_VERSION
 from ..metrics.slo import format_duration

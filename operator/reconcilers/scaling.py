@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import lws
+from ..api import lws
 from ..api import rolescale
 from ..api.v1alpha1 import API_VERSION, parse_duration
 from ..metrics.health import Health

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .. import lws
+from ..api import lws
 from ..planning import transfer as T
 from ..planning.engine_args import ENGINE_PORT, HF_CACHE, HOST_IP_ENV, MODEL_MOUNT, SGLANG_CACHE_DIR
 from ..planning.hicache import FILE_STORAGE_MOUNT, LOCAL_HOSTNAME_ENV, hicache_spec, storage_backend

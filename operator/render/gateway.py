@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import lws
+from ..api import lws
 from ..planning.engine_args import ENGINE_PORT
 from ..planning.rollout import progress_deadline_seconds
 from ..planning.structs import Plan

@@ -1,6 +1,6 @@
 """Render a role whose replicas span nodes as one LeaderWorkerSet per compat group (pure).
 
-One *group* of the LeaderWorkerSet (sigs.k8s.io/lws, ``operator/lws.py``) is one engine
+One *group* of the LeaderWorkerSet (sigs.k8s.io/lws, ``operator/api/lws.py``) is one engine
 replica: ``size`` = ``parallelism.nodes`` pods, ``replicas`` = the role's replicas. The pod
 templates come from :func:`~.engine.pod_template` (leader and worker differ in their
 readiness probe only); every pod runs the role's SGLang arguments with ``--nnodes N
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import lws
+from ..api import lws
 from ..planning.rollout import InPlaceStrategy
 from ..planning.structs import Plan, RolePlan
 from . import labels as L

@@ -39,7 +39,7 @@ import sglang_real as real  # noqa: E402
 
 from sglang_pd_operator.api.load import load_documents, parse_pddeployment  # noqa: E402
 from sglang_pd_operator.catalog import builtin_catalog  # noqa: E402
-from sglang_pd_operator import lws  # noqa: E402
+from sglang_pd_operator.api import lws  # noqa: E402
 from sglang_pd_operator.oracle.judge import expand_refs  # noqa: E402
 from sglang_pd_operator.planning.engine_args import DIST_INIT_PORT, ENGINE_PORT, MODEL_MOUNT  # noqa: E402
 from sglang_pd_operator.planning.plan import build_plan

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sglang_real as real  # noqa: E402
 from test_engine_args_contract import example_docs, plan_of, valid_pdd_docs  # noqa: E402
 
-from sglang_pd_operator import lws  # noqa: E402
+from sglang_pd_operator.api import lws  # noqa: E402
 from sglang_pd_operator.planning.engine_args import ENGINE_PORT  # noqa: E402
 from sglang_pd_operator.planning.structs import Plan  # noqa: E402
 from sglang_pd_operator.render import render_all  # noqa: E402

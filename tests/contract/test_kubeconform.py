@@ -56,8 +56,8 @@ def kubeconform() -> Path:
 
 
 def _kube_schema_cache() -> Path:
-    from sglang_pd_operator.devcluster import build as cluster_build
-    from sglang_pd_operator.devcluster import paths
+    from sglang_pd_operator_dev.cluster import build as cluster_build
+    from sglang_pd_operator_dev.cluster import paths
 
     digest = hashlib.sha256(cluster_build.module_hash(paths.source_dir()).encode())
     digest.update((ROOT / "hack" / "kubeconform" / "schemas.py").read_bytes())
@@ -69,7 +69,7 @@ def schema_dir(tmp_path_factory) -> Path:
     """Kubernetes schemas (cached) + CRD schemas (fresh) in one folder."""
     cache = _kube_schema_cache()
     if not (cache / "complete").is_file():
-        from sglang_pd_operator.devcluster.cluster import start_cluster
+        from sglang_pd_operator_dev.cluster.cluster import start_cluster
 
         run_dir = tmp_path_factory.mktemp("schema-cluster")
         cluster = start_cluster(run_dir=run_dir, log=lambda line: print(line, flush=True))

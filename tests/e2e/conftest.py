@@ -1,6 +1,6 @@
 """The e2e tests' real control plane: one session-scoped ``cluster`` fixture.
 
-``cluster`` is a ``sglang_pd_operator.devcluster.Cluster``: a real etcd,
+``cluster`` is a ``sglang_pd_operator_dev.cluster.Cluster``: a real etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler and kwok (fake GPU nodes from
 hack/cluster/node-pools.yaml), started in a fresh temporary run directory per session
 and stopped at the end. Attributes tests use: ``kubeconfig`` (path), ``bin_dir``,
@@ -9,7 +9,7 @@ and stopped at the end. Attributes tests use: ``kubeconfig`` (path), ``bin_dir``
 
 The first session on a machine builds the binaries (tens of minutes, progress printed);
 later sessions start in a few seconds. Set SGLANG_PD_E2E_RUN_DIR to the run directory of
-a cluster started with ``python -m sglang_pd_operator.devcluster up --detach`` to reuse
+a cluster started with ``python -m sglang_pd_operator_dev.cluster up --detach`` to reuse
 it instead (it is then left running).
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_pd_operator.devcluster import cluster as devcluster
+from sglang_pd_operator_dev.cluster import cluster as devcluster
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +86,7 @@ def namespace(cluster) -> Iterator[str]:
 def crds(cluster):
     """The operator's CRDs installed (server-side apply of crds/), Established and served
     (a list answers 200), so an operator started next does not meet a 429."""
-    from sglang_pd_operator.devcluster.demo import install_crds
+    from sglang_pd_operator_dev.cluster.demo import install_crds
 
     install_crds(cluster)
     return True

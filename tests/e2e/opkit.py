@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import yaml
 
-from sglang_pd_operator.devcluster.demo import OperatorProcess, free_port, model_store  # noqa: F401 (re-exported)
+from sglang_pd_operator_dev.cluster.demo import OperatorProcess, free_port, model_store  # noqa: F401 (re-exported)
 
 
 def wait_for(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.5, what: str = "condition") -> Any:

@@ -23,13 +23,13 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from sglang_pd_operator.devcluster import nodes as devnodes
-from sglang_pd_operator.devcluster import paths, procs, state
+from sglang_pd_operator_dev.cluster import nodes as devnodes
+from sglang_pd_operator_dev.cluster import paths, procs, state
 
 pytestmark = pytest.mark.e2e
 
 REPO = paths.repo_root()
-DEVCLUSTER = [sys.executable, "-m", "sglang_pd_operator.devcluster"]
+DEVCLUSTER = [sys.executable, "-m", "sglang_pd_operator_dev.cluster"]
 
 
 def wait_for(predicate, *, what: str, timeout_s: float = 120.0, every_s: float = 0.25):

@@ -53,7 +53,7 @@ from opkit import OperatorProcess, cache_pv, condition, kapply, kget, model_stor
 
 from sglang_pd_operator.api.load import parse_pddeployment
 from sglang_pd_operator.catalog import builtin_catalog
-from sglang_pd_operator.devcluster import cluster as devcluster
+from sglang_pd_operator_dev.cluster import cluster as devcluster
 from sglang_pd_operator.kernelbuild.inputs import kernel_build_inputs
 from sglang_pd_operator.planning.plan import build_plan
 

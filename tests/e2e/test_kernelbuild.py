@@ -31,9 +31,9 @@ from sglang_pd_operator.api.kernelbuild import parse_kernelbuild
 from sglang_pd_operator.api.load import parse_pddeployment
 from sglang_pd_operator.catalog import builtin_catalog
 from sglang_pd_operator.kernelbuild.inputs import ResolvedBuild, kernel_build_inputs
-from sglang_pd_operator.kernelbuild.recipes import builtin_build_catalog
 from sglang_pd_operator.kernelbuild.render import build_request
 from sglang_pd_operator.planning.plan import build_plan
+from sglang_pd_operator_dev.kernelbuild.recipe import STANDIN, standin_recipe
 
 pytestmark = pytest.mark.e2e
 
@@ -87,11 +87,9 @@ def run_builder_like_the_pod(cluster, ns_: str, kb_name: str, tmp: Path) -> str:
     tmp.mkdir(parents=True, exist_ok=True)
     cms = kget(cluster, "configmaps", "-n", ns_, "-l", f"{LBL}/kernelbuild={kb_name}")["items"]
     request = json.loads(cms[0]["data"]["request.json"])
-    if request["recipe"] != "standin":
+    if request["recipe"] != STANDIN:
         kb = parse_kernelbuild(_kb(cluster, ns_, kb_name))
-        standin = ResolvedBuild(
-            recipe_name="standin", recipe=builtin_build_catalog().recipe("standin"), plugin_version=None, vendor=None
-        )
+        standin = ResolvedBuild(recipe_name=STANDIN, recipe=standin_recipe(), plugin_version=None, vendor=None)
         swapped = build_request(name=kb_name, spec=kb.spec, resolved=standin, input_hash=request["inputHash"])
         request.update({k: swapped[k] for k in ("steps", "expect", "forbid", "writable")})
     port = str(_free_port())

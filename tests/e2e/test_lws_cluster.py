@@ -20,8 +20,8 @@ import yaml
 from kubernetes import client as k8s
 from opkit import wait_for
 
-from sglang_pd_operator.devcluster import cluster as devcluster
-from sglang_pd_operator.devcluster import state, supervise
+from sglang_pd_operator_dev.cluster import cluster as devcluster
+from sglang_pd_operator_dev.cluster import state, supervise
 
 pytestmark = pytest.mark.e2e
 

@@ -41,9 +41,9 @@ from simkit import get_json, serve_pd, smg_binary
 from test_helm import sa_kubeconfig
 from test_rollout import _selector_keys
 
-from sglang_pd_operator import lws
-from sglang_pd_operator.devcluster import cluster as devcluster
-from sglang_pd_operator.devcluster.demo import install_crds
+from sglang_pd_operator.api import lws
+from sglang_pd_operator_dev.cluster import cluster as devcluster
+from sglang_pd_operator_dev.cluster.demo import install_crds
 from sglang_pd_operator.oracle.judge import expand_refs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -88,7 +88,7 @@ def _install_lws_crd(cluster) -> None:
 # ---------------------------------------------------------------- 1. without the controller
 
 
-#: The dev cluster's LWS webhook configurations (operator/devcluster/lws.py: "lws-" + the module's names).
+#: The dev cluster's LWS webhook configurations (devtools/sglang_pd_operator_dev/cluster/lws.py: "lws-" + the module's names).
 LWS_WEBHOOKS = (("mutatingwebhookconfiguration", "lws-mutating-webhook-configuration"),
                 ("validatingwebhookconfiguration", "lws-validating-webhook-configuration"))
 

@@ -7,7 +7,7 @@ import yaml
 from helpers import ROOT
 
 from sglang_pd_operator.catalog import CatalogError, load_catalog
-from sglang_pd_operator.devcluster.nodes import allocatable, parse_quantity
+from sglang_pd_operator_dev.cluster.nodes import allocatable, parse_quantity
 from sglang_pd_operator.planning.memory import quantity_bytes
 
 

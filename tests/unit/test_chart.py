@@ -8,26 +8,18 @@ namespaced, monitoring + CRDs applied by the operator, single replica.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT
+from helpers import ROOT, load_script
 
 CHART = ROOT / "charts" / "sglang-pd-operator"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 
 
-def _load_chart_check():
-    spec = importlib.util.spec_from_file_location("chart_check", ROOT / "hack" / "chart_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-cc = _load_chart_check()
+cc = load_script(ROOT / "hack" / "chart_check.py", "chart_check")
 
 
 def by_kind(objs: list[dict], kind: str) -> list[dict]:

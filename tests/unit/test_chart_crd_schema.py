@@ -136,7 +136,7 @@ def test_leader_election_without_operator_namespace_uses_the_kubeconfig_namespac
     import yaml
     from click.testing import CliRunner
 
-    from sglang_pd_operator import operator_main
+    from sglang_pd_operator.runtime import main as operator_main
     from sglang_pd_operator.cli import main
 
     for ns, expect in ((None, "default"), ("ops", "ops")):

@@ -77,6 +77,7 @@ def installed(tmp_path_factory) -> Path:
     src, wheels, target = tmp / "src", tmp / "wheels", tmp / "site"
     src.mkdir()
     for path in build_stage_copies():
+        (src / path).parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if (ROOT / path).is_dir() else shutil.copy)(ROOT / path, src / path)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheels), str(src)],
@@ -93,7 +94,7 @@ def _run_installed(target: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_installed_package_checks_and_renders_every_example(installed):
-    where = _run_installed(installed, "-c", "import sglang_pd_operator, sglang_pd_operator.operator_main as m; "
+    where = _run_installed(installed, "-c", "import sglang_pd_operator, sglang_pd_operator.runtime.main as m; "
                            "from sglang_pd_operator.catalog import default_catalog_dir as d; "
                            "print(sglang_pd_operator.__file__); print(d())")
     assert where.returncode == 0, where.stderr
@@ -108,3 +109,17 @@ def test_installed_package_checks_and_renders_every_example(installed):
     assert check.returncode == 0, check.stdout + check.stderr
     render = _run_installed(installed, "-m", "sglang_pd_operator.cli", "render", examples[0])
     assert render.returncode == 0 and "kind: Deployment" in render.stdout, render.stderr
+
+
+def test_the_image_holds_no_dev_tools_and_installs_from_the_lock(installed):
+    """The dev cluster, the demo and the KernelBuild stand-in are the dev package's, never the image's."""
+    assert "devtools" not in " ".join(build_stage_copies())
+    files = [p.relative_to(installed).as_posix() for p in installed.rglob("*") if p.is_file()]
+    assert not [f for f in files if "sglang_pd_operator_dev" in f or "devcluster" in f or "standin.py" in f]
+    assert not [f for f in files if f.startswith("devtools")]
+    (metadata,) = installed.glob("sglang_pd_operator-*.dist-info/METADATA")
+    requires = [line for line in metadata.read_text().splitlines() if line.startswith("Requires-Dist:")]
+    assert requires and not [r for r in requires if "cryptography" in r or "jsonpatch" in r], requires
+    # the wheels are built at the locked versions
+    assert "requirements/lock.txt" in build_stage_copies()
+    assert [arg for op, arg in instructions() if op == "RUN" and "pip wheel" in arg and "-c requirements/lock.txt" in arg]

@@ -15,7 +15,7 @@ with the rules ``helm template`` renders (cluster-wide and with ``watchNamespace
    patch (a patch that creates is authorized as create too), and get when the applier
    reads first (``fetch``, no ``live`` given). Every ``kube.apply`` call site (module and
    line) must have been reached by that run, so a new apply site cannot hide;
-3. what kopf watches: every handler in kopf's registry after importing ``handlers`` (which
+3. what kopf watches: every handler in kopf's registry after importing ``runtime.kopf_glue`` (which
    imports the KernelBuild handlers) needs list and watch; there must be no
    change/timer/daemon handlers (they would patch finalizers and annotations onto the
    user's object);
@@ -108,11 +108,11 @@ def expand(rules: list[dict[str, Any]], *, with_names: bool = False) -> set:
 
 
 def operator_modules() -> list[Any]:
-    """The package modules the running operator imports (operator_main and its closure)."""
-    importlib.import_module("sglang_pd_operator.operator_main")
+    """The package modules the running operator imports (runtime.main and its closure)."""
+    importlib.import_module("sglang_pd_operator.runtime.main")
     return sorted((m for name, m in list(sys.modules.items())
-                   if name.startswith("sglang_pd_operator.") and getattr(m, "__file__", None)
-                   and ".devcluster" not in name), key=lambda m: m.__name__)
+                   if name.startswith("sglang_pd_operator.") and getattr(m, "__file__", None)),
+                  key=lambda m: m.__name__)
 
 
 # ---------------------------------------------------------------- 1. static: Kube call sites
@@ -347,7 +347,7 @@ def test_every_apply_site_was_reached_by_the_recorded_reconcile(recorded):
 def kopf_permissions() -> set[Perm]:
     import kopf
 
-    importlib.import_module("sglang_pd_operator.handlers")
+    importlib.import_module("sglang_pd_operator.runtime.kopf_glue")
     registry = kopf.get_default_registry()
     for kind in ("_changing", "_spawning", "_webhooks"):
         handlers = getattr(registry, kind).get_all_handlers()
@@ -379,7 +379,7 @@ def lease_verbs() -> set[str]:
     """Lease calls of leader.py and of the library's LeaseLock (read -> get, replace -> update)."""
     import kubernetes.leaderelection.resourcelock.leaselock as leaselock
 
-    from sglang_pd_operator import leader
+    from sglang_pd_operator.runtime import leader
 
     verbs = set()
     for module in (leaselock, leader):
@@ -480,7 +480,7 @@ def test_derivation_sees_the_known_calls(recorded):
             ("", "persistentvolumeclaims", "create")} <= applied_permissions(recorded)
     assert {("pd.sglang-operator.io", "kernelbuilds", "watch"), ("batch", "jobs", "watch")} <= kopf_permissions()
     assert ("pd.sglang-operator.io", "kernelbuilds/finalizers", "update") in rbac_imposed_permissions(recorded)
-    from sglang_pd_operator.reconcilers.cache import WATCHED
+    from sglang_pd_operator.runtime.cache import WATCHED
 
     assert {(w.group, w.plural, v) for w in WATCHED for v in ("list", "watch")} <= kopf_permissions()
     # apply without a read (fetch=False after the caller's own get): create and patch only

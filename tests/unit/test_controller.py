@@ -11,8 +11,8 @@ import time
 
 import copy
 
-from sglang_pd_operator.controller import KERNELBUILD, PDDEPLOYMENT, Controller, LoopSettings, resync_offset
-from sglang_pd_operator.reconcilers.cache import ObjectCache, watched_kind
+from sglang_pd_operator.runtime.controller import KERNELBUILD, PDDEPLOYMENT, Controller, LoopSettings, resync_offset
+from sglang_pd_operator.runtime.cache import ObjectCache, watched_kind
 from sglang_pd_operator.reconcilers.kube import Kube
 from sglang_pd_operator.reconcilers.runtime import HealthChange, KernelBuildRuntime, Runtime
 
@@ -215,7 +215,7 @@ def test_a_move_of_what_the_planner_reads_queues_a_planned_deployment_at_once():
 
 
 def test_a_kernelbuild_is_looked_at_again_while_it_builds_and_when_its_retry_is_due():
-    from sglang_pd_operator.controller import KERNELBUILD_POLL_S, _kernelbuild_next_look
+    from sglang_pd_operator.runtime.controller import KERNELBUILD_POLL_S, _kernelbuild_next_look
     from sglang_pd_operator.reconcilers.kernelbuild import KernelBuildOutcome
 
     assert _kernelbuild_next_look(KernelBuildOutcome(phase="Building"), now=0) == KERNELBUILD_POLL_S

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_pd_operator.devcluster.demo import not_ready_report, running_hints
-from sglang_pd_operator.devcluster.handle import Cluster
+from sglang_pd_operator_dev.cluster.demo import not_ready_report, running_hints
+from sglang_pd_operator_dev.cluster.handle import Cluster
 
 PDD = {
     "metadata": {"name": "qwen3-30b-paged", "namespace": "inference", "generation": 1},

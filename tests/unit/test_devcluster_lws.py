@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from helpers import ROOT
 
-from sglang_pd_operator.devcluster import build, lws, nodes, pki, poddns
+from sglang_pd_operator_dev.cluster import build, lws, nodes, pki, poddns
 
 LWS_LABEL = "leaderworkerset.sigs.k8s.io/name"
 

@@ -1,4 +1,4 @@
-"""The heap trim after a burst of reconciles (operator/heap.py): when it is due, and the libc call."""
+"""The heap trim after a burst of reconciles (operator/runtime/heap.py): when it is due, and the libc call."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from sglang_pd_operator.heap import TrimPolicy, trim_heap
+from sglang_pd_operator.runtime.heap import TrimPolicy, trim_heap
 
 
 def test_due_once_a_burst_is_over_and_the_queue_idle():

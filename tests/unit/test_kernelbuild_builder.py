@@ -2,8 +2,9 @@
 
 Every build here is a subprocess ``python -m sglang_pd_operator.kernelbuild.builder`` with
 a request rendered by the operator's own code (``kernelbuild.render.build_request``) from
-the GB300 example's decode role and the ``standin`` recipe of kernels/builds.yaml, so the
-path from a PDDeployment to a published cache is exercised end to end without a GPU.
+the GB300 example's decode role and the dev tools' ``standin`` recipe (added to a copy of
+kernels/builds.yaml, which never holds it), so the path from a PDDeployment to a published
+cache is exercised end to end without a GPU.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from helpers import load_example
 from sglang_pd_operator.api.load import parse_pddeployment
 from sglang_pd_operator.catalog import builtin_catalog
 from sglang_pd_operator.kernelbuild import builder as B
-from sglang_pd_operator.kernelbuild.inputs import kernel_build_inputs, spec_inputs
+from sglang_pd_operator.kernelbuild.inputs import KernelBuildError, kernel_build_inputs, spec_inputs
 from sglang_pd_operator.kernelbuild.render import build_request
+from sglang_pd_operator.kernelbuild.recipes import builtin_build_catalog
 from sglang_pd_operator.planning.plan import build_plan
+from sglang_pd_operator_dev.kernelbuild import recipe as standin
 
 
 def _free_port() -> int:
@@ -37,8 +40,9 @@ def _request(role: str = "decode", **changes) -> dict:
     for k, v in changes.items():
         doc["spec"][k] = v
     plan = build_plan(parse_pddeployment(doc), builtin_catalog())
-    kb = kernel_build_inputs(plan, role, recipe="standin")
-    resolved, _, h = spec_inputs(kb.spec)
+    builds = standin.build_catalog_with_standin()
+    kb = kernel_build_inputs(plan, role, builds=builds, recipe=standin.STANDIN)
+    resolved, _, h = spec_inputs(kb.spec, builds=builds)
     return build_request(name=kb.name, spec=kb.spec, resolved=resolved, input_hash=h, port=_free_port())
 
 
@@ -138,6 +142,7 @@ def test_the_installed_builder_runs_with_the_standard_library_only(tmp_path):
         capture_output=True, text=True, check=True, cwd="/", env={**os.environ, "PYTHONSAFEPATH": "1"},
     )  # fmt: skip
     assert "kernelbuild/builder.py" in out.stdout
+    standin.install(target)  # the recipe's commands, as a test image would hold them beside the builder
     # -S: no site-packages at all; the copied files are the only non-stdlib code on the path
     proc, result = _run(tmp_path, _request(), python=[sys.executable, "-S"], env={"PYTHONPATH": str(target)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -206,3 +211,14 @@ def test_result_encoding_fits_the_termination_message():
 def test_a_bad_request_is_refused(tmp_path):
     proc, result = _run(tmp_path, {"version": 99})
     assert proc.returncode == 2 and result["reason"] == "BadRequest"
+
+
+def test_the_operators_catalog_has_no_standin_recipe():
+    """A user's KernelBuild cannot select the stand-in: only the dev tools' copy of the catalog has it."""
+    assert builtin_build_catalog().recipe(standin.STANDIN) is None
+    with_standin = standin.build_catalog_with_standin()
+    assert with_standin.recipe(standin.STANDIN) is not None
+    assert set(with_standin.recipes) - set(builtin_build_catalog().recipes) == {standin.STANDIN}
+    spec = kernel_build_inputs(build_plan(parse_pddeployment(load_example()), builtin_catalog()), "decode").spec
+    with pytest.raises(KernelBuildError, match="spec.recipe"):
+        spec_inputs(spec.model_copy(update={"recipe": standin.STANDIN}))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from sglang_pd_operator.leader import LeaderSettings, RenewWatchdog, default_identity, default_lease_namespace
+from sglang_pd_operator.runtime.leader import LeaderSettings, RenewWatchdog, default_identity, default_lease_namespace
 
 
 def test_watchdog_fires_once_when_no_renewal_was_sent_within_the_deadline():
@@ -54,7 +54,7 @@ def test_the_stop_comes_before_a_follower_can_take_over():
 
 
 def test_identities_differ_per_process_and_the_lease_namespace_has_a_default(monkeypatch, tmp_path):
-    from sglang_pd_operator import leader
+    from sglang_pd_operator.runtime import leader
 
     monkeypatch.delenv("POD_NAME", raising=False)
     assert default_identity() != default_identity()

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from sglang_pd_operator.liveness import Heartbeats, healthz
+from sglang_pd_operator.runtime.liveness import Heartbeats, healthz
 from sglang_pd_operator.metrics.operator_metrics import OperatorMetrics
 
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from helpers import EXAMPLES, load_example
 
-from sglang_pd_operator import lws
+from sglang_pd_operator.api import lws
 from sglang_pd_operator.api.load import parse_pddeployment
-from sglang_pd_operator.controller import Controller, LoopSettings
+from sglang_pd_operator.runtime.controller import Controller, LoopSettings
 from sglang_pd_operator.kernelbuild.gate import KernelGateState, apply_kernel_gate, gate_objects
 from sglang_pd_operator.kernelbuild.inputs import kernel_build_inputs
 from sglang_pd_operator.metrics.scraper import deployment_targets
@@ -27,7 +27,7 @@ from sglang_pd_operator.planning.plan import build_plan
 from sglang_pd_operator.planning.rollout import RolloutDecision
 from sglang_pd_operator.reconcilers import pddeployment as P
 from sglang_pd_operator.reconcilers import status as S
-from sglang_pd_operator.reconcilers.cache import ObjectCache, watched_kind
+from sglang_pd_operator.runtime.cache import ObjectCache, watched_kind
 from sglang_pd_operator.reconcilers.kube import Kube
 from sglang_pd_operator.reconcilers.observe import lws_state, observe
 from sglang_pd_operator.reconcilers.runtime import KernelBuildRuntime, Runtime

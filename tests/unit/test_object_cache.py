@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sglang_pd_operator.reconcilers.cache import ObjectCache, matches, newer, parse_selector, trim
+from sglang_pd_operator.runtime.cache import ObjectCache, matches, newer, parse_selector, trim
 
 OWNER = "pd.sglang-operator.io/deployment"
 

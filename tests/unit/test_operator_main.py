@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from sglang_pd_operator import operator_main
+from sglang_pd_operator.runtime import main as operator_main
 
 
 def test_kopf_logs_in_with_the_kubeconfig_option(monkeypatch, tmp_path):
@@ -21,13 +21,13 @@ def test_kopf_logs_in_with_the_kubeconfig_option(monkeypatch, tmp_path):
     monkeypatch.setattr(operator_main, "ensure_crds", lambda **kwargs: None)
     monkeypatch.setattr(operator_main.kopf, "operator", fake_kopf_operator)
     path = str(tmp_path / "kubeconfig")
-    before = dict(vars(operator_main.handlers))
+    before = dict(vars(operator_main.kopf_glue))
     operator_main.run_operator(kubeconfig=path, namespaces=None, operator_namespace=None, resync=1,
                                metrics_port=0, liveness_port=0, slo_interval=0)
     assert seen["KUBECONFIG"] == path
     # configuration reaches the handlers through kopf's memo, never through module globals
     assert isinstance(seen["memo"].controller, operator_main.Controller)
-    assert dict(vars(operator_main.handlers)) == before
+    assert dict(vars(operator_main.kopf_glue)) == before
 
 
 def test_child_kinds_are_watched_with_a_server_side_label_selector():
@@ -35,7 +35,7 @@ def test_child_kinds_are_watched_with_a_server_side_label_selector():
     Deployments of the cluster never reach the process (issue 15, item 1)."""
     from kopf._cogs.structs.references import Resource
 
-    from sglang_pd_operator.reconcilers.cache import WATCHED
+    from sglang_pd_operator.runtime.cache import WATCHED
     from sglang_pd_operator.reconcilers.kube import ApiTimeouts
 
     settings = operator_main.kopf_settings(ApiTimeouts())
@@ -65,7 +65,7 @@ def test_every_kopf_request_and_watch_has_a_connect_and_an_overall_timeout():
 def test_kopf_keeps_no_diff_base_because_only_event_handlers_exist():
     """kopf's diff base (a deep copy of every event's object) serves create/update/resume
     handlers; the operator registers event handlers only, so it keeps none (NoDiffBase).
-    A changing or spawning handler added to handlers.py would need the real one back."""
+    A changing or spawning handler added to kopf_glue.py would need the real one back."""
     import kopf
 
     from sglang_pd_operator.reconcilers.kube import ApiTimeouts

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from sglang_pd_operator.workqueue import ShutDown, WorkQueue
+from sglang_pd_operator.runtime.workqueue import ShutDown, WorkQueue
 
 
 class Clock:

@@ -2,7 +2,7 @@
 
 Machines without GPUs cannot run ``python -m sglang.compile_deep_gemm`` or a real
 server warm-up. The stand-in behaves like them where the builder can tell the
-difference, using the same cache variables (builder.cache_env):
+difference, using the same cache variables (``sglang_pd_operator.kernelbuild.builder.cache_env``):
 
 - ``compile <server args>`` writes a DeepGEMM-like kernel derived from the flags into
   ``$SGLANG_CACHE_DIR/deep_gemm``, a lock file into ``deep_gemm/locks`` (as SGLang's
@@ -18,7 +18,8 @@ as an interrupted SGLang JIT compile does; ``KERNELBUILD_STANDIN_LAZY=once`` mak
 first verify start compile one more kernel (a cache SGLang's JIT guard does not cover),
 ``always`` makes every verify start do so (a cache that never converges).
 
-Standard library only (it is copied into build pods with the builder).
+Standard library only: a test runs it beside a builder copied with ``--install-to``
+(``recipe.install``), as the build pod would hold it.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("compile", "serve"):
         print(
-            "usage: python -m sglang_pd_operator.kernelbuild.standin {compile|serve} [SGLang flags ...]",
+            "usage: python -m sglang_pd_operator_dev.kernelbuild.standin {compile|serve} [SGLang flags ...]",
             file=sys.stderr,
         )
         return 2

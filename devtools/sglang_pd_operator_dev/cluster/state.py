@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from sglang_pd_operator.devcluster import procs
+from sglang_pd_operator_dev.cluster import procs
 
 STATE_FILE = "state.json"
 #: Marks a directory as made by this harness (only such directories are ever wiped).

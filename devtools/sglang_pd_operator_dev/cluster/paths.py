@@ -17,8 +17,8 @@ SOURCE_DIR_ENV = "SGLANG_PD_CLUSTER_SOURCE_DIR"
 
 
 def repo_root() -> Path:
-    """The checkout root: the folder holding ``operator/`` (this package) and ``hack/``."""
-    return Path(__file__).resolve().parents[2]
+    """The checkout root: the folder holding ``devtools/`` (this package's source), ``operator/`` and ``hack/``."""
+    return Path(__file__).resolve().parents[3]
 
 
 def source_dir() -> Path:

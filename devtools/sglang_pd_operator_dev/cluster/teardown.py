@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from sglang_pd_operator.devcluster import components, netalloc, paths, procs, state
+from sglang_pd_operator_dev.cluster import components, netalloc, paths, procs, state
 
 Log = Callable[[str], None]
 

@@ -7,7 +7,7 @@ sglang-pd-operator``), so unrelated objects in the cluster never reach the proce
 
 Fed from three places, newest resourceVersion wins:
 
-- kopf's watch events (``handlers.py``): :meth:`ObjectCache.upsert` / :meth:`ObjectCache.remove`;
+- kopf's watch events (``kopf_glue.py``): :meth:`ObjectCache.upsert` / :meth:`ObjectCache.remove`;
 - the operator's own writes (``kube.Kube``): the API server's answer to a server-side
   apply or a status patch is stored at once, so the next reconcile reads what this one
   wrote, before the watch event of that write arrives (read your writes);
@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import lws
+from ..api import lws
 from ..api.v1alpha1 import API_VERSION
 from ..kernelbuild.inputs import LABEL_KERNELBUILD
 from ..render.labels import LABEL_DEPLOYMENT, MANAGED_BY

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_pd_operator.devcluster import procs, state, teardown
+from sglang_pd_operator_dev.cluster import procs, state, teardown
 
 Log = Callable[[str], None]
 
@@ -125,7 +125,7 @@ class Cluster:
         """The pod IP a pod in ``namespace`` would get for DNS name ``name`` (e.g. an
         LWS_LEADER_ADDRESS), from the API server's pods and headless Services; None when
         no record exists. There is no cluster DNS here: see ``poddns``."""
-        from sglang_pd_operator.devcluster import poddns
+        from sglang_pd_operator_dev.cluster import poddns
 
         return poddns.resolve(self.api_client(), name, namespace=namespace)
 

@@ -25,11 +25,12 @@ from typing import Any, Callable
 
 import yaml
 
-from sglang_pd_operator.devcluster import components, rest
-from sglang_pd_operator.devcluster.cluster import admin_api
-from sglang_pd_operator.devcluster.handle import ToolFailed
+from sglang_pd_operator_dev.cluster import components, rest
+from sglang_pd_operator_dev.cluster.cluster import admin_api
+from sglang_pd_operator_dev.cluster.handle import ToolFailed
+from sglang_pd_operator_dev.cluster.paths import repo_root
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = repo_root()
 GB300_EXAMPLE = REPO / "examples" / "dsv41-flash-gb300-low-latency.yaml"
 #: Seconds the demo waits for the PDDeployment to be Ready.
 READY_TIMEOUT_S = 120.0

@@ -34,12 +34,12 @@ from pathlib import Path
 
 import yaml
 
-from sglang_pd_operator.devcluster import (build, components, kubeconfig, lws, netalloc, nodes,
+from sglang_pd_operator_dev.cluster import (build, components, kubeconfig, lws, netalloc, nodes,
                                            paths, pki, procs, rest, state, teardown)
-from sglang_pd_operator.devcluster.handle import (Cluster, ClusterAlreadyRunning,
+from sglang_pd_operator_dev.cluster.handle import (Cluster, ClusterAlreadyRunning,
                                                   ClusterError, ComponentFailed, Log,
                                                   ToolFailed)
-from sglang_pd_operator.devcluster.teardown import stop_run, sweep_stale_runs
+from sglang_pd_operator_dev.cluster.teardown import stop_run, sweep_stale_runs
 
 __all__ = ["Cluster", "ClusterAlreadyRunning", "ClusterError", "ComponentFailed",
            "ToolFailed", "start_cluster", "start_lws_controller", "stop_lws_controller",
@@ -188,7 +188,7 @@ def _claim_run_dir(run_dir: Path, *, log: Log) -> None:
             shutil.rmtree(child)
         else:
             child.unlink()
-    (run_dir / state.MARKER_FILE).write_text("made by sglang_pd_operator.devcluster\n")
+    (run_dir / state.MARKER_FILE).write_text("made by sglang_pd_operator_dev.cluster\n")
 
 
 def _write_pki(layout: components.Layout) -> None:

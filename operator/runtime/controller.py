@@ -1,8 +1,8 @@
 """The control loop: one work queue, bounded workers, a spread resync, the SLO scraper in its own thread.
 
 kopf watches our kinds (the API server selects the children by label, see
-``reconcilers/cache.py`` ``WATCHED``) and hands every event to :meth:`Controller.observe`
-(``handlers.py``): the event updates the shared :class:`~.reconcilers.cache.ObjectCache`
+``cache.py`` ``WATCHED``) and hands every event to :meth:`Controller.observe`
+(``kopf_glue.py``): the event updates the shared :class:`~.cache.ObjectCache`
 and, when it can change what a reconcile does, queues the key of the PDDeployment or
 KernelBuild it concerns. Everything else that calls for a reconcile goes through the
 same :class:`~.workqueue.WorkQueue`:
@@ -42,18 +42,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..kernelbuild.inputs import LABEL_KERNELBUILD
+from ..metrics.health import Health
+from ..metrics.operator_metrics import OperatorMetrics
+from ..metrics.prometheus_source import PrometheusSettings
+from ..metrics.sources import SCRAPE, make_slo_source
+from ..reconcilers.kube import Kube
+from ..reconcilers.observe import unschedulable_reason
+from ..reconcilers.runtime import HealthChange, KernelBuildRuntime, Runtime
+from ..render.labels import LABEL_DEPLOYMENT
+from .cache import WATCHED, Change, ObjectCache, WatchedKind
 from .heap import TrimPolicy, trim_heap
 from .liveness import Heartbeats
-from .metrics.health import Health
-from .metrics.operator_metrics import OperatorMetrics
-from .metrics.prometheus_source import PrometheusSettings
-from .metrics.sources import SCRAPE, make_slo_source
-from .reconcilers.cache import WATCHED, Change, ObjectCache, WatchedKind
-from .reconcilers.kube import Kube
-from .reconcilers.observe import unschedulable_reason
-from .reconcilers.runtime import HealthChange, KernelBuildRuntime, Runtime
-from .kernelbuild.inputs import LABEL_KERNELBUILD
-from .render.labels import LABEL_DEPLOYMENT
 from .workqueue import ShutDown, WorkQueue
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_pd_operator.devcluster.pki import Pki
+from sglang_pd_operator_dev.cluster.pki import Pki
 
 #: Service CIDR (ClusterIPs are API objects only; there is no kube-proxy).
 SERVICE_CIDR = ipaddress.IPv4Network("10.96.0.0/16")

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_pd_operator.devcluster import gomod, paths, procs
+from sglang_pd_operator_dev.cluster import gomod, paths, procs
 
 #: Binary name -> the Go package that builds it (relative to hack/cluster's module).
 TARGETS: dict[str, str] = {

@@ -1,11 +1,11 @@
 """kopf handlers: thin. Every watch event goes to the control loop; nothing is reconciled here.
 
-One event handler per watched kind (``reconcilers/cache.py`` ``WATCHED``: PDDeployments,
+One event handler per watched kind (``cache.py`` ``WATCHED``: PDDeployments,
 KernelBuilds, and the children the operator makes, which the API server selects by the
-``app.kubernetes.io/managed-by`` label: ``operator_main.kopf_settings`` sets the
-selectors) hands the event to :meth:`~sglang_pd_operator.controller.Controller.observe`,
+``app.kubernetes.io/managed-by`` label: ``main.kopf_settings`` sets the
+selectors) hands the event to :meth:`~sglang_pd_operator.runtime.controller.Controller.observe`,
 which updates the shared cache and queues the keys it concerns. The startup handler
-starts the loop (``memo.controller``, set by ``operator_main``: no module globals; it runs
+starts the loop (``memo.controller``, set by ``main``: no module globals; it runs
 the SLO source of ``--slo-source``, ``metrics/sources.py``), and a ticker that beats the
 ``event-loop`` liveness heartbeat; cleanup stops both.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import kopf
 
-from .reconcilers.cache import WATCHED, WatchedKind
+from .cache import WATCHED, WatchedKind
 
 #: Seconds a blocked kopf event loop may go without a tick before liveness fails.
 EVENT_LOOP_MAX_AGE_S = 60.0

@@ -29,17 +29,17 @@ from typing import Any
 
 import kopf
 
-from . import handlers  # noqa: F401  (registers the kopf handlers)
-from .api.v1alpha1 import API_VERSION
+from ..api.v1alpha1 import API_VERSION
+from ..metrics.operator_metrics import OperatorMetrics
+from ..metrics.prometheus_source import PrometheusSettings
+from ..reconcilers.crds import ensure_crds
+from ..reconcilers.kube import ApiTimeouts, Kube
+from ..reconcilers.runtime import Hooks, KernelBuildRuntime, Runtime, api_client_from_env
+from . import kopf_glue  # noqa: F401  (registers the kopf handlers)
+from .cache import WATCHED, ObjectCache
 from .controller import Controller, LoopSettings
 from .leader import LeaderSettings, refuse_if_led, run_when_leading
 from .liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
-from .metrics.operator_metrics import OperatorMetrics
-from .reconcilers.cache import WATCHED, ObjectCache
-from .metrics.prometheus_source import PrometheusSettings
-from .reconcilers.crds import ensure_crds
-from .reconcilers.kube import ApiTimeouts, Kube
-from .reconcilers.runtime import Hooks, KernelBuildRuntime, Runtime, api_client_from_env
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class NoDiffBase(kopf.DiffBaseStorage):
     kind, even when only ``@kopf.on.event`` handlers exist, which never read it: at 300
     PDDeployments being applied that was 56 of the event loop's 89 CPU-seconds
     (benchmarks/bench_scale.py, docs/scale.md). The diff base serves create/update/resume
-    handlers only; ``handlers.py`` has none (they would add finalizers and annotations to
+    handlers only; ``kopf_glue.py`` has none (they would add finalizers and annotations to
     the user's object), and ``tests/unit/test_operator_main.py`` fails if one appears.
     """
 
@@ -81,7 +81,7 @@ class NoDiffBase(kopf.DiffBaseStorage):
 def kopf_settings(timeouts: ApiTimeouts) -> kopf.OperatorSettings:
     """kopf's settings: no resource scanning, server-side label selectors, a timeout on every request kopf sends.
 
-    - each watched child kind (``reconcilers.cache.WATCHED``) is listed and watched with its
+    - each watched child kind (``cache.WATCHED``) is listed and watched with its
       label selector (``app.kubernetes.io/managed-by=sglang-pd-operator``): the API server
       filters, so a cluster's other pods, Jobs and Deployments cost the operator nothing;
     - ``networking.connect_timeout`` = ``timeouts.connect`` (TCP and TLS handshake) and

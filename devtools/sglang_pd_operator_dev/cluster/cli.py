@@ -1,7 +1,7 @@
 """``dev cluster up|down|status|build``: the dev cluster from the command line.
 
 The main CLI mounts the ``dev`` group (``sglang-pd-operator dev cluster up``);
-``python -m sglang_pd_operator.devcluster up`` runs the ``cluster`` group directly.
+``python -m sglang_pd_operator_dev.cluster up`` runs the ``cluster`` group directly.
 ``up`` stays in the foreground until Ctrl-C (then stops everything) unless ``--detach``;
 ``down`` stops a detached run through its state file.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import click
 
-from sglang_pd_operator.devcluster import build, gomod, paths, supervise, teardown
-from sglang_pd_operator.devcluster.cluster import ClusterError, start_cluster
+from sglang_pd_operator_dev.cluster import build, gomod, paths, supervise, teardown
+from sglang_pd_operator_dev.cluster.cluster import ClusterError, start_cluster
 
 
 def _echo(message: str) -> None:
@@ -148,7 +148,7 @@ def status(run_dir: Path | None, as_json: bool) -> None:
 @click.option("--once", is_flag=True, help="Stop everything after printing the results.")
 def demo(run_dir: Path | None, example: Path | None, once: bool) -> None:
     """The main job: cluster up, CRDs, operator, apply the GB300 example, show plan and children."""
-    from sglang_pd_operator.devcluster.demo import GB300_EXAMPLE, run_demo
+    from sglang_pd_operator_dev.cluster.demo import GB300_EXAMPLE, run_demo
 
     run_dir = run_dir or paths.default_run_dir().parent / "demo"
     _stop_on_signals()

@@ -28,7 +28,7 @@ Modules, lowest layer first (a module imports only modules above it in this list
 - ``cli``        the ``dev cluster up|down|status|build`` click commands
 """
 
-from sglang_pd_operator.devcluster.cluster import (Cluster, ClusterAlreadyRunning, ClusterError,
+from sglang_pd_operator_dev.cluster.cluster import (Cluster, ClusterAlreadyRunning, ClusterError,
                                                    ComponentFailed, start_cluster, stop_run,
                                                    sweep_stale_runs)
 

@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sglang_pd_operator.devcluster import cluster, components, procs, rest, state
-from sglang_pd_operator.devcluster.handle import Cluster, ComponentFailed
+from sglang_pd_operator_dev.cluster import cluster, components, procs, rest, state
+from sglang_pd_operator_dev.cluster.handle import Cluster, ComponentFailed
 
 Log = Callable[[str], None]
 
