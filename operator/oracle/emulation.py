@@ -26,6 +26,7 @@ probe that reads a source this module does not emulate).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import stat
@@ -130,6 +131,106 @@ def _emulate_sysfs(devices: tuple[str, ...]) -> None:
     os.listdir, os.path.isdir, os.path.exists = listdir, isdir, exists
 
 
+class _Stream:
+    """A CUDA stream of the emulated GPU: work is never queued, so every wait returns at once."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.priority = kwargs.get("priority", 0)
+
+    def wait_stream(self, *args: Any) -> None:
+        return None
+
+    def wait_event(self, *args: Any) -> None:
+        return None
+
+    def record_event(self, *args: Any) -> "_Event":
+        return _Event()
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def __enter__(self) -> "_Stream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class _Event(_Stream):
+    """A CUDA event of the emulated GPU."""
+
+    def record(self, *args: Any) -> None:
+        return None
+
+    def wait(self, *args: Any) -> None:
+        return None
+
+    def elapsed_time(self, *args: Any) -> float:
+        return 0.0
+
+
+def _emulate_cuda_runtime(cuda: Any) -> None:
+    """The CUDA runtime calls SGLang's scheduler makes before a kernel runs: streams and
+    events (``get_stream``, model constructors' alternate streams), ``set_device``
+    (model_runner.py), ``synchronize``, ``empty_cache`` and the allocator's counters
+    (read from :data:`.startup.DEVICE`)."""
+    from .startup import DEVICE
+
+    cuda.Stream = _Stream
+    cuda.Event = _Event
+    cuda.ExternalStream = _Stream
+    cuda.set_device = lambda device: None
+    cuda.current_stream = lambda device=None: _Stream()
+    cuda.default_stream = lambda device=None: _Stream()
+    cuda.stream = lambda stream=None: contextlib.nullcontext(stream)
+    cuda.synchronize = lambda device=None: None
+    cuda.empty_cache = lambda: None
+    cuda.memory_allocated = lambda device=None: DEVICE.allocated
+    cuda.memory_reserved = lambda device=None: DEVICE.allocated
+    cuda.max_memory_allocated = lambda device=None: DEVICE.allocated
+    cuda.reset_peak_memory_stats = lambda device=None: None
+
+
+def _emulate_triton_driver(facts: DeviceFacts) -> None:
+    """Triton's active driver answers for the emulated GPU's target without its native runtime.
+
+    On ROCm, SGLang's modules ask at import ``triton.runtime.driver.active.get_current_target()``
+    (e.g. kernels/ops/attention/rocm_mla_decode_rope.py ``is_hip``), which loads
+    ``libamdhip64.so`` (triton/backends/amd/driver.py). The emulated driver gives the target
+    (``GPUTarget("hip", "gfx950", 64)``) and raises on anything that needs the runtime.
+    CUDA's driver is left as it is (SGLang's CUDA imports do not reach it).
+    """
+    if facts.vendor != "amd":
+        return
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    target = GPUTarget("hip", facts.isa, 64)
+
+    class EmulatedHIPDriver:
+        def is_active(self) -> bool:
+            return True
+
+        def get_current_target(self) -> GPUTarget:
+            return target
+
+        def get_current_device(self) -> int:
+            return 0
+
+        def get_active_torch_device(self) -> Any:
+            import torch
+
+            return torch.device("cuda", 0)
+
+        def __getattr__(self, name: str) -> Any:
+            raise RuntimeError(f"the oracle's emulated HIP driver has no {name} (no ROCm runtime here)")
+
+    driver.set_active(EmulatedHIPDriver())
+
+
 def install(facts: DeviceFacts, tools_dir: Path) -> None:
     """Emulate ``facts`` for the rest of this process (call before importing SGLang).
 
@@ -153,11 +254,16 @@ def install(facts: DeviceFacts, tools_dir: Path) -> None:
     cuda.get_device_capability = lambda device=None: facts.capability
     cuda.get_device_name = lambda device=None: facts.name
     cuda.get_device_properties = lambda device=None: props
-    cuda.mem_get_info = lambda device=None: (facts.total_memory, facts.total_memory)
+    from .startup import DEVICE
+
+    DEVICE.total = facts.total_memory
+    cuda.mem_get_info = DEVICE.mem_get_info
     cuda.current_device = lambda: 0
+    _emulate_cuda_runtime(cuda)
     torch.version.cuda = facts.cuda_version
     torch.version.hip = facts.hip_version
 
+    _emulate_triton_driver(facts)
     _emulate_sysfs(facts.rdma_devices)
     tools_dir.mkdir(parents=True, exist_ok=True)
     if facts.vendor == "nvidia":
