@@ -79,7 +79,7 @@ def _nvidia_smi(facts: DeviceFacts) -> str:
         "compute_cap": f"{major}.{minor}",
     }
     cases = "\n".join(
-        f'  *"--query-gpu={q}"*) for i in $(seq {facts.count}); do echo "{a}"; done; exit 0;;'
+        f'  *"--query-gpu={q}"*) for i in $(seq ${{{GPU_COUNT_ENV}:-{facts.count}}}); do echo "{a}"; done; exit 0;;'
         for q, a in answers.items()
     )
     return (
@@ -98,11 +98,13 @@ def _rocminfo(facts: DeviceFacts) -> str:
     )
     return (
         "#!/bin/sh\n# emulated by sglang-pd-operator's SGLang oracle (no GPU here)\n"
-        f'for i in $(seq {facts.count}); do printf "{agent}"; done\n'
+        f'for i in $(seq ${{{GPU_COUNT_ENV}:-{facts.count}}}); do printf "{agent}"; done\n'
     )
 
 
 IB_SYSFS = "/sys/class/infiniband"
+#: The variable the emulated vendor tools read their GPU count from (the pod's, :func:`pod_gpus`).
+GPU_COUNT_ENV = "SGLANG_PD_ORACLE_POD_GPUS"
 
 
 def _emulate_sysfs(devices: tuple[str, ...]) -> None:
@@ -231,6 +233,36 @@ def _emulate_triton_driver(facts: DeviceFacts) -> None:
     driver.set_active(EmulatedHIPDriver())
 
 
+#: The pod being judged: ``gpus`` is the count of GPUs the device plugin gives it
+#: (``torch.cuda.device_count()``, ``nvidia-smi``'s lines); the node's count until a role sets it.
+POD: dict[str, int] = {"gpus": 0, "node": 0}
+
+
+def pod_gpus(count: int | None):
+    """A context in which the emulated pod has ``count`` GPUs (None: the node's count).
+
+    In a Kubernetes pod the NVIDIA / AMD device plugin exposes only the GPUs the container
+    requests, numbered from 0 (the container runtime mounts those device nodes; no
+    ``CUDA_VISIBLE_DEVICES`` is set): SGLang's ``torch.cuda.device_count()``
+    (entrypoints/engine.py GPU placement, utils/common.py ``get_available_gpu_memory``)
+    and ``nvidia-smi`` (``get_nvgpu_memory_capacity``) see that many.
+    """
+    import contextlib
+
+    @contextlib.contextmanager
+    def scope():
+        saved = POD["gpus"]
+        POD["gpus"] = count if count else POD["node"]
+        os.environ[GPU_COUNT_ENV] = str(POD["gpus"])
+        try:
+            yield
+        finally:
+            POD["gpus"] = saved
+            os.environ[GPU_COUNT_ENV] = str(saved)
+
+    return scope()
+
+
 def install(facts: DeviceFacts, tools_dir: Path) -> None:
     """Emulate ``facts`` for the rest of this process (call before importing SGLang).
 
@@ -250,7 +282,8 @@ def install(facts: DeviceFacts, tools_dir: Path) -> None:
     props = _props(facts)
     cuda = torch.cuda
     cuda.is_available = lambda: True
-    cuda.device_count = lambda: facts.count
+    POD["gpus"] = POD["node"] = facts.count
+    cuda.device_count = lambda: POD["gpus"]
     cuda.get_device_capability = lambda device=None: facts.capability
     cuda.get_device_name = lambda device=None: facts.name
     cuda.get_device_properties = lambda device=None: props

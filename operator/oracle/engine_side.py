@@ -218,7 +218,10 @@ def resolve_role(request: dict[str, Any]) -> tuple[dict[str, Any], RoleState | N
     """
     role = request["role"]
     env = dict(request.get("env") or {})
-    with tempfile.TemporaryDirectory(prefix="sglang-oracle-") as tmp, role_environment(env):
+    from . import emulation
+
+    with emulation.pod_gpus(request.get("gpus")), tempfile.TemporaryDirectory(prefix="sglang-oracle-") as tmp, \
+            role_environment(env):
         config = _write_config(request["configYaml"], request["modelDir"], Path(tmp))
         argv = ["--config", str(config), *_cli_args(request["args"])]
         try:
@@ -351,6 +354,9 @@ def _startup(argv: list[str], cache_key: str = "") -> tuple[Any, dict[str, Any]]
     model, model_facts, assumed = _stage("model", _built_model, server_args, cache_key)
     facts = _stage("kv", _peer_facts, server_args)
     memory = _stage("memory", _memory_plan, server_args, model, model_facts["weightBytes"])
+    import torch
+
+    facts["podGpus"] = torch.cuda.device_count()  # what SGLang saw: the pod's GPUs (emulation.pod_gpus)
     facts["model"] = dict(model_facts)
     facts["memory"] = memory
     facts["assumedSteps"] = list(assumed)

@@ -222,6 +222,22 @@ def pod_launches(plan: Plan, role: RolePlan) -> list[dict[str, Any]]:
     return out
 
 
+def pod_gpus(plan: Plan, role: RolePlan) -> int | None:
+    """The GPUs one pod of ``role`` requests as the operator renders it (the device plugin's
+    limit, ``render.engine._resources``): what ``torch.cuda.device_count()`` and
+    ``nvidia-smi`` show inside that pod. None when the plan cannot be rendered (an
+    accelerator outside the catalog); the worker then shows the node's GPUs."""
+    from ..render.engine import _resources
+
+    acc = role.inputs.accelerator
+    if acc is None:
+        return None
+    try:
+        return int(_resources(plan, role)["limits"][acc.gpuResource])
+    except (AssertionError, KeyError, ValueError, TypeError):
+        return None
+
+
 def _assumptions(plan: Plan, catalog: Catalog) -> tuple[str, ...]:
     out = []
     for role in (plan.prefill, plan.decode):
@@ -259,8 +275,10 @@ class Oracle:
         self.close()
 
     def _requests(self, plan: Plan, role: RolePlan, model_dir: str) -> list[dict[str, Any]]:
-        """One resolve request per pod of a replica of ``role`` (node 0 first)."""
-        return [{"role": role.role, **launch, "modelDir": model_dir} for launch in pod_launches(plan, role)]
+        """One resolve request per pod of a replica of ``role`` (node 0 first), with the GPUs
+        the pod requests (``gpus``): the pod sees those, not the node's."""
+        gpus = pod_gpus(plan, role)
+        return [{"role": role.role, **launch, "modelDir": model_dir, "gpus": gpus} for launch in pod_launches(plan, role)]
 
     @staticmethod
     def _role_verdict(role: RolePlan, ranks: list[dict[str, Any]]) -> RoleVerdict:

@@ -53,6 +53,7 @@ MODEL_STEPS = (
     "model: Scheduler.init_moe_gemm_config (managers/scheduler.py:991)",
     "model: initialize_model_parallel, groups emulated (distributed/parallel_state.py:2566)",
     "model: build_load_config (model_executor/model_runner_components/load_model_utils.py:200)",
+    "model: get_model_loader, the loader's option checks (model_loader/loader.py:4162)",
     "model: _get_quantization_config (model_loader/loader.py:174)",
     "model: _initialize_model on the meta device, quantization create_weights (model_loader/loader.py:285)",
     "model: check_quantized_moe_compatibility (model_executor/model_runner.py:1253)",
@@ -415,7 +416,7 @@ def build_model(server_args: Any) -> tuple[Any, dict[str, Any], list[str]]:
     from sglang.srt.arg_groups.model_override_base import model_config_of
     from sglang.srt.model_executor.model_runner import check_quantized_moe_compatibility
     from sglang.srt.model_executor.model_runner_components.load_model_utils import build_load_config
-    from sglang.srt.model_loader.loader import _get_quantization_config, _initialize_model
+    from sglang.srt.model_loader.loader import _get_quantization_config, _initialize_model, get_model_loader
     from sglang.srt.model_loader.utils import set_default_torch_dtype
     from sglang.srt.runtime_context import get_model, get_parallel
 
@@ -434,6 +435,9 @@ def build_model(server_args: Any) -> tuple[Any, dict[str, Any], list[str]]:
         remote_instance_weight_transporter_session_id="", draft_model_idx=None,
         weight_cache_mode=get_model().weight_cache_mode, weight_cache_socket=get_model().weight_cache_socket,
     )
+    # The loader of the load format, as load_model_with_memory_saver makes it: its
+    # constructor checks the loader options (--model-loader-extra-config); nothing is read.
+    get_model_loader(load_config, model_config)
     quant_config = _get_quantization_config(model_config, load_config)
     from . import cuda_driver
 

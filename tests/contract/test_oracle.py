@@ -284,3 +284,122 @@ def test_check_sglang_exits_1_with_sglangs_text(tmp_path):
     assert out.returncode == 1
     assert "SGLang 0.5.23: refused" in out.stdout
     assert "DSpark with dp attention supports moe_a2a_backend 'none'" in out.stdout
+
+
+# --------------------------------------------------------------------------- the scheduler's startup stages
+
+
+def _role_doc(example: str, role: str, *, extra_args=(), env=None, parallelism=None) -> dict:
+    doc = _example(example)
+    spec = doc["spec"][role]
+    spec["extraArgs"] = [*(spec.get("extraArgs") or []), *extra_args]
+    if env:
+        spec["env"] = [*(spec.get("env") or []), *({"name": k, "value": v} for k, v in env.items())]
+    if parallelism is not None:
+        spec["parallelism"] = parallelism
+    return doc
+
+
+def _operator_accepts_role(catalog, doc, role: str) -> bool:
+    from sglang_pd_operator.planning.plan import plan_object
+
+    _, problems = plan_object(doc, catalog)
+    return not [p for p in problems if p.severity == "error" and p.field.startswith(f"spec.{role}")]
+
+
+def test_every_example_runs_the_whole_startup(oracle, catalog):
+    """Every example is judged through the model build and memory planning (no stage skipped),
+    with the steps run and assumed named, and the weights' bytes from the meta tensors."""
+    from sglang_pd_operator.oracle.stages import STAGES
+
+    for path in EXAMPLES:
+        _, verdict = _judge(oracle, catalog, yaml.safe_load(path.read_text()))
+        for role in (verdict.prefill, verdict.decode):
+            assert role.starts is True, (path.name, role.refusal, role.indeterminate)
+            assert any(step.startswith("memory: KVCacheConfigurator") for step in role.steps), role.steps
+            assert any("weight loading" in a for a in role.assumes), role.assumes
+            assert role.facts["model"]["weightBytes"] > 1 << 30, role.facts["model"]
+            assert role.facts["memory"]["maxTotalNumTokens"] > 0
+    assert STAGES[-1] == "memory"
+
+
+def test_memory_fraction_too_small_for_the_weights(oracle, catalog):
+    """Refusal class 1 (memory): DeepSeek-V4.1-Flash's decode shard on GB300 holds ~190 GiB of
+    weights; --mem-fraction-static 0.5 leaves nothing for the KV cache. The operator and the
+    argument checks accept it; SGLang's _profile_available_bytes refuses it."""
+    doc = _role_doc("dsv41-flash-gb300-low-latency.yaml", "decode", extra_args=["--mem-fraction-static", "0.5"])
+    assert _operator_accepts_role(catalog, doc, "decode")
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.decode.starts is False, verdict.decode
+    refusal = verdict.decode.refusal
+    assert (refusal.stage, refusal.phase) == ("memory", "memory")
+    assert "Loaded weights leave no GPU memory for the KV cache" in refusal.message
+    assert refusal.where.startswith("sglang/srt/mem_cache/kv_cache_configurator.py:_profile_available_bytes")
+    assert verdict.prefill.starts is True
+
+
+def test_quantized_moe_width_breaks_its_block(oracle, catalog):
+    """Refusal class 2 (model): FP4 experts on H200 at TP8 without EP give each rank 288 of the
+    2304-wide MoE intermediate; FlashInfer's CUTLASS MXFP4 MoE (create_weights) needs multiples
+    of 128. Found by the model stage; the operator now refuses it too (quantized_moe_block_width)."""
+    doc = _role_doc("dsv41-flash-h200-flashmla.yaml", "decode", parallelism={"tp": 8})
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.decode.starts is False, verdict.decode
+    refusal = verdict.decode.refusal
+    assert refusal.phase == "model"
+    assert "intermediate=288" in refusal.message
+    assert refusal.where.startswith("sglang/srt/layers/quantization/mxfp4_flashinfer_cutlass_moe.py:create_weights")
+    assert not _operator_accepts_role(catalog, doc, "decode")  # the rule the model stage led to
+
+
+def test_an_environment_setting_the_kv_configurator_refuses(oracle, catalog):
+    """Refusal class 3 (memory): SGLANG_DSV4_COMPRESS_STATE_DTYPE=fp16 passes every argument
+    check (nothing reads it there); the KV cache configurator refuses it while it sizes the
+    DeepSeek-V4 compressed-state pools."""
+    doc = _role_doc("dsv41-flash-gb300-throughput-dep.yaml", "decode", env={"SGLANG_DSV4_COMPRESS_STATE_DTYPE": "fp16"})
+    assert _operator_accepts_role(catalog, doc, "decode")
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.decode.starts is False, verdict.decode
+    assert verdict.decode.refusal.phase in ("memory", "model"), verdict.decode.refusal
+    assert "Unsupported SGLANG_DSV4_COMPRESS_STATE_DTYPE='fp16'" in verdict.decode.refusal.message
+
+
+def test_a_flag_the_model_loader_refuses(oracle, catalog):
+    """Refusal class 4 (model): --model-loader-extra-config with a key the default loader does
+    not take; resolution and validation accept it, the loader's constructor refuses it."""
+    doc = _role_doc("qwen3-30b-a3b-paged-experts.yaml", "prefill",
+                    extra_args=["--model-loader-extra-config", '{"enable_gds": true}'])
+    assert _operator_accepts_role(catalog, doc, "prefill")
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.prefill.starts is False, verdict.prefill
+    refusal = verdict.prefill.refusal
+    assert refusal.phase == "model"
+    assert "Unexpected extra config keys" in refusal.message and "enable_gds" in refusal.message
+    assert refusal.where.startswith("sglang/srt/model_loader/loader.py:_validate_default_loader_extra_config")
+
+
+def test_a_model_build_the_emulation_cannot_run_is_indeterminate(oracle, catalog):
+    """A step that needs what the emulation does not give (here: a kernel called while the
+    model is built) is no verdict, with the step named, never an accept."""
+    from sglang_pd_operator.oracle import engine_side
+
+    assert engine_side._emulation_limit(RuntimeError("Cannot copy out of meta tensor; no data!")) is not None
+    assert engine_side._emulation_limit(ValueError("64 is not divisible by 3")) is None
+
+
+def test_the_pod_sees_the_gpus_it_requests(oracle, catalog):
+    """A TP4 replica on an 8-GPU B300 node: the pod requests 4 GPUs, and SGLang
+    (torch.cuda.device_count, nvidia-smi) sees 4, not the node's 8."""
+    from sglang_pd_operator.oracle.judge import pod_gpus
+
+    doc = _example("qwen3-30b-a3b-paged-experts.yaml")
+    doc["spec"]["accelerator"] = "b300"
+    doc["spec"].pop("pagedExperts", None)
+    for role in ("prefill", "decode"):
+        doc["spec"][role].pop("pagedExperts", None)
+        doc["spec"][role]["parallelism"] = {"tp": 4}
+    plan, verdict = _judge(oracle, catalog, doc)
+    assert catalog.accelerator("b300").gpusPerNode == 8
+    assert pod_gpus(plan, plan.prefill) == 4
+    assert verdict.prefill.starts is True, (verdict.prefill.refusal, verdict.prefill.indeterminate)
+    assert verdict.prefill.facts["podGpus"] == 4
