@@ -32,7 +32,7 @@ import os
 import stat
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .device import DeviceFacts
 
@@ -133,6 +133,44 @@ def _emulate_sysfs(devices: tuple[str, ...]) -> None:
     os.listdir, os.path.isdir, os.path.exists = listdir, isdir, exists
 
 
+#: What the NVIDIA driver and the CUDA context take of each GPU before SGLang allocates
+#: (about 0.5-1 GiB on Hopper/Blackwell with CUDA 12-13; the upper end is used).
+CUDA_CONTEXT_BYTES = 1 << 30
+
+class DeviceMemory:
+    """The emulated GPU's memory as the CUDA driver reports it: ``total`` per GPU (the
+    catalog's), less the driver and CUDA context, less what is resident (:meth:`resident`)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._resident: int | None = None
+
+    @property
+    def allocated(self) -> int:
+        """Bytes held on the device now (the role's weights while its memory is planned)."""
+        return self._resident or 0
+
+    def mem_get_info(self, device: Any = None) -> tuple[int, int]:
+        """(free, total) bytes as ``torch.cuda.mem_get_info`` reports them."""
+        used = self._resident or 0
+        return max(0, self.total - CUDA_CONTEXT_BYTES - used), self.total
+
+    @contextlib.contextmanager
+    def resident(self, nbytes: int) -> Iterator[None]:
+        """While the block runs, the device holds exactly ``nbytes`` (one role's weights;
+        the worker keeps several roles' meta models, which a pod would not)."""
+        saved = self._resident
+        self._resident = nbytes
+        try:
+            yield
+        finally:
+            self._resident = saved
+
+
+#: The one emulated device of this worker process (emulation.install wires mem_get_info to it).
+DEVICE = DeviceMemory()
+
+
 class _Stream:
     """A CUDA stream of the emulated GPU: work is never queued, so every wait returns at once."""
 
@@ -178,9 +216,7 @@ def _emulate_cuda_runtime(cuda: Any) -> None:
     """The CUDA runtime calls SGLang's scheduler makes before a kernel runs: streams and
     events (``get_stream``, model constructors' alternate streams), ``set_device``
     (model_runner.py), ``synchronize``, ``empty_cache`` and the allocator's counters
-    (read from :data:`.startup.DEVICE`)."""
-    from .startup import DEVICE
-
+    (read from :data:`DEVICE`)."""
     cuda.Stream = _Stream
     cuda.Event = _Event
     cuda.ExternalStream = _Stream
@@ -287,8 +323,6 @@ def install(facts: DeviceFacts, tools_dir: Path) -> None:
     cuda.get_device_capability = lambda device=None: facts.capability
     cuda.get_device_name = lambda device=None: facts.name
     cuda.get_device_properties = lambda device=None: props
-    from .startup import DEVICE
-
     DEVICE.total = facts.total_memory
     cuda.mem_get_info = DEVICE.mem_get_info
     cuda.current_device = lambda: 0

@@ -49,7 +49,7 @@ import yaml
 from . import startup
 from .kernel_standins import take_answered, take_calls
 from .model_checks import model_build_problems
-from .stages import PHASES, STAGES
+from .stages import PHASES, STAGES, OracleLimit
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,8 @@ def describe(exc: BaseException, stage: str) -> dict[str, Any]:
 _LIMIT_MARKERS = ("meta tensor", "on meta", "'meta'", "meta device", "CUDA stub library", "no GPU on this machine",
                   "is a GPU kernel the oracle cannot run", "the oracle cannot know", "emulated HIP driver",
                   "No CUDA GPUs are available", "Found no NVIDIA driver", "emulated CUDA driver",
-                  "kernel stand-in")
+                  "kernel stand-in", "oracle emulated process group", "_EmulatedProcessGroup",
+                  "the oracle's emulated")
 
 
 def _emulation_limit(exc: BaseException) -> str | None:
@@ -225,7 +226,8 @@ def resolve_role(request: dict[str, Any]) -> tuple[dict[str, Any], RoleState | N
         config = _write_config(request["configYaml"], request["modelDir"], Path(tmp))
         argv = ["--config", str(config), *_cli_args(request["args"])]
         try:
-            server_args, facts = _startup(argv, cache_key=_cache_key(request))
+            server_args, facts = _startup(argv, cache_key=_cache_key(request),
+                                          depth=request.get("depth") or "startup")
         except Refusal as r:
             take_answered()
             used = take_calls()
@@ -243,8 +245,12 @@ def resolve_role(request: dict[str, Any]) -> tuple[dict[str, Any], RoleState | N
             return {"role": role, "starts": None, "refusal": None, "facts": None,
                     "indeterminate": f"SGLang called GPU kernels the oracle cannot run: {', '.join(used)}"}, None
     state = RoleState(role, server_args, facts, host_ip=env.get(HOST_IP_ENV, POD_IP))
-    assumes = [*facts.pop("assumedSteps", []), *take_answered(), *startup.ASSUMED_STEPS]
-    return {"role": role, "starts": True, "refusal": None, "facts": facts, "steps": list(ALL_STEPS),
+    depth = request.get("depth") or "startup"
+    steps = list(ALL_STEPS) if depth == "startup" else [s for s in ALL_STEPS if s.split(":")[0] in ("args", "kv")
+                                                        or s.startswith("model: the model's divisions")]
+    not_run = [f"{s} (not run: depth {depth})" for s in ALL_STEPS if s not in steps]
+    assumes = [*facts.pop("assumedSteps", []), *take_answered(), *not_run, *startup.ASSUMED_STEPS]
+    return {"role": role, "starts": True, "refusal": None, "facts": facts, "steps": steps,
             "assumes": assumes}, state
 
 
@@ -340,7 +346,13 @@ def _memory_plan(server_args: Any, model: Any, weight_bytes: int) -> dict[str, A
         return startup.plan_memory(server_args, model)
 
 
-def _startup(argv: list[str], cache_key: str = "") -> tuple[Any, dict[str, Any]]:
+#: How far a role's startup runs: ``startup`` (every stage; the default) or ``args`` (the
+#: argument checks, the model's divisions and the PD peer facts, without building the model
+#: or planning memory: what the CI differential judges, see docs/sglang-oracle.md).
+DEPTHS = ("startup", "args")
+
+
+def _startup(argv: list[str], cache_key: str = "", depth: str = "startup") -> tuple[Any, dict[str, Any]]:
     from sglang.srt.server_args import prepare_server_args
 
     server_args = _stage("parse", prepare_server_args, argv)
@@ -351,6 +363,8 @@ def _startup(argv: list[str], cache_key: str = "") -> tuple[Any, dict[str, Any]]
         first = problems[0]
         raise Refusal({"stage": "model", "type": first.type, "message": "; ".join(p.message for p in problems),
                        "where": first.where})
+    if depth == "args":
+        return server_args, _stage("kv", _peer_facts, server_args)
     model, model_facts, assumed = _stage("model", _built_model, server_args, cache_key)
     facts = _stage("kv", _peer_facts, server_args)
     memory = _stage("memory", _memory_plan, server_args, model, model_facts["weightBytes"])
@@ -642,10 +656,6 @@ class GroupStandIn:
 
     def __getattr__(self, name: str) -> Any:
         raise OracleLimit(f"the oracle has no process group to run {name} on")
-
-
-class OracleLimit(RuntimeError):
-    """The oracle cannot run this part of SGLang (a collective across processes): no verdict."""
 
 
 def _prefill_ranks(facts: dict[str, Any]) -> Iterator[tuple[int, int | None]]:

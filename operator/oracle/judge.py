@@ -260,8 +260,14 @@ def _assumptions(plan: Plan, catalog: Catalog) -> tuple[str, ...]:
 class Oracle:
     """Judges plans with SGLang's own code, through a :class:`WorkerPool` (close it when done)."""
 
-    def __init__(self, *, catalog: Catalog, pool: WorkerPool | None = None, **pool_options: Any) -> None:
+    def __init__(self, *, catalog: Catalog, pool: WorkerPool | None = None, depth: str = "startup",
+                 **pool_options: Any) -> None:
+        if depth not in ("startup", "args"):
+            raise ValueError(f"depth must be 'startup' or 'args', not {depth!r}")
         self.catalog = catalog
+        #: ``startup``: SGLang's argument checks, the scheduler's model build and memory
+        #: planning; ``args``: without the model build and memory planning (engine_side.DEPTHS).
+        self.depth = depth
         self.pool = pool or WorkerPool(catalog=catalog, **pool_options)
 
     def close(self) -> None:
@@ -278,7 +284,8 @@ class Oracle:
         """One resolve request per pod of a replica of ``role`` (node 0 first), with the GPUs
         the pod requests (``gpus``): the pod sees those, not the node's."""
         gpus = pod_gpus(plan, role)
-        return [{"role": role.role, **launch, "modelDir": model_dir, "gpus": gpus} for launch in pod_launches(plan, role)]
+        return [{"role": role.role, **launch, "modelDir": model_dir, "gpus": gpus, "depth": self.depth}
+                for launch in pod_launches(plan, role)]
 
     @staticmethod
     def _role_verdict(role: RolePlan, ranks: list[dict[str, Any]]) -> RoleVerdict:

@@ -16,3 +16,8 @@ STAGES = ("parse", "resolve", "validate", "model", "kv", "memory")
 #: stage -> phase (the pair's stages included).
 PHASES = {"parse": "args", "resolve": "args", "validate": "args", "model": "model", "kv": "kv",
           "memory": "memory", "bootstrap": "handshake", "handshake": "handshake"}
+
+
+class OracleLimit(RuntimeError):
+    """The oracle cannot run this part of SGLang (a collective across processes, a step that
+    needs the GPU): no verdict."""

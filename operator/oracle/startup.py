@@ -44,9 +44,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-#: What the NVIDIA driver and the CUDA context take of each GPU before SGLang allocates
-#: (about 0.5-1 GiB on Hopper/Blackwell with CUDA 12-13; the upper end is used).
-CUDA_CONTEXT_BYTES = 1 << 30
+from .emulation import CUDA_CONTEXT_BYTES, DEVICE
+from .stages import OracleLimit
 
 #: Steps of a role's startup this module runs, with the SGLang code each one is.
 MODEL_STEPS = (
@@ -70,40 +69,6 @@ ASSUMED_STEPS = (
     "memory: KV and req-to-token pools allocated (sizes computed only; kv_cache_configurator.py _init_pools)",
     "kernels: attention backends, CUDA graph capture, NCCL / custom all-reduce (model_runner.py init_attention_backends, init_cuda_graphs)",
 )
-
-
-class DeviceMemory:
-    """The emulated GPU's memory as the CUDA driver reports it: ``total`` per GPU (the
-    catalog's), less the driver and CUDA context, less what is resident (:meth:`resident`)."""
-
-    def __init__(self) -> None:
-        self.total = 0
-        self._resident: int | None = None
-
-    @property
-    def allocated(self) -> int:
-        """Bytes held on the device now (the role's weights while its memory is planned)."""
-        return self._resident or 0
-
-    def mem_get_info(self, device: Any = None) -> tuple[int, int]:
-        """(free, total) bytes as ``torch.cuda.mem_get_info`` reports them."""
-        used = self._resident or 0
-        return max(0, self.total - CUDA_CONTEXT_BYTES - used), self.total
-
-    @contextlib.contextmanager
-    def resident(self, nbytes: int) -> Iterator[None]:
-        """While the block runs, the device holds exactly ``nbytes`` (one role's weights;
-        the worker keeps several roles' meta models, which a pod would not)."""
-        saved = self._resident
-        self._resident = nbytes
-        try:
-            yield
-        finally:
-            self._resident = saved
-
-
-#: The one emulated device of this worker process (emulation.install wires mem_get_info to it).
-DEVICE = DeviceMemory()
 
 
 class MetaAllocations:
@@ -204,8 +169,6 @@ def emulated_group_class():
     if "EmulatedGroup" in globals():
         return EmulatedGroup
     from sglang.srt.distributed.parallel_state import GroupCoordinator
-
-    from .engine_side import OracleLimit
 
     class EmulatedGroup(GroupCoordinator):  # noqa: F811
         """SGLang's GroupCoordinator for a group whose other members are not in this process:

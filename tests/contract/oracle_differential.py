@@ -295,6 +295,15 @@ def indeterminate_reasons(row: Row) -> set[str]:
     return {why.split(": ", 1)[-1] for why in row.indeterminate}
 
 
+def _phase(row: Row) -> str:
+    """The phase of SGLang's startup of the row's first refusal (stages.PHASES)."""
+    from sglang_pd_operator.oracle.stages import PHASES
+
+    for _, ref in row.refusals:
+        return getattr(ref, "phase", "") or PHASES.get(getattr(ref, "stage", ""), "")
+    return ""
+
+
 def confusion_matrix(rows: list[Row], *, stricter: Mapping[str, str] | None = None, limit: int = 25) -> str:
     """The matrix and the lists a person reads first: false accepts, false refusals, the rest."""
     stricter = load_stricter() if stricter is None else stricter
@@ -315,6 +324,10 @@ def confusion_matrix(rows: list[Row], *, stricter: Mapping[str, str] | None = No
         f"schema-refused (SGLang never sees them): {c['schema']}    oracle errors: {c['oracle-error']}    "
         f"planning errors: {c['plan-error']}",
     ]
+    lines += ["", "SGLang's refusals by phase (the first refusal of each spec; operator accepts / refuses):"]
+    for phase in ("args", "model", "kv", "memory", "handshake"):
+        ours = collections.Counter(r.ours for r in rows if r.sglang is False and _phase(r) == phase)
+        lines.append(f"  {phase:<10} {ours['accept']:6d} / {ours['refuse']:6d}")
     fa = false_accept_groups(rows)
     lines += ["", f"False accepts: {c['false-accept']} specs, {len(fa)} distinct SGLang refusals"]
     for (where, msg), members in fa[:limit]:
