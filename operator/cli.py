@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import logging
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -565,6 +566,64 @@ def sglang_status(python: str | None) -> None:
         click.echo(why, err=True)
         sys.exit(EXIT_NO_VERDICT)
     click.echo("the SGLang 0.5.23 oracle is ready")
+
+
+@main.group("oracle")
+def oracle_group() -> None:
+    """The SGLang oracle as a service the operator consults (``run --oracle-url``)."""
+
+
+@oracle_group.command("serve")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8090, show_default=True, type=int, help="HTTP port.")
+@click.option("--warm", default="gb300", show_default=True, metavar="ACC[,ACC]",
+              help="Accelerators whose workers start at once (/readyz waits for them); others start on first use.")
+@click.option("--judges", default=2, show_default=True, type=int, help="Specs judged at once.")
+@click.option("--queue-size", default=64, show_default=True, type=int,
+              help="Specs waiting for a judge; beyond it a request is answered 503.")
+@click.option("--request-timeout", default=120.0, show_default=True, type=float,
+              help="Seconds a request may take, queue included (504 after; a worker that hangs is restarted).")
+@click.option("--max-body-bytes", default=1 << 20, show_default=True, type=int, help="Largest request body.")
+@click.option("--max-workers", default=4, show_default=True, type=int,
+              help="Accelerator workers kept (each holds SGLang imported, ~0.5 GiB); the least recently used goes.")
+@click.option("--catalog-dir", default=None, help="Catalog folder (default: the built-in kernels/).")
+@click.option("--sglang-python", default=None, metavar="PYTHON", help="Interpreter with sglang 0.5.23 (default: this one).")
+def oracle_serve(host: str, port: int, warm: str, judges: int, queue_size: int, request_timeout: float,
+                 max_body_bytes: int, max_workers: int, catalog_dir: str | None, sglang_python: str | None) -> None:
+    """Serve SGLang's verdict over HTTP: POST /v1/verdict, GET /healthz, /readyz, /stats.
+
+    The answer's ``sglang`` is the verdict of ``check --sglang -o json``. Exits 3 when
+    sglang 0.5.23 cannot run here (``sglang-pd-operator sglang install``).
+    """
+    import signal
+
+    from .oracle import unavailable
+    from .oracle.service import OracleHTTPServer, VerdictService
+
+    why = unavailable(sglang_python)
+    if why is not None:
+        click.echo(f"error: oracle serve: {why}", err=True)
+        sys.exit(EXIT_NO_VERDICT)
+    catalog = _catalog(catalog_dir)
+    accelerators = tuple(a for a in warm.split(",") if a)
+    unknown = [a for a in accelerators if catalog.accelerator(a) is None]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)} not in the catalog ({', '.join(sorted(catalog.accelerators))})",
+                                 param_hint="--warm")
+    service = VerdictService(catalog=catalog, warm=accelerators, judges=judges, queue_size=queue_size,
+                             request_timeout_s=request_timeout, python=sglang_python, max_workers=max_workers)
+    server = OracleHTTPServer((host, port), service, max_body_bytes=max_body_bytes)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    service.start()
+    click.echo(f"oracle serving on http://{host}:{server.server_address[1]} (warming {', '.join(accelerators) or 'nothing'})",
+               err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        service.close()
 
 
 if __name__ == "__main__":  # pragma: no cover
