@@ -415,6 +415,15 @@ def crds(out_dir: str | None, check_only: bool) -> None:
               help="Key of --prometheus-cert-file.")
 @click.option("--prometheus-insecure-skip-verify", is_flag=True, default=False,
               help="Do not verify Prometheus' TLS certificate (test setups only).")
+@click.option("--oracle-url", default=None, envvar="SGLANG_PD_ORACLE_URL",
+              help="The SGLang oracle service (`oracle serve`, the chart's oracle.enabled), e.g. "
+                   "http://sglang-pd-operator-oracle:8090: every new generation whose rules pass waits for SGLang's "
+                   "verdict before a child is created or changed. Unset: the operator's rules alone.")
+@click.option("--oracle-on-unavailable", type=click.Choice(["wait", "rulesOnly"]), default="wait", show_default=True,
+              help="Default of spec.oracle.onUnavailable: after --oracle-max-wait without a verdict, keep waiting "
+                   "(Valid False, SGLangUnavailable) or go on with the rules alone (Valid True, RulesOnly, a Warning).")
+@click.option("--oracle-max-wait", default="5m", show_default=True, metavar="DURATION",
+              help="Default of spec.oracle.maxWait: how long a generation waits for SGLang's verdict.")
 def run(
     kubeconfig: str | None,
     namespaces: tuple[str, ...],
@@ -438,6 +447,9 @@ def run(
     prometheus_cert_file: str | None,
     prometheus_key_file: str | None,
     prometheus_insecure_skip_verify: bool,
+    oracle_url: str | None,
+    oracle_on_unavailable: str,
+    oracle_max_wait: str,
 ) -> None:
     """Run the operator (kopf) until interrupted; exits 1 when the CRDs are missing or older, 3 on lost leadership.
 
@@ -475,6 +487,15 @@ def run(
                                             insecure_skip_verify=prometheus_insecure_skip_verify)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--prometheus-url") from None
+    from .api.v1alpha1 import parse_duration
+
+    try:
+        oracle_wait_s = parse_duration(oracle_max_wait)
+    except ValueError:
+        raise click.BadParameter("expected a duration such as 90s or 5m", param_hint="--oracle-max-wait") from None
+    if oracle_url is not None and not oracle_url.startswith(("http://", "https://")):
+        raise click.BadParameter("expected an http(s) URL, e.g. http://sglang-pd-operator-oracle:8090",
+                                 param_hint="--oracle-url")
     try:
         lease, renew, retry = (int(x) for x in leader_elect_timing.split(","))
     except ValueError:
@@ -507,6 +528,9 @@ def run(
             slo_status_period=slo_status_period,
             slo_source=slo_source,
             prometheus=prometheus,
+            oracle_url=oracle_url,
+            oracle_policy=oracle_on_unavailable,
+            oracle_max_wait_s=oracle_wait_s,
         )
     except CRDSchemaError as e:
         log.error("refusing to run: %s", e)
