@@ -207,7 +207,7 @@ class GateDecision:
 
     proceed: bool
     valid: tuple[str, str, str]
-    record: dict[str, Any]
+    record: dict[str, Any] | None
     problems: tuple[Problem, ...] = ()
     event: tuple[str, str, str] | None = None
     ask: bool = False

@@ -185,3 +185,19 @@ def test_without_the_service_the_rules_alone_decide_as_before(catalog):
     P.reconcile(kube=kube, body=_body(), catalog=catalog, now=1000.0)
     valid = _conds(_status(kube))["Valid"]
     assert (valid["status"], valid["reason"]) == ("True", "Valid") and _status(kube).get("sglang") is None
+
+
+def test_a_generation_applied_before_the_service_existed_is_not_held(catalog):
+    """Turning the oracle on (or an operator restart/upgrade) never holds what serves: the gate is for new generations."""
+    kube = MemoryKube()
+    P.reconcile(kube=kube, body=_body(), catalog=catalog, now=1000.0)  # no oracle: applied on the rules
+    applied = _status(kube)
+    client, book, _, oracle = _setup(REFUSED)
+    P.reconcile(kube=kube, body=_body(status=applied), catalog=catalog, now=1001.0, oracle=oracle)
+    assert client.asked == 0
+    assert _conds(_status(kube))["Valid"]["status"] == "True"
+    assert _conds(_status(kube))["Ready"] == _conds(applied)["Ready"]
+    # its next generation is asked
+    P.reconcile(kube=kube, body=_body(generation=2, status=_status(kube), gateway={"replicas": 2}), catalog=catalog,
+                now=1002.0, oracle=oracle)
+    assert client.done.wait(5) and client.asked == 1
