@@ -979,6 +979,16 @@ class RolloutSpec(_Model):
     onFailure: Literal["Keep", "ScaleToZero"] = Field(
         default="Keep", description="What happens to a group that missed its deadline: Keep (for inspection) or ScaleToZero."
     )
+    operatorChanges: Literal["hold", "apply"] = Field(
+        default="hold",
+        description=(
+            "What a new operator version does with a running group it would render differently while this spec "
+            "did not change: hold (default) keeps the group as it runs and says what would change in the "
+            "UpgradePending condition; apply rolls the change out (in place within maxSurgeGPUs when the compat "
+            "key stays, as a paired rollout when it changes). A change of this spec is always rendered by the "
+            "running operator."
+        ),
+    )
 
 
 # --------------------------------------------------------------------------- autoscaling

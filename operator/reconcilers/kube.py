@@ -267,6 +267,18 @@ class Kube:
                            field_manager=field_manager or self.field_manager)
         self._count("patch-scale", kind)
 
+    def patch_metadata(self, api_version: str, kind: str, name: str, namespace: str, *,
+                       annotations: dict[str, str]) -> None:
+        """Merge-patch ``metadata.annotations`` of one object (nothing else: a workload's pods are not touched).
+
+        Raises ``ApiException`` (404 when the object is gone).
+        """
+        result = self._resource(api_version, kind).patch(
+            body={"metadata": {"annotations": dict(annotations)}}, name=name, namespace=namespace,
+            content_type="application/merge-patch+json", field_manager=self.field_manager)
+        self._count("patch", kind)
+        self._store(result)
+
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> bool:
         """Delete with background propagation; returns False when it was already gone."""
         try:
