@@ -240,7 +240,9 @@ def test_a_huge_spec_within_the_size_limit_is_judged_or_refused_quickly(served):
     t0 = time.monotonic()
     status, body, _ = post(port, {"object": doc})
     assert time.monotonic() - t0 < 30
-    assert status == 200 and body["sglang"]["accepted"] is True, body
+    # the schema bounds extraArgs (api/structural.py): refused with the field named, never judged
+    assert status == 422, body
+    assert body["problems"][0]["field"] == "spec.decode.extraArgs" and oracle.judged == []
 
 
 def test_ready_once_the_warm_workers_started(served):
