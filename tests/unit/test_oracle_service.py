@@ -160,13 +160,19 @@ def test_a_full_queue_answers_503_with_retry_after(served):
     gate = threading.Event()
     service, oracle, port = served(gate=gate, judges=1, queue_size=1)
     specs = [named(f"q{i}", accelerator=acc) for i, acc in enumerate(["gb300", "b300", "b200"])]
-    threads = [threading.Thread(target=post, args=(port, s)) for s in specs[:2]]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 30
-    while not (len(oracle.judged) == 1 and service.snapshot()["queued"] == 1) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert len(oracle.judged) == 1 and service.snapshot()["queued"] == 1, service.snapshot()
+    threads = []
+
+    def until(predicate):
+        deadline = time.monotonic() + 30
+        while not predicate() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert predicate(), service.snapshot()
+
+    for spec, reached in ((specs[0], lambda: len(oracle.judged) == 1),  # the judge holds the first,
+                          (specs[1], lambda: service.snapshot()["queued"] == 1)):  # the second waits
+        threads.append(threading.Thread(target=post, args=(port, spec)))
+        threads[-1].start()
+        until(reached)
     status, body, headers = post(port, specs[2])
     gate.set()
     for t in threads:
