@@ -974,7 +974,13 @@ class RolloutSpec(_Model):
         ),
     )
     drainGracePeriod: Duration = Field(
-        default="60s", description="After cutover, how long the old group keeps running for in-flight requests."
+        default="60s",
+        description=(
+            "After cutover, how long the old group keeps running for in-flight requests; also the most each "
+            "engine or gateway pod that goes away (rollout, in-place update, scale-down, deletion) waits in its "
+            "preStop hook until SGLang's (smg's) own metrics show nothing running or queued. The pods' "
+            "terminationGracePeriodSeconds is this plus 60s (engines) or 10s (gateway)."
+        ),
     )
     onFailure: Literal["Keep", "ScaleToZero"] = Field(
         default="Keep", description="What happens to a group that missed its deadline: Keep (for inspection) or ScaleToZero."
