@@ -224,7 +224,8 @@ def _reconcile(
         if decision.apply_target:
             record = current_record(generation=generation, spec=body.get("spec") or {}, objects=spec_objects)
             _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates,
-                         replicas=_target_replicas(plan, observed, decision, counts), record=record)
+                         replicas=_target_replicas(plan, observed, decision, counts), record=record,
+                         new_group=plan.compat_key not in observed.groups, lws_served=lws_served)
         scale_serving_group(kube, plan, observed, serving_key=decision.serving_key, counts=counts,
                             scaled=scaling.scaled)
 
@@ -544,18 +545,52 @@ def _target_replicas(plan: Plan, observed: Observed, decision: RolloutDecision,
 
 def _apply_group(
     kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool, gates: dict[str, KernelGateState] | None,
-    replicas: dict[str, int] | None = None, record: RenderRecord | None = None,
+    replicas: dict[str, int] | None = None, record: RenderRecord | None = None, new_group: bool = False,
+    lws_served: bool = False,
 ) -> None:
-    """Apply the plan's group; its workloads carry ``record`` (who rendered them, from what spec)."""
+    """Apply the plan's group all or nothing: the API server's verdict on every child first.
+
+    Its workloads carry ``record`` (who rendered them, from what spec). Every child that
+    differs from the live object is applied with a server dry run (``dryRun=All``: schema,
+    defaulting, admission policies and webhooks run, nothing is stored) before any is
+    written; a refusal raises with the child named (``dry-run apply Deployment ns/name``)
+    and nothing written. When a write of a ``new_group`` is refused after its dry run
+    passed (a policy or quota that changed in between), the group's children are deleted
+    again before the error propagates, so a new group is never left half created (an
+    existing group's children were only updated: the older ones keep serving).
+    ``reconcile`` records the error as ``Reconciled=False`` naming the child and the API
+    server's message.
+    """
     objects = render_group(plan, owner=owner, replicas=replicas)
     if record is not None:
         objects = stamp(objects, record)
     if gates is not None:
         objects = gate_objects(objects, gates)
-    for obj in objects:
-        if to_zero and obj["kind"] in ("Deployment", lws.KIND):
-            obj = {**obj, "spec": {**obj["spec"], "replicas": 0}}
-        kube.apply(obj)
+    objects = [{**obj, "spec": {**obj["spec"], "replicas": 0}}
+               if to_zero and obj["kind"] in ("Deployment", lws.KIND) else obj for obj in objects]
+    for obj in objects:  # 1. the API server's verdict on each changed child; nothing is written
+        kube.apply(obj, dry_run=True)
+    try:
+        for obj in objects:  # 2. write them
+            kube.apply(obj)
+    except ApiException:
+        if not new_group:
+            raise
+        failed = getattr(kube, "last", None)
+        try:  # 3. refused after its dry run: the new group's children go again
+            _delete_group(kube, name=plan.name, namespace=plan.namespace, key=plan.compat_key, lws_served=lws_served)
+        except ApiException as e:
+            log.warning("%s/%s: could not delete the half-created group %s: %s", plan.namespace, plan.name,
+                        plan.compat_key, e.reason)
+        if failed is not None:
+            _track(kube, f"{failed} (the new group's other children were deleted again)")
+        raise
+
+
+def _track(kube: Kube, call: str) -> None:
+    """Name the call in flight for an error message, when ``kube`` is the reconcile's CallTracker."""
+    if hasattr(kube, "last"):
+        kube.last = call  # type: ignore[attr-defined]
 
 
 def _scale_held_group(kube: Kube, plan: Plan, observed: Observed, *, key: str, counts: dict[str, int]) -> None:
