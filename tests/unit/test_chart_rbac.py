@@ -61,6 +61,7 @@ KUBE_VERBS = {
     "apply": {"create", "patch"},  # + "get" unless the caller passes ``live`` or ``fetch=False``
     "delete": {"delete"},
     "patch_status": {"patch"},  # on <plural>/status
+    "patch_metadata": {"patch"},  # a group's record in its workloads' annotations (reconcilers/upgrade.py)
     "scale": {"patch"},  # on <plural>/scale (a PDRoleScale's or a Deployment's count)
     "create": {"create"},  # a PDRoleScale at its seed count (the object is dynamic, as apply's)
     "event": {"create"},  # a core/v1 Event
@@ -242,7 +243,7 @@ class RecordingKube:
         self.calls.append(("list", api_version, kind))
         return []
 
-    def apply(self, desired, live=None, *, fetch=True):
+    def apply(self, desired, live=None, *, fetch=True, dry_run=False):
         self.calls.append(("apply", desired["apiVersion"], desired["kind"]))
         reads = live is None and fetch  # Kube.apply: `if live is None and fetch: live = self.get(...)`
         self.applied.append((desired, KUBE_VERBS["apply"] | ({"get"} if reads else set())))
