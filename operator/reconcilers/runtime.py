@@ -10,9 +10,8 @@ The SLO scraper stores each deployment's latest
 :class:`~sglang_pd_operator.metrics.health.Health` here (:meth:`Runtime.set_health`),
 saying whether a condition or only a figure moved; the reconcile reads it back to write
 status. Whether the cluster serves the Prometheus Operator's kinds and LeaderWorkerSets
-is checked here too, at most every ``monitoring_check_ttl_s``. Each reconcile is in flight in
-:attr:`Runtime.heartbeats` (``liveness.py``) while it holds its lock, so a frozen one
-turns ``/healthz`` to 503 after ``stuck_after_s``.
+is checked here too, at most every ``monitoring_check_ttl_s``. Liveness (a reconcile in
+flight, worker progress) is the control loop's (``runtime/controller.py``), not kept here.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from ..api.kernelbuild import KIND as KERNELBUILD_KIND
 from ..api.v1alpha1 import API_VERSION
 from ..catalog import CATALOG_FILES, Catalog, CatalogError, builtin_catalog, load_catalog
 from ..kernelbuild.recipes import BuildCatalog, builtin_build_catalog
-from ..runtime.liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
 from ..metrics.health import Health
 from ..metrics.monitoring import MONITORING_API_VERSION
 from ..metrics.slo import format_duration
@@ -49,11 +47,13 @@ log = logging.getLogger(__name__)
 CATALOG_CONFIGMAP = "sglang-pd-operator-catalog"
 
 
-def api_client_from_env(kubeconfig: str | None = None, *, timeouts: ApiTimeouts | None = None) -> k8s.ApiClient:
+def api_client_from_env(kubeconfig: str | None = None, *, timeouts: ApiTimeouts | None = None,
+                        pool_maxsize: int | None = None) -> k8s.ApiClient:
     """An ApiClient from ``kubeconfig`` (or $KUBECONFIG / ~/.kube/config), else the in-cluster service account.
 
     Every request it sends has ``timeouts`` (default :class:`ApiTimeouts`: 5 s connect,
     30 s read) unless the call passes its own (see ``kube.with_timeouts``).
+    ``pool_maxsize``: connections kept per host (default the client's).
     """
     timeouts = timeouts or ApiTimeouts()
     configuration = k8s.Configuration()
@@ -62,6 +62,8 @@ def api_client_from_env(kubeconfig: str | None = None, *, timeouts: ApiTimeouts 
     except (k8s_config.ConfigException, FileNotFoundError, TypeError):
         k8s_config.load_incluster_config(client_configuration=configuration)
     configuration.retries = timeouts.retries()  # read by the REST client's pool when it is made
+    if pool_maxsize is not None:
+        configuration.connection_pool_maxsize = pool_maxsize
     return with_timeouts(k8s.ApiClient(configuration), timeouts)
 
 
@@ -113,9 +115,6 @@ class Runtime:
     _served_guard: threading.Lock = field(default_factory=threading.Lock)
     #: Unix time this runtime was made: the age of "no health yet" counts from here.
     started_at: float = field(default_factory=time.time)
-    #: Liveness: each reconcile is in flight here while it holds its lock; stuck after ``stuck_after_s``.
-    heartbeats: Heartbeats = field(default_factory=Heartbeats)
-    stuck_after_s: float = DEFAULT_STUCK_AFTER_S
     #: The CEL verdict per object generation (``planning.plan.RuleMemo``).
     rule_memo: RuleMemo = field(default_factory=RuleMemo)
     #: (namespace, PDDeployment) -> the KernelBuilds its last reconcile used.
@@ -339,18 +338,17 @@ class Runtime:
         start = time.perf_counter()
         ok = False
         try:
-            with self.heartbeats.busy(f"reconcile {meta['namespace']}/{meta['name']}", max_s=self.stuck_after_s):
-                outcome = reconcile(
-                    kube=self.kube,
-                    body=body,
-                    catalog=self.catalog(),
-                    health=self.health(meta["namespace"], meta["name"]),
-                    health_stale=self.health_stale(meta["namespace"], meta["name"]),
-                    monitoring=self.monitoring_available(),
-                    lws_served=self.lws_available(),
-                    rule_memo=self.rule_memo,
-                    autoscalers=self.autoscalers,
-                )
+            outcome = reconcile(  # in flight: the controller's Heartbeats.busy entry (runtime/controller.py)
+                kube=self.kube,
+                body=body,
+                catalog=self.catalog(),
+                health=self.health(meta["namespace"], meta["name"]),
+                health_stale=self.health_stale(meta["namespace"], meta["name"]),
+                monitoring=self.monitoring_available(),
+                lws_served=self.lws_available(),
+                rule_memo=self.rule_memo,
+                autoscalers=self.autoscalers,
+            )
             with self._locks_guard:
                 self._uses[(meta["namespace"], meta["name"])] = outcome.kernelbuilds
             self.mark_planned(meta["namespace"], meta["name"], outcome.autoscaled)

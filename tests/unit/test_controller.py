@@ -76,7 +76,7 @@ def test_a_spec_change_queues_its_deployment_but_a_status_echo_does_not():
 def test_the_echo_of_the_operators_own_write_queues_nothing():
     c = controller()
     w = watched_kind("apps/v1", "Deployment")
-    c.cache.upsert(child("Deployment", "d-abc-prefill", "7"))  # the API server's answer to our apply
+    c.cache.record_write(child("Deployment", "d-abc-prefill", "7"))  # the API server's answer to our apply
     assert c.observe(w, event(child("Deployment", "d-abc-prefill", "7"), "ADDED")) == []
     ready = child("Deployment", "d-abc-prefill", "8", status={"readyReplicas": 1})
     assert c.observe(w, event(ready)) == [(PDDEPLOYMENT, "ns", "d")]
