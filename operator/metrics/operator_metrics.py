@@ -174,6 +174,8 @@ class OperatorMetrics:
     - ``sglang_pd_operator_scrape_errors_total{role}`` counter: failed pod scrapes.
     - ``sglang_pd_operator_api_writes_total{verb,kind}`` counter: every write to the API
       server (apply, delete, patch-status, create Event); flat while specs are unchanged.
+    - ``sglang_pd_operator_reconciles_total{kind,namespace,name}`` counter: reconciles a worker
+      finished for each object (what a test waits on before it says "nothing happened").
     - ``sglang_pd_operator_watch_lists_total{kind,reason}`` counter: LISTs of a watched kind
       (``start``; ``gone``: its watch met 410 Gone; ``appeared``: served since the start).
 
@@ -201,6 +203,10 @@ class OperatorMetrics:
         self.queue_retries = Counter(
             f"{PREFIX}_queue_retries_total", "Failed reconciles queued again with backoff.", ["kind"],
             registry=self.registry)
+        self.reconciles = Counter(
+            f"{PREFIX}_reconciles_total",
+            "Reconciles a worker finished, per object (any outcome; the series goes when the object does).",
+            ["kind", "namespace", "name"], registry=self.registry)
         self.reconcile_longest_running = Gauge(
             f"{PREFIX}_reconcile_longest_running_seconds",
             "Seconds the longest reconcile in flight has run (0 when none runs).", registry=self.registry)
@@ -264,6 +270,17 @@ class OperatorMetrics:
         """Export how many objects of each watched kind the cache holds."""
         for kind, n in counts.items():
             self.cache_objects.labels(kind=kind).set(n)
+
+    def record_key(self, kind: str, namespace: str, name: str) -> None:
+        """Count one finished reconcile of one object (the control loop's worker)."""
+        self.reconciles.labels(kind=kind, namespace=namespace, name=name).inc()
+
+    def forget_key(self, kind: str, namespace: str, name: str) -> None:
+        """Drop the reconcile counter of an object that was deleted."""
+        try:
+            self.reconciles.remove(kind, namespace, name)
+        except KeyError:
+            pass
 
     def record_list(self, kind: str, reason: str) -> None:
         """Count one LIST of a watched kind (``runtime/informer.py``; reason ``start``, ``gone``, ``appeared``)."""

@@ -253,12 +253,16 @@ class Controller:
         if watched.kind == PDDEPLOYMENT:
             if deleted:
                 self.runtime.forget(ns, name)
+                if self.metrics is not None:
+                    self.metrics.forget_key(PDDEPLOYMENT, ns, name)
                 return []
             return [(PDDEPLOYMENT, ns, name)] if _spec_changed(change.old, change.new) else []
         if watched.kind == KERNELBUILD:
             users = [(PDDEPLOYMENT, ns, d) for d in self.runtime.kernelbuild_users(ns, name)]
             if deleted:
                 self.kernelbuilds.forget(ns, name)
+                if self.metrics is not None:
+                    self.metrics.forget_key(KERNELBUILD, ns, name)
                 return users  # a PDDeployment with cache auto creates it again
             moved = _status_of(change.old) != _status_of(change.new)
             return [(KERNELBUILD, ns, name)] + (users if moved else [])
@@ -326,6 +330,8 @@ class Controller:
         finally:
             self.queue.done(key)
             self.heartbeats.beat("workqueue")  # progress: a key finished
+            if self.metrics is not None:
+                self.metrics.record_key(*key)
         return key
 
     def _reconcile(self, key: Key) -> None:

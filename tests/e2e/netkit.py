@@ -45,11 +45,13 @@ class StallingProxy:
         self._held: list[socket.socket] = []
         self._pairs: list[tuple[int, socket.socket, socket.socket]] = []  # (generation, client, upstream)
         self._guard = threading.Lock()
+        self._forward = threading.Lock()  # held while a chunk is forwarded (stall() waits for it)
         self._closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def stall(self) -> None:
-        with self._guard:
+        """Freeze every established connection; once this returns no byte of theirs is forwarded."""
+        with self._forward, self._guard:  # waits for a forward in progress: none after this
             self._generation += 1
 
     def sever(self) -> None:
@@ -111,7 +113,11 @@ class StallingProxy:
                     for s in peers:
                         s.close()
                     return
-                peers[sock].sendall(data)
+                with self._forward:
+                    with self._guard:
+                        if gen != self._generation:
+                            break  # stalled meanwhile: this chunk is never delivered
+                    peers[sock].sendall(data)
 
     def close(self) -> None:
         self._closed.set()
