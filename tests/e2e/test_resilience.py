@@ -28,7 +28,7 @@ import urllib.request
 import pytest
 from helpers import load_example
 from netkit import StallingProxy, proxied_kubeconfig
-from opkit import OperatorProcess, condition, kapply, kget, wait_for
+from opkit import OperatorProcess, condition, kapply, kget, looked, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -101,7 +101,7 @@ def test_two_default_operators_one_reconciles_the_log_says_who_and_the_other_tak
         assert _holder(cluster) == ident_a
         kapply(cluster, _spec(ns, decode=1))
         wait_for(lambda: _ready(cluster, ns), timeout=90, what="Ready")
-        time.sleep(6)  # three resync periods of op-b's, had it been reconciling
+        looked(a, "PDDeployment", ns, NAME, more=3)  # three of op-a's reconciles: op-b's resync is as short
         writes_a, reconciles_a = _work(a)
         assert writes_a > 0 and reconciles_a > 0, (writes_a, reconciles_a)
         assert _work(b) == (0, 0), f"the follower reconciled: {_work(b)}\n{b.log_tail()}"
