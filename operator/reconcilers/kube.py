@@ -274,12 +274,22 @@ class Kube:
         if self.cache is not None and watched_kind(api_version, kind) is not None:
             self.cache.forget(api_version, kind, name, namespace)
 
-    def patch_status(self, api_version: str, kind: str, name: str, namespace: str, status: dict[str, Any]) -> None:
-        """Merge-patch the status subresource of a custom object."""
+    def patch_status(self, api_version: str, kind: str, name: str, namespace: str, status: dict[str, Any], *,
+                     resource_version: str | None = None) -> None:
+        """Merge-patch the status subresource of a custom object.
+
+        ``resource_version``: the version the patch was computed against (a precondition:
+        the API server answers 409 Conflict, raised as ``ApiException``, when the object
+        changed since, e.g. another replica or a user rewrote status; the caller's retry
+        reads the newer object). None: no precondition.
+        """
         res = self._resource(api_version, kind)
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         result = self.dynamic.patch(
             res.subresources["status"],
-            body={"status": status},
+            body=body,
             name=name,
             namespace=namespace,
             content_type="application/merge-patch+json",

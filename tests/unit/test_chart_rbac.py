@@ -258,7 +258,7 @@ class RecordingKube:
         self.calls.append(("delete", api_version, kind))
         return False
 
-    def patch_status(self, api_version, kind, name, namespace, status):
+    def patch_status(self, api_version, kind, name, namespace, status, resource_version=None):
         self.calls.append(("patch_status", api_version, kind))
         self.total_writes += 1
 
