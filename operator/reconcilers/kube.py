@@ -101,6 +101,18 @@ def with_timeouts(api_client: k8s.ApiClient, timeouts: ApiTimeouts) -> k8s.ApiCl
     return api_client
 
 
+def apply_body(obj: dict[str, Any]) -> bytes:
+    """``obj`` as the body of a server-side apply: JSON (valid YAML) encoded as UTF-8.
+
+    The apply patch's content type is ``application/apply-patch+yaml``, which the API server
+    reads with a YAML parser; the client's default serialisation (``json.dumps``, ASCII
+    escapes) writes a character outside the BMP as a ``\\ud83d\\ude00`` surrogate pair, which
+    a YAML parser decodes escape by escape into two invalid characters. Written as UTF-8
+    text, every string reaches the API server as it is in the spec.
+    """
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
 class Kube:
     """API access for reconcilers.
 
@@ -215,7 +227,8 @@ class Kube:
             return False
         result = self.dynamic.server_side_apply(
             self._resource(desired["apiVersion"], desired["kind"]),
-            body=desired,
+            body=apply_body(desired),
+            name=meta["name"],
             namespace=meta.get("namespace"),
             field_manager=self.field_manager,
             force_conflicts=True,
@@ -256,6 +269,18 @@ class Kube:
                            namespace=namespace, content_type="application/merge-patch+json",
                            field_manager=field_manager or self.field_manager)
         self._count("patch-scale", kind)
+
+    def patch_metadata(self, api_version: str, kind: str, name: str, namespace: str, *,
+                       annotations: dict[str, str]) -> None:
+        """Merge-patch ``metadata.annotations`` of one object (nothing else: a workload's pods are not touched).
+
+        Raises ``ApiException`` (404 when the object is gone).
+        """
+        result = self._resource(api_version, kind).patch(
+            body={"metadata": {"annotations": dict(annotations)}}, name=name, namespace=namespace,
+            content_type="application/merge-patch+json", field_manager=self.field_manager)
+        self._count("patch", kind)
+        self._store(result)
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> bool:
         """Delete with background propagation; returns False when it was already gone."""

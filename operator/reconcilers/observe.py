@@ -20,6 +20,7 @@ from typing import Any
 from ..api import lws
 from ..planning.rollout import GroupState
 from ..render import labels as L
+from ..render.record import RenderRecord, read_record
 from .kube import Kube
 
 COMPONENTS = ("prefill", "decode", L.ROLE_GATEWAY)
@@ -74,6 +75,10 @@ class ObservedGroup:
     unschedulable: int = 0
     unschedulable_reason: str = ""
     deployment_names: tuple[str, ...] = ()
+    #: what the group records about the operator that rendered it (None: made before 0.2.0)
+    record: RenderRecord | None = None
+    #: (apiVersion, kind, name) of each workload, where the record lives
+    workload_refs: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def ready(self) -> bool:
@@ -190,6 +195,16 @@ def unschedulable_reason(pod: dict[str, Any]) -> str | None:
     return None
 
 
+def _group_record(records: dict[str, RenderRecord | None]) -> RenderRecord | None:
+    """The group's record: the one its workloads agree on; None when one has none (a workload
+    made before 0.2.0, or one an interrupted write left behind) or two disagree."""
+    found = list(records.values())
+    if not found or any(r is None for r in found):
+        return None
+    first = found[0]
+    return first if all(r.annotations() == first.annotations() for r in found) else None  # type: ignore[union-attr]
+
+
 def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False) -> Observed:
     """List the PDDeployment's workloads and Pods, group them by compat key, read the Service's key.
 
@@ -210,9 +225,13 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False) 
             continue
         if component not in COMPONENTS:
             continue
-        g = groups.setdefault(key, {"workloads": {}, "unschedulable": 0, "names": []})
+        g = groups.setdefault(key, {"workloads": {}, "unschedulable": 0, "names": [], "refs": [], "records": {}})
         g["workloads"][component] = state_of(obj)
         g["names"].append(obj["metadata"]["name"])
+        g["refs"].append((obj.get("apiVersion") or ("apps/v1" if state_of is workload_state else lws.API_VERSION),
+                          obj.get("kind") or ("Deployment" if state_of is workload_state else lws.KIND),
+                          obj["metadata"]["name"]))
+        g["records"][component] = read_record(obj["metadata"].get("annotations"))
     pods: dict[tuple[str, str], list[int]] = {}  # (key, component) -> [ready, total]
     for pod in kube.list("v1", "Pod", namespace, f"{L.LABEL_DEPLOYMENT}={name}"):
         labels = pod["metadata"].get("labels") or {}
@@ -240,6 +259,8 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False) 
                 unschedulable=v["unschedulable"],
                 unschedulable_reason=v.get("reason", ""),
                 deployment_names=tuple(v["names"]),
+                record=_group_record(v["records"]),
+                workload_refs=tuple(sorted(v["refs"])),
             )
             for k, v in groups.items()
         },

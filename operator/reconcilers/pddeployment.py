@@ -41,6 +41,7 @@ from ..planning.rollout import GroupState, RolloutDecision, RolloutSettings, Rol
 from ..render import render_group, render_shared
 from ..render import labels as L
 from ..render.gateway import endpoint
+from ..render.record import RenderRecord, current_record, stamp
 from . import status as S
 from .apierrors import CallTracker, describe_api_error
 from .drift import merge_patch
@@ -49,6 +50,7 @@ from .kube import Kube
 from .kvstore import kvstore_conditions, kvstore_events, prune_master
 from .observe import Observed, observe
 from .scaling import Autoscalers, reconcile_scaling, scale_serving_group, write_role_scale_status
+from .upgrade import CONDITION as UPGRADE_PENDING, REASON_HELD, Hold, adopt, live_group_objects, operator_changes
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +169,7 @@ def _reconcile(
 
     # 2. kernels: each role's KernelBuild (created when missing); a built cache's digest enters the compat key
     gates = _kernel_gates(kube, plan)
+    spec_plan = plan  # the spec alone: what this operator renders for it, before any cluster state
     if gates is not None:
         plan = with_kernel_compat(plan, gates)
 
@@ -179,16 +182,34 @@ def _reconcile(
                                 health=health, now=now, autoscalers=autoscalers)
     counts = scaling.counts
 
+    # 3c. an operator upgrade alone restarts nothing: a serving group this operator would render
+    #     differently, while the user changed nothing it is made of, is held (UpgradePending)
+    spec_objects = render_group(spec_plan)
+    hold = operator_changes(
+        body=body, observed=observed, previous=previous, spec_objects=spec_objects, new_key=spec_plan.compat_key,
+        catalog=catalog,
+        live_objects=lambda: live_group_objects(kube, name=name, namespace=namespace, key=observed.serving_key or "",
+                                                lws_served=lws_served))
+    target = hold.key if hold is not None else plan.compat_key
+
     # 4. decide the rollout: which group serves, what to create, what to delete
     rollout_before = previous_rollout(previous)
-    decision = _decide(plan, observed.serving_key, observed.group_states(), rollout_before, now, counts)
+    decision = _decide(plan, observed.serving_key, observed.group_states(), rollout_before, now, counts, target=target)
 
     # 5. apply the target group (in place when its key is unchanged; held at zero without its kernels);
-    #    the counts reach the serving group too while a new one surges beside it
-    if decision.apply_target:
-        _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates,
-                     replicas=_target_replicas(plan, observed, decision, counts))
-    scale_serving_group(kube, plan, observed, serving_key=decision.serving_key, counts=counts, scaled=scaling.scaled)
+    #    the counts reach the serving group too while a new one surges beside it. A held group gets its
+    #    counts only (and, made before 0.2.0, its record once).
+    if hold is not None:
+        if hold.adopt is not None:
+            adopt(kube, namespace=namespace, refs=observed.groups[hold.key].workload_refs, record=hold.adopt)
+        _scale_held_group(kube, plan, observed, key=hold.key, counts=counts)
+    else:
+        if decision.apply_target:
+            record = current_record(generation=generation, spec=body.get("spec") or {}, objects=spec_objects)
+            _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates,
+                         replicas=_target_replicas(plan, observed, decision, counts), record=record)
+        scale_serving_group(kube, plan, observed, serving_key=decision.serving_key, counts=counts,
+                            scaled=scaling.scaled)
 
     # 6. apply the shared objects; the user-facing Service selects the serving group's gateway
     for obj in render_shared(plan, serving_key=decision.serving_key, owner=owner):
@@ -207,22 +228,22 @@ def _reconcile(
     shown = decision
     if decision.apply_target or decision.delete_keys:
         observed, shown = _after_writes(kube, plan, observed, decision, rollout_before, now, counts,
-                                        lws_served=lws_served)
+                                        lws_served=lws_served, target=target)
     new_status = S.valid_status(
         previous=previous,
         generation=generation,
         problems=list(plan.problems),
         observed=observed,
         decision=shown,
-        target_key=plan.compat_key,
-        kv_layouts={r: plan.role(r).kv_layout_string for r in ("prefill", "decode")},
-        attention_backends={r: (plan.role(r).layout.attention_backend if plan.role(r).layout else None) for r in ("prefill", "decode")},
+        target_key=target,
+        kv_layouts=_kv_layouts(plan, previous, hold),
+        attention_backends=_attention_backends(plan, previous, hold),
         endpoint=endpoint(plan),
         now=now,
         health=health,
         slo_enabled=plan.spec.slo is not None,
         health_stale=health_stale,
-        extra_conditions=_kernel_conditions(gates)
+        extra_conditions=_kernel_conditions(gates) + _upgrade_conditions(hold)
         + kvstore_conditions(plan=plan, health=health.kvstore if health else None, previous=previous),
     )
     new_status["autoscaling"] = scaling.status
@@ -237,6 +258,7 @@ def _reconcile(
     for reason, message in decision.events:
         _event(kube, body, outcome, "Normal" if reason not in ("ProgressDeadlineExceeded",) else "Warning", reason, message)
     _warn_new_warnings(kube, body, previous, plan.problems, outcome)
+    _event_upgrade_pending(kube, body, previous, hold, outcome)
     _warn_health_transitions(kube, body, previous, new_status, health, outcome)
     for type_, reason, message in kvstore_events(previous, new_status):
         _event(kube, body, outcome, type_, reason, message)
@@ -342,11 +364,12 @@ def previous_rollout(previous: dict[str, Any]) -> RolloutStatus:
 
 def _decide(
     plan: Plan, serving: str | None, groups: dict[str, GroupState], prev: RolloutStatus, now: float,
-    counts: dict[str, int],
+    counts: dict[str, int], *, target: str,
 ) -> RolloutDecision:
+    """The rollout decision toward ``target`` (the plan's key, or a held group's: ``upgrade.Hold``)."""
     target_gpus = gpus_of(counts, {r: plan.role(r).inputs.gpus_per_replica for r in ("prefill", "decode")})
     return decide(
-        target=plan.compat_key,
+        target=target,
         serving=serving,
         groups=groups,
         previous=prev,
@@ -371,7 +394,7 @@ def _rollout_settings(plan: Plan) -> RolloutSettings:
 
 def _after_writes(
     kube: Kube, plan: Plan, before: Observed, decision: RolloutDecision, rollout_before: RolloutStatus, now: float,
-    counts: dict[str, int], *, lws_served: bool = False,
+    counts: dict[str, int], *, lws_served: bool = False, target: str,
 ) -> tuple[Observed, RolloutDecision]:
     """The observation status shows after this reconcile's writes, and the decision made from it.
 
@@ -387,15 +410,15 @@ def _after_writes(
     """
     after = observe(kube, name=plan.name, namespace=plan.namespace, lws_served=lws_served)
     prev = RolloutStatus(
-        target_key=plan.compat_key,
+        target_key=target,
         phase=decision.phase,
         phase_started=decision.phase_started,
         draining_key=decision.draining_key,
         drain_started=decision.drain_started,
         completed=decision.phase == "Complete"
-        or (rollout_before.completed and rollout_before.target_key == plan.compat_key),
+        or (rollout_before.completed and rollout_before.target_key == target),
     )
-    again = _decide(plan, after.serving_key, after.group_states(), prev, now, counts)
+    again = _decide(plan, after.serving_key, after.group_states(), prev, now, counts, target=target)
     turned_ready = any(g.ready and not (k in before.groups and before.groups[k].ready) for k, g in after.groups.items())
     if turned_ready or again.serving_key != decision.serving_key or not set(again.delete_keys) <= set(decision.delete_keys):
         return before, decision
@@ -432,15 +455,66 @@ def _target_replicas(plan: Plan, observed: Observed, decision: RolloutDecision,
 
 def _apply_group(
     kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool, gates: dict[str, KernelGateState] | None,
-    replicas: dict[str, int] | None = None,
+    replicas: dict[str, int] | None = None, record: RenderRecord | None = None,
 ) -> None:
+    """Apply the plan's group; its workloads carry ``record`` (who rendered them, from what spec)."""
     objects = render_group(plan, owner=owner, replicas=replicas)
+    if record is not None:
+        objects = stamp(objects, record)
     if gates is not None:
         objects = gate_objects(objects, gates)
     for obj in objects:
         if to_zero and obj["kind"] in ("Deployment", lws.KIND):
             obj = {**obj, "spec": {**obj["spec"], "replicas": 0}}
         kube.apply(obj)
+
+
+def _scale_held_group(kube: Kube, plan: Plan, observed: Observed, *, key: str, counts: dict[str, int]) -> None:
+    """A held group (``upgrade.Hold``) follows the counts through ``/scale``: each role's (the spec's or
+    its PDRoleScale's) and the gateway's ``spec.gateway.replicas``; its templates stay as rendered."""
+    group = observed.groups.get(key)
+    if group is None:
+        return
+    wanted = dict(counts)
+    wanted["gateway"] = 1 if plan.spec.gateway.replicas is None else plan.spec.gateway.replicas
+    for component, w in group.workloads.items():
+        n = wanted.get(component)
+        if n is None or w.desired == n:
+            continue
+        if w.pods_per_replica > 1:  # a multi-node role's LeaderWorkerSet: its /scale counts groups
+            kube.scale(lws.API_VERSION, lws.KIND, w.name, plan.namespace, n)
+        else:
+            kube.scale("apps/v1", "Deployment", w.name, plan.namespace, n)
+
+
+def _kv_layouts(plan: Plan, previous: dict[str, Any], hold: Hold | None) -> dict[str, str | None]:
+    """Each role's KV layout string: the plan's, or for a held group what status said of it."""
+    if hold is not None:
+        return {r: (previous.get(r) or {}).get("kvLayout") for r in ("prefill", "decode")}
+    return {r: plan.role(r).kv_layout_string for r in ("prefill", "decode")}
+
+
+def _attention_backends(plan: Plan, previous: dict[str, Any], hold: Hold | None) -> dict[str, str | None]:
+    if hold is not None:
+        return {r: (previous.get(r) or {}).get("attentionBackend") for r in ("prefill", "decode")}
+    return {r: (plan.role(r).layout.attention_backend if plan.role(r).layout else None) for r in ("prefill", "decode")}
+
+
+def _upgrade_conditions(hold: Hold | None) -> list[S.Cond]:
+    """UpgradePending while a group is held; absent otherwise."""
+    if hold is None:
+        return []
+    return [S.Cond(UPGRADE_PENDING, "True", REASON_HELD, hold.message()[: S.MAX_CONDITION_MESSAGE * 4])]
+
+
+def _event_upgrade_pending(kube: Kube, body: dict[str, Any], previous: dict[str, Any], hold: Hold | None,
+                           outcome: Outcome) -> None:
+    """One Normal event when a group starts being held (status is the memory: a restart adds none)."""
+    if hold is None:
+        return
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == UPGRADE_PENDING), {})
+    if old.get("status") != "True":
+        _event(kube, body, outcome, "Normal", UPGRADE_PENDING, hold.message()[: S.MAX_CONDITION_MESSAGE])
 
 
 def _apply_monitoring(kube: Kube, plan: Plan, owner: dict[str, Any]) -> None:

@@ -56,7 +56,7 @@ MAX_MESSAGE_PROBLEMS = 20
 #: Longest condition message written from an API server's answer (characters).
 MAX_CONDITION_MESSAGE = 1024
 #: Conditions present only while the feature they describe is used (kernel caches, Mooncake storage).
-OPTIONAL_CONDITIONS = ("KernelsReady", "KVStoreReady")
+OPTIONAL_CONDITIONS = ("KernelsReady", "KVStoreReady", "UpgradePending")
 #: Degraded reasons that can come from the scraper's figures.
 HEALTH_REASONS = ("NoPrefill", "KVTransferFailing")
 _NO_PREFILL_ANSWERS = "no prefill pod answers the operator"

@@ -139,3 +139,59 @@ def test_smg_registers_and_routes_through_simulators(pd_stack):
     for path in ("GET /server_info", "GET /model_info", "GET /v1/loads"):
         assert decode["requests"].get(path, 0) >= 1, (path, decode["requests"])
     assert "Bootstrap port did not accept" not in logs["smg"].read_text()
+
+
+def status_of(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_smg_readiness_is_200_only_with_a_prefill_and_a_decode_worker(pd_stack):
+    """The operator's gateway readinessProbe is smg's /readiness (render/gateway.py): 200 once both
+    simulators are registered. /health is 200 from the start, which is why it is not the probe."""
+    ports, _ = pd_stack
+    gw = f"http://127.0.0.1:{ports['gateway']}"
+    wait_for(lambda: status_of(gw + "/readiness") == 200, deadline_s=60, what="smg /readiness to answer 200")
+    assert status_of(gw + "/health") == 200
+
+
+def test_smg_readiness_is_503_with_a_prefill_worker_alone(tmp_path):
+    """smg 1.13.0 in PD mode with a prefill registered and its decode worker not up: /health answers
+    200 (so a /health probe would send traffic to a gateway that fails every request), /readiness 503."""
+    smg = smg_binary()
+    ports = {k: free_port() for k in ("prefill", "decode", "bootstrap", "gateway", "prom")}
+    procs: list[subprocess.Popen] = []
+    try:
+        sim = [sys.executable, str(ROOT / "tools" / "engine_simulator"), "--host", "127.0.0.1", "--model", "sim/model"]
+        procs.append(subprocess.Popen(sim + ["--role", "prefill", "--port", str(ports["prefill"]),
+                                             "--bootstrap-port", str(ports["bootstrap"])], cwd=ROOT,
+                                      stdout=(tmp_path / "prefill.log").open("w"), stderr=subprocess.STDOUT))
+        wait_for(lambda: status_of(f"http://127.0.0.1:{ports['prefill']}/health") == 200, deadline_s=20,
+                 what="prefill simulator")
+        procs.append(subprocess.Popen([smg, "launch", "--pd-disaggregation",
+                                       "--prefill", f"http://127.0.0.1:{ports['prefill']}", str(ports["bootstrap"]),
+                                       "--decode", f"http://127.0.0.1:{ports['decode']}",
+                                       "--host", "127.0.0.1", "--port", str(ports["gateway"]),
+                                       "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ports["prom"])],
+                                      cwd=tmp_path, stdout=(tmp_path / "smg.log").open("w"), stderr=subprocess.STDOUT))
+        gw = f"http://127.0.0.1:{ports['gateway']}"
+
+        def prefill_registered():
+            workers = get_json(gw + "/workers")["workers"]
+            return any(w["worker_type"] == "prefill" and w.get("is_healthy") for w in workers)
+
+        wait_for(prefill_registered, deadline_s=60, what="smg to register the prefill simulator")
+        assert status_of(gw + "/health") == 200
+        assert status_of(gw + "/readiness") == 503
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

@@ -61,6 +61,7 @@ def test_defaults_two_replicas_with_leader_election_pdb_and_hardened_pod(rendere
     objs = rendered["default-values"]
     dep = one(objs, "Deployment")
     assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}  # never two operator versions at once
     args = operator_args(objs)
     assert args[0] == "run" and "--leader-elect" in args and "--crds=check" in args
     assert "--leader-elect-lease=pd-sglang-pd-operator" in args and "--leader-elect-timing=15,10,2" in args

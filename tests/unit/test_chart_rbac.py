@@ -62,6 +62,7 @@ KUBE_VERBS = {
     "apply": {"create", "patch"},  # + "get" unless the caller passes ``live`` or ``fetch=False``
     "delete": {"delete"},
     "patch_status": {"patch"},  # on <plural>/status
+    "patch_metadata": {"patch"},  # a group's record in its workloads' annotations (reconcilers/upgrade.py)
     "scale": {"patch"},  # on <plural>/scale (a PDRoleScale's or a Deployment's count)
     "create": {"create"},  # a PDRoleScale at its seed count (the object is dynamic, as apply's)
     "event": {"create"},  # a core/v1 Event
