@@ -471,7 +471,8 @@ class Controller:
             namespaces=namespaces,
             prometheus=self.settings.prometheus,
         )
-        self.runtime.health_max_age_s = max(self.runtime.health_max_age_s, 4 * self.settings.slo_interval_s)
+        store = self.runtime.health_store
+        store.max_age_s = max(store.max_age_s, 4 * self.settings.slo_interval_s)
 
         async def main() -> None:
             self._scraper_loop = asyncio.get_running_loop()
