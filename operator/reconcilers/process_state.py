@@ -187,6 +187,11 @@ class CatalogSource:
     _read: float = -1e18
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
+    @property
+    def overrides(self) -> dict[str, str]:
+        """The admin's ConfigMap data in use (catalog file name -> YAML; empty: none)."""
+        return dict(self._data or {})
+
     def get(self) -> Catalog:
         """The catalog in use. A ConfigMap that does not match the schema is ignored (the built-in
         catalog is used), the error kept in ``error`` and logged."""

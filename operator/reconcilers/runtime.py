@@ -38,6 +38,7 @@ from .pddeployment import Outcome, reconcile
 from .process_state import (CATALOG_CONFIGMAP, AutoscalerCache, CatalogSource, HealthChange, HealthStore,
                             KernelBuildUses, ObjectLocks, PlannerViews, ServedKinds)
 from .scaling import list_autoscalers
+from .sglang_gate import OracleSettings
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,8 @@ class Runtime:
     locks: ObjectLocks = field(default_factory=ObjectLocks)
     #: The CEL verdict per object generation (``planning.plan.RuleMemo``).
     rule_memo: RuleMemo = field(default_factory=RuleMemo)
+    #: The SGLang oracle service every new generation waits for (``sglang_gate``); None: the rules alone.
+    oracle: OracleSettings | None = None
 
     def __post_init__(self) -> None:
         if self.served is None:
@@ -208,6 +211,8 @@ class Runtime:
                 lws_served=self.lws_available(),
                 rule_memo=self.rule_memo,
                 autoscalers=self.autoscalers,
+                oracle=self.oracle,
+                catalog_overrides=self.catalog_source.overrides or None,
             )
             self.uses.record(meta["namespace"], meta["name"], outcome.kernelbuilds)
             self.planner.mark(meta["namespace"], meta["name"], outcome.autoscaled)
