@@ -29,7 +29,7 @@ from ..planning.structs import Plan, RolePlan
 from ..planning.sglang_flags import flag_table
 from ..planning.rollout import InPlaceStrategy, progress_deadline_seconds, role_strategies
 from . import labels as L
-from .multinode import group_service_settings, leader_worker_set, wait_for_leader_container
+from .multinode import group_service_settings, leader_worker_set, pod_affinity, wait_for_leader_container
 from .probes import http_probe, readiness_probe, worker_readiness_probe
 
 CONFIG_DIR = "/etc/sglang"
@@ -260,6 +260,9 @@ def pod_template(plan: Plan, role: RolePlan, *, pod: PodKind = "replica") -> dic
         "containers": [container],
         "volumes": volumes,
     }
+    affinity = pod_affinity(plan, role)
+    if affinity is not None:
+        spec["affinity"] = affinity
     if role.inputs.multi_node:
         spec = {"initContainers": [wait_for_leader_container(role)], **spec}
     return {"metadata": {"labels": L.component_labels(name, component, key), "annotations": pod_annotations},

@@ -29,6 +29,20 @@ Choices, and why:
   was deleted while the group ran), LWS is its controller, and the operator's apply adds
   its labels, selector and a second, non-controller owner instead of being refused
   ("Only one reference can have Controller set to true", seen on the dev cluster).
+- NVLink placement (``spec.placement.nvlinkDomain``, planning/nvlink.py): on GB200 / GB300
+  every pod of one group carries a pod affinity on the accelerator's clique label
+  (``nvidia.com/gpu.clique``) to the pods of its own group: ``labelSelector`` the
+  LeaderWorkerSet's name, ``matchLabelKeys: [leaderworkerset.sigs.k8s.io/group-key]`` (the
+  API server adds the pod's own group hash, which LWS's webhook puts on the leader and its
+  worker StatefulSet on the workers), required or preferred. The leader, first of its
+  group, matches its own term and may go anywhere; its workers follow it into its clique.
+  LWS v0.9.0's own ``leaderworkerset.sigs.k8s.io/exclusive-topology`` annotation was not
+  used: it is 1:1 exclusive (pod_webhook.go ``SetExclusiveAffinities`` adds an anti-affinity
+  against every other group's pods, of any LeaderWorkerSet, in the domain), so a two-tray
+  prefill group would take a whole 18-tray rack, and prefill and decode of one deployment
+  could never share a rack (``pairDomain``); it also holds the workers back until the
+  leader is bound and then pins them with a nodeSelector (pod_controller.go), the same
+  leader-first choice as the affinity.
 - ``rolloutStrategy``: RollingUpdate with the role's in-place strategy (a whole group is
   the unit LWS surges: maxSurge 1 / maxUnavailable 0, or 0 / 1 when rollout.maxSurgeGPUs
   cannot hold one more group).
@@ -39,6 +53,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import lws
+from ..planning.nvlink import clique_label, nvlink_mode
 from ..planning.rollout import InPlaceStrategy
 from ..planning.structs import Plan, RolePlan
 from . import labels as L
@@ -125,3 +140,52 @@ def leader_worker_set(
                                labels=L.component_labels(name, component, key), owner=owner),
         "spec": spec,
     }
+
+
+#: Weight of the preferred clique terms (the scheduler's 1..100 scale): a group's own clique
+#: outweighs the other role's (``pairDomain``).
+GROUP_CLIQUE_WEIGHT = 100
+PAIR_CLIQUE_WEIGHT = 50
+
+
+def pod_affinity(plan: Plan, role: RolePlan) -> dict[str, Any] | None:
+    """The ``affinity`` of ``role``'s pods from ``spec.placement``, or None when it places nothing.
+
+    - A multi-node role with NVLink mode required / preferred (planning/nvlink.py): a
+      podAffinity term on the clique label to the pods of the same LWS group (module doc);
+      required -> ``requiredDuringSchedulingIgnoredDuringExecution``, preferred -> a
+      preferred term of weight :data:`GROUP_CLIQUE_WEIGHT`.
+    - ``pairDomain: preferred`` on an accelerator with multi-node NVLink: a preferred term
+      (weight :data:`PAIR_CLIQUE_WEIGHT`) to the other role's pods of the same compat group
+      in the same clique, on single-node roles too.
+    """
+    label = clique_label(role)
+    if label is None:
+        return None
+    required: list[dict[str, Any]] = []
+    preferred: list[dict[str, Any]] = []
+    mode = nvlink_mode(plan.spec, role)
+    if mode != "none":
+        term = {
+            "labelSelector": {"matchLabels": {lws.LABEL_NAME: L.group_object_name(plan.name, plan.compat_key, role.role)}},
+            "matchLabelKeys": [lws.LABEL_GROUP_KEY],
+            "topologyKey": label,
+        }
+        if mode == "required":
+            required.append(term)
+        else:
+            preferred.append({"weight": GROUP_CLIQUE_WEIGHT, "podAffinityTerm": term})
+    if plan.spec.placement.pairDomain == "preferred":
+        other = "decode" if role.role == "prefill" else "prefill"
+        preferred.append({"weight": PAIR_CLIQUE_WEIGHT, "podAffinityTerm": {
+            "labelSelector": {"matchLabels": L.selector_labels(plan.name, other, plan.compat_key)},
+            "topologyKey": label,
+        }})
+    if not required and not preferred:
+        return None
+    affinity: dict[str, Any] = {}
+    if required:
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    if preferred:
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+    return {"podAffinity": affinity}
