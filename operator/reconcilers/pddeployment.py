@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
+from ..api import computedomain as cd
 from ..api import lws
 from ..api.v1alpha1 import API_VERSION, parse_duration
 from ..catalog import Catalog
@@ -35,6 +36,7 @@ from ..metrics.monitoring import MONITORING_API_VERSION, render_monitoring
 from ..metrics.health import Health
 from ..planning.plan import RuleMemo, plan_object
 from ..planning.structs import Plan
+from ..planning.nvlink import uses_compute_domain
 from ..planning.problems import Problem, errors
 from ..planning.scaling import gpus_of, surge_replicas
 from ..planning.rollout import GroupState, RolloutDecision, RolloutSettings, RolloutStatus, decide, next_step_in
@@ -57,6 +59,8 @@ log = logging.getLogger(__name__)
 GROUP_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"))
 #: The workload of a role whose replicas span nodes, where the cluster serves it.
 MULTI_NODE_KINDS = ((lws.API_VERSION, lws.KIND),)
+#: IMEX channels of a multi-node role on GB200 / GB300 (NVIDIA's DRA driver), where the cluster serves them.
+COMPUTE_DOMAIN_KINDS = ((cd.API_VERSION, cd.KIND),)
 
 
 @dataclass
@@ -96,12 +100,15 @@ def reconcile(
     rule_memo: RuleMemo | None = None,
     lws_served: bool = False,
     autoscalers: Autoscalers | None = None,
+    cd_served: bool = False,
 ) -> Outcome:
     """Converge the children of the PDDeployment ``body`` (a dict as read from the API).
 
     ``lws_served``: the cluster serves LeaderWorkerSets (sigs.k8s.io/lws). Without them a
     spec with a role spanning nodes creates nothing: status says what to install
-    (:func:`_missing_lws`), and whatever serves keeps serving untouched.
+    (:func:`_missing_lws`), and whatever serves keeps serving untouched. ``cd_served``: the
+    cluster serves ComputeDomains (NVIDIA's DRA driver); without them a spec with a role that
+    needs IMEX channels (planning/nvlink.py) creates nothing either (ComputeDomainMissing).
 
     ``rule_memo``: remembers the CEL verdict per generation (``planning.plan.RuleMemo``).
     ``autoscalers``: the HPAs targeting PDRoleScales, by namespace (``scaling.list_autoscalers``,
@@ -128,7 +135,7 @@ def reconcile(
     try:
         return _reconcile(kube=tracked, body=body, catalog=catalog, now=now, health=health,  # type: ignore[arg-type]
                           monitoring=monitoring, health_stale=health_stale, rule_memo=rule_memo,
-                          lws_served=lws_served, autoscalers=autoscalers)
+                          lws_served=lws_served, autoscalers=autoscalers, cd_served=cd_served)
     except ApiException as e:
         reason, message = describe_api_error(e, call=tracked.last)
         _record_failure(kube, body, reason=reason, message=message, now=now)
@@ -147,6 +154,7 @@ def _reconcile(
     rule_memo: RuleMemo | None,
     lws_served: bool,
     autoscalers: Autoscalers | None = None,
+    cd_served: bool = False,
 ) -> Outcome:
     writes_before = kube.total_writes
     meta = body["metadata"]
@@ -164,6 +172,13 @@ def _reconcile(
         outcome = _missing_lws(kube, body, plan, spanning, previous, generation, now)
         outcome.writes = kube.total_writes - writes_before
         return outcome
+    imex = [f"{r.role} nodes {r.inputs.nodes} on {r.inputs.accelerator_name}" for r in (plan.prefill, plan.decode)
+            if uses_compute_domain(plan.spec, r)]
+    if imex and not cd_served:
+        outcome = _missing_dependency(kube, body, plan, previous, generation, now, reason=S.REASON_CD_MISSING,
+                                      message=cd.missing_message(roles=imex))
+        outcome.writes = kube.total_writes - writes_before
+        return outcome
 
     # 2. kernels: each role's KernelBuild (created when missing); a built cache's digest enters the compat key
     gates = _kernel_gates(kube, plan)
@@ -172,7 +187,7 @@ def _reconcile(
         plan = with_kernel_compat(plan, gates)
 
     # 3. observe the compat groups that exist and the group the Service serves
-    observed = observe(kube, name=name, namespace=namespace, lws_served=lws_served)
+    observed = observe(kube, name=name, namespace=namespace, lws_served=lws_served, cd_served=cd_served)
 
     # 3b. each role's count: its PDRoleScale's when replicas is omitted (kubectl scale, HPA, KEDA), the planner's step
     owner = owner_of(body)
@@ -220,13 +235,13 @@ def _reconcile(
 
     # 7. delete groups that no longer serve (drained) or never did (cancelled, superseded)
     for key in decision.delete_keys:
-        _delete_group(kube, name=name, namespace=namespace, key=key, lws_served=lws_served)
+        _delete_group(kube, name=name, namespace=namespace, key=key, lws_served=lws_served, cd_served=cd_served)
 
     # 8. write status (only when changed) and an event per rollout transition
     shown = decision
     if decision.apply_target or decision.delete_keys:
         observed, shown = _after_writes(kube, plan, observed, decision, rollout_before, now, counts,
-                                        lws_served=lws_served, target=target)
+                                        lws_served=lws_served, target=target, cd_served=cd_served)
     new_status = S.valid_status(
         previous=previous,
         generation=generation,
@@ -302,12 +317,22 @@ def _missing_lws(
     (``lws.missing_message``); a group of an earlier generation keeps serving untouched.
     One Warning event when the condition appears.
     """
-    message = lws.missing_message(roles=spanning)
+    return _missing_dependency(kube, body, plan, previous, generation, now, reason=S.REASON_LWS_MISSING,
+                               message=lws.missing_message(roles=spanning))
+
+
+def _missing_dependency(kube: Kube, body: dict[str, Any], plan: Plan, previous: dict, generation: int, now: float, *,
+                        reason: str, message: str) -> Outcome:
+    """A valid spec the cluster cannot run (an API it needs is not served): nothing is created.
+
+    Shared by LeaderWorkerSetMissing and ComputeDomainMissing (NVIDIA's DRA driver): conditions
+    False with ``reason`` and ``message`` (what to install), one Warning event when the reason appears.
+    """
     new_status = dict(previous)
     new_status["observedGeneration"] = generation
     new_status["conditions"] = S.merge_conditions(
         previous.get("conditions") or [],
-        S.missing_dependency_conditions(reason=S.REASON_LWS_MISSING, message=message, problems=list(plan.problems),
+        S.missing_dependency_conditions(reason=reason, message=message, problems=list(plan.problems),
                                         generation=generation, previous=previous),
         generation=generation,
         now=now,
@@ -315,8 +340,8 @@ def _missing_lws(
     new_status["problems"] = [p.to_dict() for p in plan.problems]
     outcome = Outcome(valid=True)
     old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Reconciled"), {})
-    if _write_status(kube, body, previous, new_status) and old.get("reason") != S.REASON_LWS_MISSING:
-        _event(kube, body, outcome, "Warning", S.REASON_LWS_MISSING, message)
+    if _write_status(kube, body, previous, new_status) and old.get("reason") != reason:
+        _event(kube, body, outcome, "Warning", reason, message)
     return outcome
 
 
@@ -392,7 +417,7 @@ def _rollout_settings(plan: Plan) -> RolloutSettings:
 
 def _after_writes(
     kube: Kube, plan: Plan, before: Observed, decision: RolloutDecision, rollout_before: RolloutStatus, now: float,
-    counts: dict[str, int], *, lws_served: bool = False, target: str,
+    counts: dict[str, int], *, lws_served: bool = False, target: str, cd_served: bool = False,
 ) -> tuple[Observed, RolloutDecision]:
     """The observation status shows after this reconcile's writes, and the decision made from it.
 
@@ -406,7 +431,8 @@ def _after_writes(
     ``before`` and ``decision``, the observation acted on. Events always come from
     ``decision``: they describe what was done.
     """
-    after = observe(kube, name=plan.name, namespace=plan.namespace, lws_served=lws_served)
+    after = observe(kube, name=plan.name, namespace=plan.namespace, lws_served=lws_served,
+                    cd_served=cd_served)
     prev = RolloutStatus(
         target_key=target,
         phase=decision.phase,
@@ -464,6 +490,11 @@ def _apply_group(
     for obj in objects:
         if to_zero and obj["kind"] in ("Deployment", lws.KIND):
             obj = {**obj, "spec": {**obj["spec"], "replicas": 0}}
+        if obj["kind"] == cd.KIND:  # its spec is immutable (the driver's CEL): created once, never patched
+            meta = obj["metadata"]
+            if kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"]) is None:
+                kube.create(obj)
+            continue
         kube.apply(obj)
 
 
@@ -539,13 +570,18 @@ def _apply_monitoring(kube: Kube, plan: Plan, owner: dict[str, Any]) -> None:
                     plan.namespace, plan.name, str(e).splitlines()[0])
 
 
-def _delete_group(kube: Kube, *, name: str, namespace: str, key: str, lws_served: bool = False) -> None:
+def _delete_group(kube: Kube, *, name: str, namespace: str, key: str, lws_served: bool = False,
+                  cd_served: bool = False) -> None:
     selector = f"{L.LABEL_DEPLOYMENT}={name},{L.LABEL_COMPAT_KEY}={key},app.kubernetes.io/managed-by={L.MANAGED_BY}"
     for api_version, kind in GROUP_KINDS:
         for obj in kube.list(api_version, kind, namespace, selector):
             kube.delete(api_version, kind, obj["metadata"]["name"], namespace)
     if lws_served:  # the kind exists only where LeaderWorkerSet is installed
         for api_version, kind in MULTI_NODE_KINDS:
+            for obj in kube.list(api_version, kind, namespace, selector):
+                kube.delete(api_version, kind, obj["metadata"]["name"], namespace)
+    if cd_served:  # the kind exists only where NVIDIA's DRA driver is installed
+        for api_version, kind in COMPUTE_DOMAIN_KINDS:
             for obj in kube.list(api_version, kind, namespace, selector):
                 kube.delete(api_version, kind, obj["metadata"]["name"], namespace)
 

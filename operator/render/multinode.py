@@ -43,6 +43,21 @@ Choices, and why:
   could never share a rack (``pairDomain``); it also holds the workers back until the
   leader is bound and then pins them with a nodeSelector (pod_controller.go), the same
   leader-first choice as the affinity.
+- IMEX channels (planning/nvlink.py ``uses_compute_domain``: a multi-node role on GB200 /
+  GB300 unless ``nvlinkDomain: none``): one ComputeDomain (NVIDIA's DRA driver,
+  api/computedomain.py) per LeaderWorkerSet, named like it, ``numNodes`` = nodes x the
+  role's replicas when it is created, its channel's ResourceClaimTemplate
+  ``<name>-channel``; every pod (leader and workers) references that template
+  (``spec.resourceClaims``, the engine container's ``resources.claims``), so each rank's
+  node gets an IMEX channel and joins the domain. One per LeaderWorkerSet, not per group:
+  LWS v0.9.0 renders every group from the same pod template, so the groups of one
+  LeaderWorkerSet cannot name different claim templates; a ComputeDomain spans cliques
+  (its ``status.nodes`` carry each node's cliqueID, and (cliqueID, index) is unique), so
+  groups in different racks still get separate IMEX domains. The spec is immutable (the
+  CRD's CEL): the operator creates it once and never patches it (``numNodes`` is the
+  count at creation; the driver uses it only for its global ``status.status`` in its
+  default mode), and counts each group Ready only when every node of its pods is Ready in
+  ``status.nodes`` (reconcilers/observe.py).
 - ``rolloutStrategy``: RollingUpdate with the role's in-place strategy (a whole group is
   the unit LWS surges: maxSurge 1 / maxUnavailable 0, or 0 / 1 when rollout.maxSurgeGPUs
   cannot hold one more group).
@@ -52,8 +67,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..api import computedomain as cd
 from ..api import lws
-from ..planning.nvlink import clique_label, nvlink_mode
+from ..planning.nvlink import clique_label, nvlink_mode, uses_compute_domain
 from ..planning.rollout import InPlaceStrategy
 from ..planning.structs import Plan, RolePlan
 from . import labels as L
@@ -189,3 +205,35 @@ def pod_affinity(plan: Plan, role: RolePlan) -> dict[str, Any] | None:
     if preferred:
         affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
     return {"podAffinity": affinity}
+
+
+def compute_domain(plan: Plan, role: RolePlan, *, owner: dict | None, replicas: int | None = None) -> dict[str, Any] | None:
+    """The ComputeDomain of ``role``'s LeaderWorkerSet in the plan's compat group, or None when it uses none.
+
+    Named like the LeaderWorkerSet, labelled like the group's objects (pruned with the
+    group), owned by the PDDeployment. ``numNodes``: nodes per replica x the role's count
+    (``spec.<role>.replicas``, else ``replicas``, else 1). See the module doc.
+    """
+    if not uses_compute_domain(plan.spec, role):
+        return None
+    name = L.group_object_name(plan.name, plan.compat_key, role.role)
+    count = role.inputs.spec.replicas if role.inputs.spec.replicas is not None else replicas
+    return {
+        "apiVersion": cd.API_VERSION,
+        "kind": cd.KIND,
+        "metadata": L.metadata(name=name, namespace=plan.namespace,
+                               labels=L.component_labels(plan.name, role.role, plan.compat_key), owner=owner),
+        "spec": {
+            "numNodes": role.inputs.nodes * (1 if count is None else max(count, 1)),
+            "channel": {"resourceClaimTemplate": {"name": cd.claim_template_name(name)},
+                        "allocationMode": cd.ALLOCATION_SINGLE},
+        },
+    }
+
+
+def imex_claims(plan: Plan, role: RolePlan) -> list[dict[str, Any]]:
+    """The pod's ``resourceClaims``: the IMEX channel from the role's ComputeDomain template, or none."""
+    if not uses_compute_domain(plan.spec, role):
+        return []
+    name = L.group_object_name(plan.name, plan.compat_key, role.role)
+    return [{"name": cd.POD_CLAIM, "resourceClaimTemplateName": cd.claim_template_name(name)}]
