@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from .cel import violations
 from .crd import MAX_NAME_LENGTH
+from .structural import StructuralError, structural_errors
 
 from .v1alpha1 import API_VERSION, GROUP, PATTERN_FORMS, PDDeployment
 
@@ -144,10 +145,12 @@ def parse_pddeployment(obj: dict[str, Any]) -> PDDeployment:
 
     The object is first read as the API server holds it (:func:`as_api_server_reads`);
     then apiVersion/kind, the envelope (top-level and metadata fields, labels), a
-    ``metadata.name``, and the spec with the structural schema's strict types. Raises
-    :class:`SpecError` with one :class:`FieldError` per problem; paths start at the
-    object's root (``spec.kvLayout.pageSize``). The CRD's CEL rules are checked by
-    :func:`rule_violations`.
+    ``metadata.name``, and the spec with the structural schema's strict types; then the
+    generated CRD schema itself (``api/structural.py``: the keywords pydantic does not
+    enforce, as ``maxProperties``, Go's regex and integer semantics) for fields pydantic
+    found no fault with. Raises :class:`SpecError` with one :class:`FieldError` per
+    problem; paths start at the object's root (``spec.kvLayout.pageSize``). The CRD's CEL
+    rules are checked by :func:`rule_violations`.
     """
     obj = as_api_server_reads(obj)
     problems = _type_errors(obj)
@@ -165,9 +168,22 @@ def parse_pddeployment(obj: dict[str, Any]) -> PDDeployment:
         pdd = PDDeployment.model_validate(body, strict=True)
     except ValidationError as e:
         problems += [_field_error(err) for err in e.errors()]
+    reported = {p.field for p in problems}
+    problems += [_structural_error(err) for err in structural_errors(body)
+                 if not any(err.field == f or err.field.startswith(f + ".") or err.field.startswith(f + "[")
+                            for f in reported)]
     if problems:
         raise SpecError(problems)
     return pdd
+
+
+def _structural_error(err: StructuralError) -> FieldError:
+    """A structural schema error as a field error; a pattern's fix in words (as pydantic's)."""
+    if err.pattern is None or not err.field.startswith("spec"):
+        return FieldError(err.field, err.message, err.fix)
+    loc: list[Any] = [int(p) if p.isdigit() else p for p in re.split(r"\.|\[|\]\.?", err.field) if p]
+    explain = f"`kubectl explain pdd.{err.field}`"
+    return FieldError(err.field, err.message, _pattern_fix(loc, {"ctx": {"pattern": err.pattern}}, explain))
 
 
 def _schema_at(loc: list[Any]) -> dict[str, Any]:
@@ -230,6 +246,10 @@ def _field_error(err: dict[str, Any]) -> FieldError:
     shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
     if err["type"] == "string_pattern_mismatch" and loc and loc[0] == "spec":
         return FieldError(path, f"{got!r} is not of the form this field takes", _pattern_fix(loc, err, explain))
+    if err["type"] == "value_error":  # our validators' messages: "<what>; <fix>"
+        what, sep, fix = str(err["msg"]).removeprefix("Value error, ").rpartition("; ")
+        if sep:
+            return FieldError(path, what, fix)
     if err["type"] == "literal_error" and isinstance(got, str):
         return FieldError(path, f"{err['msg']}{shown}", _enum_fix(loc, got, explain))
     return FieldError(path, f"{err['msg']}{shown}", _type_fix(err) or f"see {explain} for the allowed values")

@@ -19,6 +19,22 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from .text import (
+    DURATION_MAX_LENGTH,
+    IMAGE_FORM,
+    IMAGE_MAX,
+    IMAGE_PATTERN,
+    MAX_DURATION,
+    MAX_DURATION_SECONDS,
+    PRINTABLE_FORM,
+    PRINTABLE_LINES_FORM,
+    PRINTABLE_LINES_PATTERN,
+    PRINTABLE_PATTERN,
+    VOLUME_PATH_FORM,
+    VOLUME_PATH_MAX,
+    VOLUME_PATH_PATTERN,
+    check_image,
+)
 from .labels import (
     KEY_MAX,
     KEY_RULE_TEXT,
@@ -39,6 +55,21 @@ _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _DURATION_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+def cel(rule: str, message: str, *, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
+    """One CEL rule for ``x-kubernetes-validations`` (Kubernetes CRD validation rules).
+
+    ``message`` must name the field and the fix: it is what ``kubectl apply`` prints.
+    ``field_path`` (a JSONPath relative to the rule's object, e.g. ``.pagedExperts``)
+    makes the API server report the error on that field.
+    """
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    if reason:
+        out["reason"] = reason
+    return out
+
+
 def parse_duration(text: str) -> float:
     """Parse a duration string such as ``800ms``, ``15s``, ``5m`` or ``1h30m``.
 
@@ -50,9 +81,50 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * _DURATION_UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
 
 
+_DURATION_UNIT_NANOSECONDS = {"ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+
+
+def duration_nanoseconds(text: str) -> int:
+    """``text`` (``DURATION_PATTERN``) in whole nanoseconds, exactly, as Go's
+    ``time.ParseDuration`` reads it (each part's fraction truncated to the nanosecond).
+    Raises ``ValueError`` as :func:`parse_duration`."""
+    if not re.fullmatch(DURATION_PATTERN, text):
+        raise ValueError(f"{text!r} is not a duration such as 800ms, 15s, 5m or 1h")
+    total = 0
+    for number, unit in _DURATION_PART.findall(text):
+        whole, _, frac = number.partition(".")
+        scale = _DURATION_UNIT_NANOSECONDS[unit]
+        total += int(whole) * scale + (int(frac) * scale // 10 ** len(frac) if frac else 0)
+    return total
+
+
+def _bounded_duration(text: str) -> str:
+    """``text`` unchanged when it is at most ``MAX_DURATION``; raises ValueError naming the bound."""
+    if duration_nanoseconds(text) > MAX_DURATION_SECONDS * 10**9:
+        raise ValueError(
+            f"{text!r} is longer than {MAX_DURATION}, the longest duration Kubernetes' int32 seconds fields "
+            f"take (a Deployment's progressDeadlineSeconds); write at most {MAX_DURATION}"
+        )
+    return text
+
+
+#: A duration, at most MAX_DURATION (2^31-1 s): the CRD's pattern and a CEL rule, and the
+#: same bound in check (the AfterValidator, exact to the nanosecond as Go parses it).
 Duration = Annotated[
     str,
-    Field(pattern=DURATION_PATTERN, description="A duration: a number with unit ms, s, m or h, e.g. 800ms, 15s, 5m."),
+    Field(
+        pattern=DURATION_PATTERN,
+        max_length=DURATION_MAX_LENGTH,
+        description="A duration: a number with unit ms, s, m or h, e.g. 800ms, 15s, 5m.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(f"duration(self) <= duration('{MAX_DURATION}')",
+                    f"must be a duration of at most {MAX_DURATION} (2^31-1 seconds, the longest Kubernetes' "
+                    f"int32 seconds fields take); write a shorter duration")
+            ]
+        },
+    ),
+    AfterValidator(_bounded_duration),
 ]
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 Quantity = Annotated[
@@ -68,22 +140,25 @@ PATTERN_FORMS: dict[str, str] = {
     DURATION_PATTERN: "a duration: a number with unit ms, s, m or h, e.g. 800ms, 15s, 5m, 1h30m (no spaces)",
     QUANTITY_PATTERN: "a Kubernetes resource quantity, e.g. 64Gi, 500m, 16",
     DNS_LABEL_PATTERN: "a DNS label: lower-case letters, digits and '-', starting and ending with a letter or digit",
+    PRINTABLE_PATTERN: PRINTABLE_FORM,
+    PRINTABLE_LINES_PATTERN: PRINTABLE_LINES_FORM,
+    VOLUME_PATH_PATTERN: VOLUME_PATH_FORM,
+    IMAGE_PATTERN: IMAGE_FORM,
 }
 
-
-def cel(rule: str, message: str, *, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
-    """One CEL rule for ``x-kubernetes-validations`` (Kubernetes CRD validation rules).
-
-    ``message`` must name the field and the fix: it is what ``kubectl apply`` prints.
-    ``field_path`` (a JSONPath relative to the rule's object, e.g. ``.pagedExperts``)
-    makes the API server report the error on that field.
-    """
-    out = {"rule": rule, "message": message}
-    if field_path:
-        out["fieldPath"] = field_path
-    if reason:
-        out["reason"] = reason
-    return out
+#: Text copied into engine commands, labels or logs: one printable line (api/text.py).
+PrintableText = Annotated[str, Field(pattern=PRINTABLE_PATTERN)]
+#: An image reference (the distribution/reference grammar): the CRD's pattern, and
+#: docker-image-py's parser in check (the 255-character name, the digest).
+ImageReference = Annotated[
+    str, Field(min_length=1, max_length=IMAGE_MAX, pattern=IMAGE_PATTERN), AfterValidator(check_image)
+]
+#: A Secret key (core/v1 validation: IsConfigMapKey): letters, digits, '-', '_' and '.', at most 253.
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+#: Most extra flags or environment variables one container takes from the spec.
+MAX_EXTRA_ITEMS = 256
+MAX_ARG_LENGTH = 4096
+MAX_ENV_VALUE_LENGTH = 32768
 
 
 #: A node selector: keys and values in Kubernetes label syntax (api/labels.py), so a bad key
@@ -117,8 +192,12 @@ class PVCSource(_Model):
     claimName: DNSLabel = Field(description="Name of the PersistentVolumeClaim in the PDDeployment's namespace.")
     path: str = Field(
         default="/",
-        pattern=r"^/.*",
-        description="Path of the model directory inside the volume (absolute, e.g. /DeepSeek-V4.1-Flash).",
+        max_length=VOLUME_PATH_MAX,
+        pattern=VOLUME_PATH_PATTERN,
+        description=(
+            "Path of the model directory inside the volume (absolute and normalised, e.g. /DeepSeek-V4.1-Flash; "
+            "no '..', '.' or '//', so it stays inside the volume)."
+        ),
     )
 
 
@@ -126,7 +205,8 @@ class SecretKeyRef(_Model):
     """A key of a Secret in the PDDeployment's namespace."""
 
     name: DNSLabel = Field(description="Secret name.")
-    key: str = Field(default="token", min_length=1, description="Key inside the Secret.")
+    key: str = Field(default="token", min_length=1, max_length=253, pattern=SECRET_KEY_PATTERN,
+                     description="Key inside the Secret (letters, digits, '-', '_' and '.').")
 
 
 class HubSource(_Model):
@@ -172,7 +252,7 @@ class ModelSpec(_Model):
         description="Model revision (commit, tag or branch), passed as --revision. Part of the compat key.",
     )
     source: ModelSource = Field(description="Where the weights come from.")
-    servedModelName: str | None = Field(
+    servedModelName: PrintableText | None = Field(
         default=None, min_length=1, max_length=256,
         description="Name clients use in the OpenAI API (--served-model-name); omit it for the model's path."
     )
@@ -183,7 +263,7 @@ class ModelSpec(_Model):
 class RuntimeSpec(_Model):
     """The SGLang runtime image. Prefill and decode must run the same SGLang version."""
 
-    image: str = Field(min_length=1, description="SGLang runtime image, e.g. lmsysorg/sglang:v0.5.23-cu130.")
+    image: ImageReference = Field(description="SGLang runtime image, e.g. lmsysorg/sglang:v0.5.23-cu130.")
     sglangVersion: str = Field(
         pattern=r"^0\.5\.(2[3-9]|[3-9][0-9])(\.post[0-9]+)?$",
         description="SGLang version inside the image; 0.5.23 is the first supported. Part of the compat key.",
@@ -309,8 +389,8 @@ class SpeculativeSpec(_Model):
         default=None, ge=1, le=64, description="Draft tokens per verify step (--speculative-num-draft-tokens)."
     )
     numSteps: int | None = Field(default=None, ge=1, le=64, description="Draft steps (--speculative-num-steps).")
-    draftModelPath: str | None = Field(
-        default=None, description="Draft model path or repo id (--speculative-draft-model-path); default: in checkpoint."
+    draftModelPath: PrintableText | None = Field(
+        default=None, max_length=1024, description="Draft model path or repo id (--speculative-draft-model-path); default: in checkpoint."
     )
 
 
@@ -327,8 +407,8 @@ class KernelsSpec(_Model):
             "SM100/SM103) or sgl-amd-mono (--enable-amd-monokernel, MI355X/MI350X)."
         ),
     )
-    version: str | None = Field(
-        default=None, description="Plugin version; default: the version pinned in the kernel catalog."
+    version: PrintableText | None = Field(
+        default=None, max_length=128, description="Plugin version; default: the version pinned in the kernel catalog."
     )
     slots: int | None = Field(default=None, ge=1, le=256, description="Plugin slots (sgl-nvidia-mega only).")
     cache: str = Field(
@@ -396,7 +476,7 @@ class TransferSpec(_Model):
             "the listed NICs on its own NUMA node. Default: every NIC of the rail class both roles share."
         ),
     )
-    railClass: str | None = Field(
+    railClass: PrintableText | None = Field(
         default=None,
         min_length=1,
         max_length=63,
@@ -432,7 +512,7 @@ class RoleTransferSpec(_Model):
 class MooncakeMasterSpec(_Model):
     """The Mooncake Store master (mooncake_master) the operator runs for this PDDeployment."""
 
-    image: str | None = Field(
+    image: ImageReference | None = Field(
         default=None,
         description="Image with the mooncake_master binary; default: the runtime image (SGLang images ship it).",
     )
@@ -633,8 +713,11 @@ class ParallelismSpec(_Model):
 class EnvVar(_Model):
     """An extra environment variable for an engine container."""
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name.")
-    value: str = Field(default="", description="Variable value.")
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256, description="Variable name.")
+    value: str = Field(
+        default="", max_length=MAX_ENV_VALUE_LENGTH, pattern=PRINTABLE_LINES_PATTERN,
+        description="Variable value (printable; tab and newline allowed).",
+    )
 
 
 class ResourcesSpec(_Model):
@@ -733,8 +816,8 @@ class RoleSpec(_Model):
         ),
     )
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec, description="Parallelism per replica.")
-    accelerator: str | None = Field(
-        default=None, description="Override spec.accelerator for this role (cross-hardware PD); checked for KV layout."
+    accelerator: PrintableText | None = Field(
+        default=None, max_length=63, description="Override spec.accelerator for this role (cross-hardware PD); checked for KV layout."
     )
     kvLayout: KVLayoutSpec | None = Field(
         default=None, description="Override spec.kvLayout for this role; must resolve to the other role's layout."
@@ -745,14 +828,15 @@ class RoleSpec(_Model):
         default_factory=dict, description="Extra node labels; merged with the accelerator's labels."
     )
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Pod tolerations (at most 32).")
-    extraArgs: list[str] = Field(
+    extraArgs: list[Annotated[PrintableText, Field(max_length=MAX_ARG_LENGTH)]] = Field(
         default_factory=list,
+        max_length=MAX_EXTRA_ITEMS,
         description=(
             "Extra SGLang flags, validated against the pinned SGLang parser. Flags the operator sets from typed "
             "fields are refused here (set the field instead)."
         ),
     )
-    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_EXTRA_ITEMS, description="Extra environment variables.")
     transfer: RoleTransferSpec | None = Field(
         default=None, description="Override spec.transfer's NIC choice for this role (cross-hardware PD)."
     )
@@ -779,9 +863,11 @@ class GatewaySpec(_Model):
         "consistent_hashing",
         "prefix_hash",
     ] = Field(default="cache_aware", description="smg routing policy (--policy, smg 1.13).")
-    image: str | None = Field(default=None, description="Image with the smg binary; default: the runtime image.")
+    image: ImageReference | None = Field(default=None, description="Image with the smg binary; default: the runtime image.")
     port: int = Field(default=8000, ge=1024, le=65535, description="Port of the OpenAI-compatible API.")
-    extraArgs: list[str] = Field(default_factory=list, description="Extra smg flags, validated against smg's parser.")
+    extraArgs: list[Annotated[PrintableText, Field(max_length=MAX_ARG_LENGTH)]] = Field(
+        default_factory=list, max_length=MAX_EXTRA_ITEMS, description="Extra smg flags, validated against smg's parser."
+    )
     resources: GatewayResourcesSpec = Field(
         default_factory=GatewayResourcesSpec, description="CPU and memory of each gateway pod."
     )
@@ -888,7 +974,13 @@ class RolloutSpec(_Model):
         ),
     )
     drainGracePeriod: Duration = Field(
-        default="60s", description="After cutover, how long the old group keeps running for in-flight requests."
+        default="60s",
+        description=(
+            "After cutover, how long the old group keeps running for in-flight requests; also the most each "
+            "engine or gateway pod that goes away (rollout, in-place update, scale-down, deletion) waits in its "
+            "preStop hook until SGLang's (smg's) own metrics show nothing running or queued. The pods' "
+            "terminationGracePeriodSeconds is this plus 60s (engines) or 10s (gateway)."
+        ),
     )
     onFailure: Literal["Keep", "ScaleToZero"] = Field(
         default="Keep", description="What happens to a group that missed its deadline: Keep (for inspection) or ScaleToZero."
@@ -1076,8 +1168,9 @@ class PDDeploymentSpec(_Model):
 
     model: ModelSpec = Field(description="The served model.")
     runtime: RuntimeSpec = Field(description="SGLang runtime image and version.")
-    accelerator: str = Field(
+    accelerator: PrintableText = Field(
         min_length=1,
+        max_length=63,
         description="Accelerator catalog name (gb300, b300, b200, h200, mi355x, mi350x ...): ISA, GPUs, node labels.",
     )
     kvLayout: KVLayoutSpec = Field(default_factory=KVLayoutSpec, description="KV cache layout, shared by both roles.")

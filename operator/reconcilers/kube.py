@@ -101,6 +101,18 @@ def with_timeouts(api_client: k8s.ApiClient, timeouts: ApiTimeouts) -> k8s.ApiCl
     return api_client
 
 
+def apply_body(obj: dict[str, Any]) -> bytes:
+    """``obj`` as the body of a server-side apply: JSON (valid YAML) encoded as UTF-8.
+
+    The apply patch's content type is ``application/apply-patch+yaml``, which the API server
+    reads with a YAML parser; the client's default serialisation (``json.dumps``, ASCII
+    escapes) writes a character outside the BMP as a ``\\ud83d\\ude00`` surrogate pair, which
+    a YAML parser decodes escape by escape into two invalid characters. Written as UTF-8
+    text, every string reaches the API server as it is in the spec.
+    """
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
 class Kube:
     """API access for reconcilers.
 
@@ -212,7 +224,8 @@ class Kube:
             return False
         result = self.dynamic.server_side_apply(
             self._resource(desired["apiVersion"], desired["kind"]),
-            body=desired,
+            body=apply_body(desired),
+            name=meta["name"],
             namespace=meta.get("namespace"),
             field_manager=self.field_manager,
             force_conflicts=True,

@@ -69,6 +69,8 @@ KNOWN_CHANGES: tuple[KnownChange, ...] = (
                 "predicted as SGLang's pd_kv_layout writes it (docs/compat-key.md)"),
     KnownChange("0.2.0", "Probe", "engine probes follow SGLang's own /health budget (render/probes.py) and the "
                 "gateway is Ready only once smg has registered a prefill and a decode worker (smg /readiness)"),
+    KnownChange("0.2.0", "--bucket-", "engines render histogram buckets so that every SLO target is a bucket "
+                "boundary (planning/buckets.py: percentile error near a target is bounded)"),
     KnownChange("0.2.0", "preStop", "engines and gateways drain before they stop: a preStop waits until SGLang's "
                 "own metrics show no running or queued request, bounded by rollout.drainGracePeriod"),
 )
@@ -212,10 +214,25 @@ def _pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
     return (spec.get("template") or {}).get("spec") or {}
 
 
+def _flags(args: list[str]) -> dict[str, tuple[str, ...]]:
+    """``--flag value...`` groups of an argument list, by flag (a leading non-flag word counts as its own)."""
+    out: dict[str, list[str]] = {}
+    current = ""
+    for a in args:
+        if a.startswith("-"):
+            current = a
+            out.setdefault(current, [])
+        else:
+            out.setdefault(current, []).append(a)
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def _args_diff(desired: list[str], live: list[str]) -> str:
-    added = [a for a in desired if a not in live]
-    removed = [a for a in live if a not in desired]
-    return " ".join([f"+{a}" for a in added] + [f"-{a}" for a in removed]) or "order"
+    """Flags added (+), removed (-) and given other values (~), e.g. ``+--bucket-inter-token-latency ~--tp-size``."""
+    d, lv = _flags(desired), _flags(live)
+    words = ([f"+{f}" for f in d if f not in lv] + [f"-{f}" for f in lv if f not in d]
+             + [f"~{f}" for f in d if f in lv and d[f] != lv[f]])
+    return " ".join(w for w in words if w not in ("+", "-", "~")) or "order"
 
 
 def _env_diff(desired: list[dict], live: list[dict]) -> list[str]:
@@ -229,10 +246,12 @@ def _env_diff(desired: list[dict], live: list[dict]) -> list[str]:
 def _probe_text(probe: dict[str, Any] | None) -> str:
     if not probe:
         return "none"
-    for kind in ("httpGet", "tcpSocket", "exec", "grpc"):
+    if "exec" in probe:
+        return "exec " + " ".join(str(w) for w in (probe["exec"].get("command") or [])[:1])
+    for kind in ("httpGet", "tcpSocket", "grpc"):
         if kind in probe:
             target = probe[kind]
-            return str(target.get("path") or target.get("port") or target.get("command") or kind)
+            return str(target.get("path") or target.get("port") or kind)
     return "set"
 
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 
 from ..api import lws
+from ..api.v1alpha1 import parse_duration
 from ..planning import transfer as T
 from ..planning.engine_args import ENGINE_PORT, HF_CACHE, HOST_IP_ENV, MODEL_MOUNT, SGLANG_CACHE_DIR
 from ..planning.hicache import FILE_STORAGE_MOUNT, LOCAL_HOSTNAME_ENV, hicache_spec, storage_backend
@@ -29,6 +30,7 @@ from ..planning.structs import Plan, RolePlan
 from ..planning.sglang_flags import flag_table
 from ..planning.rollout import InPlaceStrategy, progress_deadline_seconds, role_strategies
 from . import labels as L
+from .drain import ENGINE_GAUGES, prestop, termination_grace_seconds
 from .multinode import (compute_domain, group_service_settings, imex_claims, leader_worker_set, pod_affinity,
                         wait_for_leader_container)
 from .probes import http_probe, readiness_probe, worker_readiness_probe
@@ -236,6 +238,7 @@ def pod_template(plan: Plan, role: RolePlan, *, pod: PodKind = "replica") -> dic
         ports.append({"name": "bootstrap", "containerPort": port, "protocol": "TCP"})
         pod_annotations[L.ANNOTATION_BOOTSTRAP_PORT] = str(port)
     volumes, mounts = _volumes(plan, role, cm_name)
+    drain_grace = parse_duration(plan.spec.rollout.drainGracePeriod)
     readiness = (worker_readiness_probe() if pod == "worker"
                  else readiness_probe(component, bootstrap_port=plan.spec.disaggregation.bootstrapPort))
     container: dict[str, Any] = {
@@ -250,6 +253,7 @@ def pod_template(plan: Plan, role: RolePlan, *, pod: PodKind = "replica") -> dic
         "startupProbe": http_probe("/health", period=STARTUP_PROBE_PERIOD_S, failures=STARTUP_PROBE_FAILURES),
         "readinessProbe": readiness,
         "livenessProbe": http_probe("/health", period=15, failures=4),
+        "lifecycle": prestop(port=ENGINE_PORT, drain_grace_s=drain_grace, gauges=ENGINE_GAUGES),
         "volumeMounts": mounts,
     }
     if uses_rdma(plan):
@@ -257,7 +261,7 @@ def pod_template(plan: Plan, role: RolePlan, *, pod: PodKind = "replica") -> dic
     spec: dict[str, Any] = {
         "nodeSelector": {**acc.nodeLabels, **role.inputs.spec.nodeSelector},
         "tolerations": _tolerations(role),
-        "terminationGracePeriodSeconds": 120,
+        "terminationGracePeriodSeconds": termination_grace_seconds(drain_grace),
         "containers": [container],
         "volumes": volumes,
     }

@@ -15,10 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import lws
+from ..api.v1alpha1 import parse_duration
 from ..planning.engine_args import ENGINE_PORT
 from ..planning.rollout import progress_deadline_seconds
 from ..planning.structs import Plan
 from . import labels as L
+from .drain import GATEWAY_GAUGES, prestop, termination_grace_seconds
 
 GATEWAY_METRICS_PORT = 29000
 DEFAULT_CPU = "2"  # per gateway pod, when spec.gateway.resources.cpu is unset
@@ -67,7 +69,10 @@ def render_gateway_group(plan: Plan, *, owner: dict | None = None) -> list[dict[
     gw = plan.spec.gateway
     labels = L.component_labels(name, L.ROLE_GATEWAY, key)
     cpu, memory = gw.resources.cpu or DEFAULT_CPU, gw.resources.memory or DEFAULT_MEMORY
-    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5}
+    # Ready only once smg has registered a prefill and a decode worker: /readiness answers 503 until then,
+    # /health 200 from the start (tests/contract/test_smg_simulator.py); alive is /health.
+    probe = {"periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5}
+    drain_grace = parse_duration(plan.spec.rollout.drainGracePeriod)
     container = {
         "name": "smg",
         "image": gw.image or plan.spec.runtime.image,
@@ -79,8 +84,10 @@ def render_gateway_group(plan: Plan, *, owner: dict | None = None) -> list[dict[
             {"name": "metrics", "containerPort": GATEWAY_METRICS_PORT, "protocol": "TCP"},
         ],
         "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}},
-        "readinessProbe": probe,
-        "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 4},
+        "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, **probe},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, **probe, "periodSeconds": 15,
+                          "failureThreshold": 4},
+        "lifecycle": prestop(port=GATEWAY_METRICS_PORT, drain_grace_s=drain_grace, gauges=GATEWAY_GAUGES),
     }
     spec: dict[str, Any] = {
         "replicas": 1 if gw.replicas is None else gw.replicas,
@@ -88,7 +95,8 @@ def render_gateway_group(plan: Plan, *, owner: dict | None = None) -> list[dict[
         "progressDeadlineSeconds": progress_deadline_seconds(plan.spec),
         "template": {
             "metadata": {"labels": labels},
-            "spec": {"serviceAccountName": service_account_name(name), "containers": [container]},
+            "spec": {"serviceAccountName": service_account_name(name), "containers": [container],
+                     "terminationGracePeriodSeconds": termination_grace_seconds(drain_grace, gateway=True)},
         },
     }
     if gw.nodeSelector:

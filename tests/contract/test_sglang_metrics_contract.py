@@ -466,3 +466,37 @@ def test_the_simulators_load_model_exports_the_gauges_the_planner_reads_as_real_
             types = {f.name: f.type for f in text_string_to_metric_families(page)}
             assert all(types[name] == "gauge" for name in families), (role, {n: types.get(n) for n in families})
             assert set(ex.parse_exposition(page, families=families).gauges) == set(families), role
+
+
+def test_the_drain_hook_reads_gauges_real_sglang_serves_and_the_simulator_too(engines):
+    """Every gauge the engines' preStop drain waits on (render/drain.py ``ENGINE_GAUGES``) is a gauge
+    real SGLang 0.5.23 serves on a prefill or a decode engine (running and waiting requests on
+    both, the bootstrap / inflight queues on prefill, the prealloc / transfer queues on decode),
+    and the simulator, which the e2e tests drain, exports the same names. Fails when SGLang
+    renames one: the hook would then wait on nothing and cut requests in flight."""
+    from engine_simulator import SimConfig, start_process
+
+    from sglang_pd_operator.render.drain import ENGINE_GAUGES
+
+    def gauges(page: str) -> set[str]:
+        return {f.name for f in text_string_to_metric_families(page) if f.type == "gauge"}
+
+    real = set()
+    for role in ("decode", "prefill"):
+        engines[role].log_stats(_fill_seed=4)
+        real |= gauges(_get(engines[role].url)[2].decode())
+    assert set(ENGINE_GAUGES) <= real, f"real SGLang serves no gauge {set(ENGINE_GAUGES) - real}"
+
+    async def from_simulators():
+        pages = set()
+        for role in ("prefill", "decode"):
+            sim = await start_process(SimConfig(role=role, host="127.0.0.1", port=0, bootstrap_port=0, model="m",
+                                                load_model=True))
+            try:
+                pages |= gauges(_get(sim.url + "/metrics")[2].decode())
+            finally:
+                await sim.close()
+        return pages
+
+    sim = asyncio.run(from_simulators())
+    assert set(ENGINE_GAUGES) <= sim, f"the simulator lacks {set(ENGINE_GAUGES) - sim}"

@@ -15,8 +15,10 @@ monkeypatch: the same code path a new release takes.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
+import yaml
 from helpers import EXAMPLES, load_example
 
 from sglang_pd_operator.planning import compat
@@ -169,7 +171,7 @@ def new_gateway_probe(monkeypatch):
     def changed(plan, *, owner=None):
         objs = real(plan, owner=owner)
         c = objs[0]["spec"]["template"]["spec"]["containers"][0]
-        c["readinessProbe"] = {**c["readinessProbe"], "httpGet": {"path": "/readiness", "port": "http"}}
+        c["readinessProbe"] = {**c["readinessProbe"], "httpGet": {"path": "/liveness", "port": "http"}}
         return objs
 
     monkeypatch.setattr("sglang_pd_operator.render.render_gateway_group", changed)
@@ -231,13 +233,13 @@ def test_a_change_that_keeps_the_key_is_held_then_applied_in_place(catalog, requ
     P.reconcile(kube=kube, body=_body(kube), catalog=catalog, now=1020.0)
     assert not [o for o in kube.applied if o["kind"] == "Deployment"]
     up = _conds(kube, _body())["UpgradePending"]
-    assert "gateway smg: readinessProbe /health -> /readiness" in up["message"]
-    assert "in-place update" in up["message"] and "smg /readiness" in up["message"]  # and why
+    assert "gateway smg: readinessProbe /readiness -> /liveness" in up["message"]
+    assert "in-place update" in up["message"]
     P.reconcile(kube=kube, body=_body(kube, generation=2, **{"rollout.operatorChanges": "apply"}), catalog=catalog,
                 now=1030.0)
     gw = [o for o in kube.applied if o["kind"] == "Deployment" and o["metadata"]["labels"][L.LABEL_ROLE] == "gateway"]
     assert gw and gw[-1]["metadata"]["labels"][L.LABEL_COMPAT_KEY] == key  # in place, same group
-    assert gw[-1]["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    assert gw[-1]["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/liveness"
 
 
 def test_a_users_change_is_rendered_by_the_running_operator(catalog, request):
@@ -250,7 +252,7 @@ def test_a_users_change_is_rendered_by_the_running_operator(catalog, request):
                 now=1030.0)
     gw = [o for o in kube.applied if o["kind"] == "Deployment" and o["metadata"]["labels"][L.LABEL_ROLE] == "gateway"]
     c = gw[-1]["spec"]["template"]["spec"]["containers"][0]
-    assert "round_robin" in c["args"] and c["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    assert "round_robin" in c["args"] and c["readinessProbe"]["httpGet"]["path"] == "/liveness"
     assert "UpgradePending" not in _conds(kube, _body())
 
 
@@ -333,3 +335,43 @@ def test_the_render_hash_ignores_replica_counts(catalog):
     assert R.render_hash(render_group(one)) == R.render_hash(render_group(two))
     assert R.render_hash(render_group(one)) != R.render_hash(render_group(one)[:-1])
     _ = engine  # the engine renderer is the same module the reconciler uses
+
+
+V010 = Path(__file__).parent / "fixtures" / "v0.1.0-dsv41-flash-h200.yaml"
+
+
+def test_a_real_v0_1_0_group_is_held_with_what_and_why_then_opt_in_rolls_it_out(catalog):
+    """What v0.1.0 (b180e07) rendered for the example, running and Ready, with the status v0.1.0 wrote:
+    this operator applies nothing of it, keeps it serving and Ready, and names the changes of this
+    release (compat key, smg /readiness, the preStop drain) with their reasons."""
+    docs = [d for d in yaml.safe_load_all(V010.read_text()) if d]
+    kube = MemoryKube()
+    for d in docs:
+        kube.objects[(d["kind"], d["metadata"]["name"])] = d
+    kube.all_ready()
+    old_key = next(d for d in docs if d["kind"] == "Deployment")["metadata"]["labels"][L.LABEL_COMPAT_KEY]
+    body = _body()
+    body["status"] = {"observedGeneration": 1, "compatKey": old_key,
+                      "conditions": [{"type": "Valid", "status": "True", "reason": "Valid"},
+                                     {"type": "Ready", "status": "True", "reason": "Ready"}],
+                      "rollout": {"servingKey": old_key, "targetKey": old_key, "phase": "Complete"}}
+    kube.status.append(body["status"])
+    P.reconcile(kube=kube, body=_body(kube), catalog=catalog, now=1000.0)
+    assert not [o for o in kube.applied if o["kind"] in ("Deployment", "ConfigMap")]
+    status = _body(kube)["status"]
+    assert status["compatKey"] == old_key and status["rollout"]["servingKey"] == old_key
+    conds = _conds(kube, _body())
+    assert conds["Ready"]["status"] == "True"
+    message = conds["UpgradePending"]["message"]
+    for change in (f"compat key {old_key[:6]} -> ", "gateway smg: readinessProbe /health -> /readiness",
+                   "prefill sglang: preStop hook added", "decode sglang: preStop hook added"):
+        assert change in message, (change, message)
+    for why in ("pairShape", "smg /readiness", "drain"):
+        assert why in message, (why, message)
+    # opt in: a paired rollout to the key this operator gives
+    kube.applied.clear()
+    P.reconcile(kube=kube, body=_body(kube, generation=2, **{"rollout.operatorChanges": "apply"}), catalog=catalog,
+                now=1010.0)
+    new = {o["metadata"]["labels"][L.LABEL_COMPAT_KEY] for o in kube.applied if o["kind"] == "Deployment"}
+    assert len(new) == 1 and old_key not in new
+    assert _body(kube)["status"]["rollout"]["servingKey"] == old_key  # it serves until the new group is Ready
