@@ -492,7 +492,7 @@ def _apply_group(
             obj = {**obj, "spec": {**obj["spec"], "replicas": 0}}
         if obj["kind"] == cd.KIND:  # its spec is immutable (the driver's CEL): created once, never patched
             meta = obj["metadata"]
-            if kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"]) is None:
+            if kube.get(cd.API_VERSION, cd.KIND, meta["name"], meta["namespace"]) is None:
                 kube.create(obj)
             continue
         kube.apply(obj)
