@@ -132,6 +132,8 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
         timings["build"] = round(bins.build_seconds, 1)
     serving = (f", the LeaderWorkerSet controller serving its webhooks {ready_s:.1f}s after start"
                if lws else " (no LeaderWorkerSet: lws=False)")
+    serving += (", ComputeDomains served with the IMEX STAND-IN controller (imex.py)" if imex_channels
+                else " (no ComputeDomain API: imex_channels=False)")
     log(f"cluster: {count} fake GPU nodes Ready {settled_s:.1f}s after start{serving} "
         f"(pod network {network})")
     log(f"cluster: kubeconfig {layout.kubeconfig}")
