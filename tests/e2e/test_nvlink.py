@@ -11,7 +11,8 @@ controller and its webhook, the operator running as the chart's ServiceAccount.
 1. The wide-EP example as written (placement default: required): its 16 decode ranks run
    on 16 trays of one clique, every rank's IMEX channel claim is allocated on its own
    node, the ComputeDomain is Ready with those 16 nodes, the PDDeployment Ready. Printed:
-   rank -> node -> clique.
+   rank -> node -> clique. Deleting one tray's pod recreates the whole group (LWS), again
+   inside one clique, Ready again.
 2. A second DEP64 group that cannot fit in any clique (the first holds 16 of its rack's
    18 trays, 3 trays of the other rack cordoned): it never runs across cliques: every
    bound pod of it shares one clique, the rest wait Pending with the scheduler naming the
@@ -105,6 +106,24 @@ def test_wide_ep_lands_in_one_clique_with_a_ready_compute_domain(lws_cluster, ch
     print(f"\nwide-EP on NVL72: Ready {converged:.1f}s after apply; ComputeDomain {domain_name} Ready, 16 nodes")
     for rank, node, clique in placement:
         print(f"  decode rank {rank:2d} -> {node} -> clique {clique}")
+    # a tray's pod deleted: LWS recreates the whole group, again inside one clique, the domain Ready again
+    worker = next(p for p in decode if p["metadata"]["labels"][lws.LABEL_WORKER_INDEX] == "5")
+    old_uids = {p["metadata"]["uid"] for p in decode}
+    c.kubectl("delete", "pod", worker["metadata"]["name"], "-n", ns, "--wait=false")
+
+    def regrouped():
+        now = _engine_pods(c, ns, name, "decode")
+        fresh = [p for p in now if p["metadata"]["uid"] not in old_uids and p["spec"].get("nodeName")]
+        ok = ready_now(kget(c, "pdd", name, "-n", ns))
+        return now if len(fresh) == 16 and len(now) == 16 and ok else None
+
+    again = wait_for(regrouped, timeout=300, what="the group recreated and Ready")
+    cliques = {_clique(c, p["spec"]["nodeName"]) for p in again}
+    assert len(cliques) == 1, cliques
+    domain = kget(c, "computedomains.resource.nvidia.com", domain_name, "-n", ns)
+    assert domain["status"]["status"] == "Ready"
+    assert {n["name"] for n in domain["status"]["nodes"]} >= {p["spec"]["nodeName"] for p in again}
+    print(f"  rank 5's pod deleted: the group was recreated in clique {cliques.pop()}, Ready again")
 
 
 def test_a_group_that_fits_no_clique_never_spreads_across_cliques(lws_cluster, chart_operator, ns, cordoned):
