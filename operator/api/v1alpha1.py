@@ -957,6 +957,30 @@ class SLOSpec(_Model):
     )
 
 
+class OracleSpec(_Model):
+    """What the operator does when SGLang's verdict is missing (the oracle service unreachable or indeterminate).
+
+    With the oracle service (the chart's ``oracle.enabled``, ``run --oracle-url``) every new
+    generation whose rules pass waits for SGLang's verdict before a child is created or
+    changed (docs/sglang-oracle.md, "In the cluster"). Unset fields take the operator's
+    defaults (chart values ``oracle.onUnavailable``, ``oracle.maxWait``).
+    """
+
+    onUnavailable: Literal["wait", "rulesOnly"] | None = Field(
+        default=None,
+        description=(
+            "When SGLang gives no verdict within maxWait: wait (keep waiting; Valid False with reason "
+            "SGLangUnavailable, nothing created or changed, asked again) or rulesOnly (go on with the operator's "
+            "own rules; Valid True with reason RulesOnly and a Warning event). Default: the operator's (wait)."
+        ),
+    )
+    maxWait: Duration | None = Field(
+        default=None,
+        description="How long a generation waits for SGLang's verdict before onUnavailable applies. Default: the "
+        "operator's (5m).",
+    )
+
+
 class RolloutSpec(_Model):
     """How a change of the compat key rolls out: a new group beside the old, then a cutover."""
 
@@ -1172,6 +1196,11 @@ class PDDeploymentSpec(_Model):
         default=None,
         description="The built-in SLO planner (opt-in): per-role bounds, a GPU budget, stabilization windows.",
     )
+    oracle: OracleSpec | None = Field(
+        default=None,
+        description="What happens while SGLang's verdict (the oracle service) is missing: wait or rulesOnly, and "
+        "for how long.",
+    )
 
     @field_validator("accelerator")
     @classmethod
@@ -1292,6 +1321,20 @@ class AutoscalingStatus(BaseModel):
     lastDecision: str | None = Field(default=None, description="The planner's latest scaling, with its figures.")
 
 
+class SGLangVerdictStatus(BaseModel):
+    """status.sglang: SGLang's verdict on what the latest valid generation would start (kept across operator restarts)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    verdict: str = Field(description="Awaiting, Accepted, Refused, Unavailable or RulesOnly.")
+    generation: int | None = Field(default=None, description="metadata.generation the verdict was asked for.")
+    key: str | None = Field(default=None, description="Hash of what SGLang judged (rendered launches, accelerator, "
+                            "model, sglang version); a later generation with the same key needs no new verdict.")
+    since: str | None = Field(default=None, description="When the operator first asked for this key (RFC 3339).")
+    message: str | None = Field(default=None, description="SGLang's answer, or why there is none.")
+    seconds: float | None = Field(default=None, description="How long SGLang took to judge (the service's figure).")
+
+
 class PDDeploymentStatus(BaseModel):
     """Observed state, written only by the operator through the status subresource."""
 
@@ -1308,4 +1351,7 @@ class PDDeploymentStatus(BaseModel):
     problems: list[Problem] = Field(default_factory=list, description="Problems of the latest generation.")
     autoscaling: AutoscalingStatus | None = Field(
         default=None, description="Who sets each role's count, and the planner's latest figures and decisions."
+    )
+    sglang: SGLangVerdictStatus | None = Field(
+        default=None, description="SGLang's verdict (the oracle service) on the latest generation whose rules pass."
     )

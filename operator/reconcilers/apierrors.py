@@ -45,7 +45,8 @@ class CallTracker:
 
     def apply(self, desired: dict[str, Any], *args: Any, **kw: Any) -> Any:
         meta = desired.get("metadata") or {}
-        self.last = f"apply {desired.get('kind')} {_where(meta.get('namespace'), meta.get('name'))}"
+        verb = "dry-run apply" if kw.get("dry_run") or getattr(self._kube, "dry_run", False) else "apply"
+        self.last = f"{verb} {desired.get('kind')} {_where(meta.get('namespace'), meta.get('name'))}"
         return self._kube.apply(desired, *args, **kw)
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None, **kw: Any) -> Any:

@@ -119,7 +119,10 @@ class Kube:
     ``api_client`` is a configured ``kubernetes.client.ApiClient``; ``on_write(verb, kind)``
     is called after every write (the operator process counts them in a metric);
     ``cache``: the process's object cache (see the module docstring), None to always ask
-    the API server.
+    the API server. ``dry_run``: every write is a server-side dry run (``dryRun=All``: the
+    API server validates and admits it, nothing is stored), deletes, status patches and
+    events are not sent, and ``dry_run_writes`` lists what was checked (``apply Deployment ns/name``);
+    the CRD differential (tests/e2e/crd_differential.py) runs the operator's reconcile so.
     """
 
     def __init__(
@@ -129,8 +132,11 @@ class Kube:
         field_manager: str = FIELD_MANAGER,
         on_write: Callable[[str, str], None] | None = None,
         cache: ObjectCache | None = None,
+        dry_run: bool = False,
     ):
         self.api_client = api_client
+        self.dry_run = dry_run
+        self.dry_run_writes: list[str] = []
         self.field_manager = field_manager
         self.on_write = on_write
         self.cache = cache
@@ -140,8 +146,8 @@ class Kube:
 
     def uncached(self) -> "Kube":
         """A Kube on the same client and discovery that always asks the API server (writes are counted here too)."""
-        other = Kube(self.api_client, field_manager=self.field_manager, on_write=self.on_write)
-        other._dynamic, other.writes = self._dynamic, self.writes
+        other = Kube(self.api_client, field_manager=self.field_manager, on_write=self.on_write, dry_run=self.dry_run)
+        other._dynamic, other.writes, other.dry_run_writes = self._dynamic, self.writes, self.dry_run_writes
         return other
 
     def _cached(self, api_version: str, kind: str) -> ObjectCache | None:
@@ -209,12 +215,15 @@ class Kube:
         res = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector)
         return [item.to_dict() for item in res.items]
 
-    def apply(self, desired: dict[str, Any], live: dict[str, Any] | None = None, *, fetch: bool = True) -> bool:
+    def apply(self, desired: dict[str, Any], live: dict[str, Any] | None = None, *, fetch: bool = True,
+              dry_run: bool = False) -> bool:
         """Server-side apply ``desired`` unless the live object already matches; returns True if it wrote.
 
         ``live`` may be passed when the caller has already read the object; with
-        ``fetch`` the object is read first. Raises ``kubernetes.client.ApiException`` on
-        API errors (including a refused object).
+        ``fetch`` the object is read first. ``dry_run`` (or a dry-run client): the API
+        server validates and admits the object (``dryRun=All``) and stores nothing; no
+        write is counted. Raises ``kubernetes.client.ApiException`` on API errors
+        (including a refused object).
         """
         desired = with_applied_hash(desired)
         meta = desired["metadata"]
@@ -222,6 +231,7 @@ class Kube:
             live = self.get(desired["apiVersion"], desired["kind"], meta["name"], meta.get("namespace"))
         if not needs_apply(desired, live):
             return False
+        dry = dry_run or self.dry_run
         result = self.dynamic.server_side_apply(
             self._resource(desired["apiVersion"], desired["kind"]),
             body=apply_body(desired),
@@ -229,7 +239,11 @@ class Kube:
             namespace=meta.get("namespace"),
             field_manager=self.field_manager,
             force_conflicts=True,
+            **({"dry_run": "All"} if dry else {}),
         )
+        if dry:
+            self.dry_run_writes.append(f"apply {desired['kind']} {meta.get('namespace')}/{meta['name']}")
+            return True
         self._count("apply", desired["kind"])
         self._store(result)
         return True
@@ -244,11 +258,15 @@ class Kube:
         meta = obj["metadata"]
         try:
             result = self.dynamic.create(self._resource(obj["apiVersion"], obj["kind"]), body=obj,
-                                         namespace=meta.get("namespace"), field_manager=self.field_manager)
+                                         namespace=meta.get("namespace"), field_manager=self.field_manager,
+                                         **({"dry_run": "All"} if self.dry_run else {}))
         except k8s.ApiException as e:
             if e.status == 409:
                 return False
             raise
+        if self.dry_run:
+            self.dry_run_writes.append(f"create {obj['kind']} {meta.get('namespace')}/{meta['name']}")
+            return True
         self._count("create", obj["kind"])
         self._store(result)
         return True
@@ -264,7 +282,11 @@ class Kube:
         res = self._resource(api_version, kind)
         self.dynamic.patch(res.subresources["scale"], body={"spec": {"replicas": int(replicas)}}, name=name,
                            namespace=namespace, content_type="application/merge-patch+json",
-                           field_manager=field_manager or self.field_manager)
+                           field_manager=field_manager or self.field_manager,
+                           **({"dry_run": "All"} if self.dry_run else {}))
+        if self.dry_run:
+            self.dry_run_writes.append(f"scale {kind} {namespace}/{name}")
+            return
         self._count("patch-scale", kind)
 
     def patch_metadata(self, api_version: str, kind: str, name: str, namespace: str, *,
@@ -281,6 +303,9 @@ class Kube:
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> bool:
         """Delete with background propagation; returns False when it was already gone."""
+        if self.dry_run:
+            self.dry_run_writes.append(f"delete {kind} {namespace}/{name}")
+            return True
         try:
             self._resource(api_version, kind).delete(
                 name=name, namespace=namespace, body={"propagationPolicy": "Background"}
@@ -298,7 +323,10 @@ class Kube:
                                "metadata": {"name": name, "namespace": namespace}})
 
     def patch_status(self, api_version: str, kind: str, name: str, namespace: str, status: dict[str, Any]) -> None:
-        """Merge-patch the status subresource of a custom object."""
+        """Merge-patch the status subresource of a custom object (skipped by a dry-run client)."""
+        if self.dry_run:
+            self.dry_run_writes.append(f"write the status of {kind} {namespace}/{name}")
+            return
         res = self._resource(api_version, kind)
         result = self.dynamic.patch(
             res.subresources["status"],
@@ -350,7 +378,9 @@ class Kube:
                 return
 
     def event(self, involved: dict[str, Any], *, type_: str, reason: str, message: str) -> None:
-        """Record a core/v1 Event about ``involved`` (Normal or Warning)."""
+        """Record a core/v1 Event about ``involved`` (Normal or Warning); none from a dry-run client."""
+        if self.dry_run:
+            return
         meta = involved["metadata"]
         now = datetime.now(timezone.utc)
         body = {

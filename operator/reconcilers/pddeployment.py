@@ -33,6 +33,7 @@ from ..kernelbuild.gate import (
 )
 from ..metrics.monitoring import MONITORING_API_VERSION, render_monitoring
 from ..metrics.health import Health
+from ..oracle.service import judged_key
 from ..planning.plan import RuleMemo, plan_object
 from ..planning.structs import Plan
 from ..planning.problems import Problem, errors
@@ -50,6 +51,7 @@ from .kube import Kube
 from .kvstore import kvstore_conditions, kvstore_events, prune_master
 from .observe import Observed, observe
 from .scaling import Autoscalers, reconcile_scaling, scale_serving_group, write_role_scale_status
+from .sglang_gate import GateDecision, OracleSettings, gate
 from .upgrade import CONDITION as UPGRADE_PENDING, REASON_HELD, Hold, adopt, live_group_objects, operator_changes
 
 log = logging.getLogger(__name__)
@@ -96,8 +98,15 @@ def reconcile(
     rule_memo: RuleMemo | None = None,
     lws_served: bool = False,
     autoscalers: Autoscalers | None = None,
+    oracle: OracleSettings | None = None,
+    catalog_overrides: dict[str, str] | None = None,
 ) -> Outcome:
     """Converge the children of the PDDeployment ``body`` (a dict as read from the API).
+
+    ``oracle``: the SGLang oracle service (``run --oracle-url``): a generation whose rules
+    pass creates or changes nothing until SGLang's verdict allows it
+    (``sglang_gate.gate``); ``catalog_overrides``: the catalog ConfigMap's files, sent
+    with the question so the service plans with the catalog the operator uses.
 
     ``lws_served``: the cluster serves LeaderWorkerSets (sigs.k8s.io/lws). Without them a
     spec with a role spanning nodes creates nothing: status says what to install
@@ -128,7 +137,8 @@ def reconcile(
     try:
         return _reconcile(kube=tracked, body=body, catalog=catalog, now=now, health=health,  # type: ignore[arg-type]
                           monitoring=monitoring, health_stale=health_stale, rule_memo=rule_memo,
-                          lws_served=lws_served, autoscalers=autoscalers)
+                          lws_served=lws_served, autoscalers=autoscalers, oracle=oracle,
+                          catalog_overrides=catalog_overrides)
     except ApiException as e:
         reason, message = describe_api_error(e, call=tracked.last)
         _record_failure(kube, body, reason=reason, message=message, now=now)
@@ -147,6 +157,8 @@ def _reconcile(
     rule_memo: RuleMemo | None,
     lws_served: bool,
     autoscalers: Autoscalers | None = None,
+    oracle: OracleSettings | None = None,
+    catalog_overrides: dict[str, str] | None = None,
 ) -> Outcome:
     writes_before = kube.total_writes
     meta = body["metadata"]
@@ -162,6 +174,13 @@ def _reconcile(
     spanning = [f"{r.role} nodes {r.inputs.nodes}" for r in (plan.prefill, plan.decode) if r.inputs.multi_node]
     if spanning and not lws_served:
         outcome = _missing_lws(kube, body, plan, spanning, previous, generation, now)
+        outcome.writes = kube.total_writes - writes_before
+        return outcome
+
+    # 1b. SGLang's own verdict (the oracle service) before any child is created or changed
+    verdict = _sglang_verdict(oracle, plan, catalog, body, previous, generation, now, catalog_overrides)
+    if verdict is not None and not verdict.proceed:
+        outcome = _hold_for_sglang(kube, body, plan, verdict, previous, generation, now)
         outcome.writes = kube.total_writes - writes_before
         return outcome
 
@@ -205,7 +224,8 @@ def _reconcile(
         if decision.apply_target:
             record = current_record(generation=generation, spec=body.get("spec") or {}, objects=spec_objects)
             _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates,
-                         replicas=_target_replicas(plan, observed, decision, counts), record=record)
+                         replicas=_target_replicas(plan, observed, decision, counts), record=record,
+                         new_group=plan.compat_key not in observed.groups, lws_served=lws_served)
         scale_serving_group(kube, plan, observed, serving_key=decision.serving_key, counts=counts,
                             scaled=scaling.scaled)
 
@@ -243,9 +263,12 @@ def _reconcile(
         health_stale=health_stale,
         extra_conditions=_kernel_conditions(gates) + _upgrade_conditions(hold)
         + kvstore_conditions(plan=plan, health=health.kvstore if health else None, previous=previous),
+        valid=S.Cond("Valid", *verdict.valid) if verdict is not None else None,
     )
     new_status["autoscaling"] = scaling.status
-    steps = [t for t in (next_step_in(decision, _rollout_settings(plan), now), scaling.next_look_s) if t is not None]
+    new_status["sglang"] = verdict.record if verdict is not None else None
+    steps = [t for t in (next_step_in(decision, _rollout_settings(plan), now), scaling.next_look_s,
+                         verdict.requeue_after if verdict is not None else None) if t is not None]
     outcome = Outcome(valid=True, decision=decision, requeue_after=min(steps) if steps else None,
                       kernelbuilds=tuple(sorted({g.build_name for g in (gates or {}).values() if g.build_name})),
                       autoscaled=plan.spec.autoscaling is not None)
@@ -260,7 +283,76 @@ def _reconcile(
     _warn_health_transitions(kube, body, previous, new_status, health, outcome)
     for type_, reason, message in kvstore_events(previous, new_status):
         _event(kube, body, outcome, type_, reason, message)
+    if verdict is not None and verdict.event is not None and _verdict_moved(previous, verdict):
+        _event(kube, body, outcome, *verdict.event)
     outcome.writes = kube.total_writes - writes_before
+    return outcome
+
+
+def _sglang_verdict(oracle: OracleSettings | None, plan: Plan, catalog: Catalog, body: dict[str, Any],
+                    previous: dict, generation: int, now: float,
+                    catalog_overrides: dict[str, str] | None) -> GateDecision | None:
+    """SGLang's verdict on this generation through the oracle service (None without one).
+
+    Asks the book off this thread when the gate says so (the answer queues this
+    deployment again); see ``sglang_gate.gate`` for what each answer means.
+    """
+    if oracle is None:
+        return None
+    if S.applied_generation(previous) == generation:
+        # this generation was applied already (before an operator restart or upgrade, or before the
+        # oracle was configured): the gate is for new generations; what serves keeps its Valid
+        was = next((c for c in previous.get("conditions") or [] if c.get("type") == "Valid"), {})
+        valid = ("True", was.get("reason") or "Valid", was.get("message") or "") if was.get("status") == "True" else \
+            ("True", "Valid", "")
+        return GateDecision(True, valid, previous.get("sglang"))
+    key = judged_key(plan, catalog)
+    book = oracle.book
+    decision = gate(plan=plan, key=key, previous=previous, generation=generation, answer=book.answer(key),
+                    pending=book.pending(key), now=now, default_policy=oracle.default_policy,
+                    default_max_wait_s=oracle.default_max_wait_s, rfc3339=S.rfc3339, parse_rfc3339=S.parse_rfc3339)
+    if decision.ask:
+        meta = body["metadata"]
+        book.ask(key, namespace=meta["namespace"], name=meta["name"], obj=body, catalog_overrides=catalog_overrides)
+    return decision
+
+
+def _verdict_moved(previous: dict[str, Any], verdict: GateDecision) -> bool:
+    """``status.sglang`` says something new (another verdict or other inputs): its event is due."""
+    before = previous.get("sglang") or {}
+    return (before.get("verdict"), before.get("key")) != (verdict.record.get("verdict"), verdict.record.get("key"))
+
+
+def _hold_for_sglang(kube: Kube, body: dict[str, Any], plan: Plan, verdict: GateDecision, previous: dict,
+                     generation: int, now: float) -> Outcome:
+    """A generation SGLang refuses or has not judged yet: status says so; no child is created or changed.
+
+    Like an invalid spec (:func:`_refuse`): ``observedGeneration`` advances, Valid carries
+    the gate's status/reason/message, Ready and Progressing are False with the same reason
+    naming what still serves, ``status.problems`` lists SGLang's refusals (and the rules'
+    warnings), ``status.sglang`` the verdict; one event when the verdict changed.
+    """
+    status, reason, message = verdict.valid
+    serves = S.still_serves(previous)
+    new_status = dict(previous)
+    new_status["observedGeneration"] = generation
+    new_status["conditions"] = S.merge_conditions(
+        previous.get("conditions") or [],
+        [S.Cond("Valid", status, reason, message[: S.MAX_CONDITION_MESSAGE]),
+         S.Cond("Ready", "False", reason, f"generation {generation} waits for SGLang's verdict (see the Valid "
+                "condition); " + serves if status == "Unknown" else
+                f"generation {generation} is not rolled out (see the Valid condition); {serves}"),
+         S.Cond("Progressing", "False", reason, f"generation {generation} creates and changes nothing until SGLang "
+                "accepts it")],
+        generation=generation,
+        now=now,
+    )
+    new_status["problems"] = [p.to_dict() for p in (*verdict.problems, *plan.problems)]
+    new_status["sglang"] = verdict.record
+    outcome = Outcome(valid=status != "False", requeue_after=verdict.requeue_after)
+    _write_status(kube, body, previous, new_status)
+    if verdict.event is not None and _verdict_moved(previous, verdict):
+        _event(kube, body, outcome, *verdict.event)
     return outcome
 
 
@@ -453,18 +545,52 @@ def _target_replicas(plan: Plan, observed: Observed, decision: RolloutDecision,
 
 def _apply_group(
     kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool, gates: dict[str, KernelGateState] | None,
-    replicas: dict[str, int] | None = None, record: RenderRecord | None = None,
+    replicas: dict[str, int] | None = None, record: RenderRecord | None = None, new_group: bool = False,
+    lws_served: bool = False,
 ) -> None:
-    """Apply the plan's group; its workloads carry ``record`` (who rendered them, from what spec)."""
+    """Apply the plan's group all or nothing: the API server's verdict on every child first.
+
+    Its workloads carry ``record`` (who rendered them, from what spec). Every child that
+    differs from the live object is applied with a server dry run (``dryRun=All``: schema,
+    defaulting, admission policies and webhooks run, nothing is stored) before any is
+    written; a refusal raises with the child named (``dry-run apply Deployment ns/name``)
+    and nothing written. When a write of a ``new_group`` is refused after its dry run
+    passed (a policy or quota that changed in between), the group's children are deleted
+    again before the error propagates, so a new group is never left half created (an
+    existing group's children were only updated: the older ones keep serving).
+    ``reconcile`` records the error as ``Reconciled=False`` naming the child and the API
+    server's message.
+    """
     objects = render_group(plan, owner=owner, replicas=replicas)
     if record is not None:
         objects = stamp(objects, record)
     if gates is not None:
         objects = gate_objects(objects, gates)
-    for obj in objects:
-        if to_zero and obj["kind"] in ("Deployment", lws.KIND):
-            obj = {**obj, "spec": {**obj["spec"], "replicas": 0}}
-        kube.apply(obj)
+    objects = [{**obj, "spec": {**obj["spec"], "replicas": 0}}
+               if to_zero and obj["kind"] in ("Deployment", lws.KIND) else obj for obj in objects]
+    for obj in objects:  # 1. the API server's verdict on each changed child; nothing is written
+        kube.apply(obj, dry_run=True)
+    try:
+        for obj in objects:  # 2. write them
+            kube.apply(obj)
+    except ApiException:
+        if not new_group:
+            raise
+        failed = getattr(kube, "last", None)
+        try:  # 3. refused after its dry run: the new group's children go again
+            _delete_group(kube, name=plan.name, namespace=plan.namespace, key=plan.compat_key, lws_served=lws_served)
+        except ApiException as e:
+            log.warning("%s/%s: could not delete the half-created group %s: %s", plan.namespace, plan.name,
+                        plan.compat_key, e.reason)
+        if failed is not None:
+            _track(kube, f"{failed} (the new group's other children were deleted again)")
+        raise
+
+
+def _track(kube: Kube, call: str) -> None:
+    """Name the call in flight for an error message, when ``kube`` is the reconcile's CallTracker."""
+    if hasattr(kube, "last"):
+        kube.last = call  # type: ignore[attr-defined]
 
 
 def _scale_held_group(kube: Kube, plan: Plan, observed: Observed, *, key: str, counts: dict[str, int]) -> None:

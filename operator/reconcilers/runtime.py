@@ -43,6 +43,7 @@ from . import status as S
 from .kube import ApiTimeouts, Kube, with_timeouts
 from .pddeployment import Outcome, reconcile
 from .scaling import list_autoscalers, pressure_view
+from .sglang_gate import OracleSettings
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,8 @@ class Runtime:
     #: Seconds an HPA listing of a namespace is reused (``scaling.list_autoscalers``).
     autoscaler_ttl_s: float = 30.0
     _autoscalers: dict[str, tuple[float, dict[str, str]]] = field(default_factory=dict)
+    #: The SGLang oracle service every new generation waits for (``sglang_gate``); None: the rules alone.
+    oracle: OracleSettings | None = None
     #: PDDeployments the built-in planner scales (their last reconcile said so) -> last pressure view.
     _planned: dict[tuple[str, str], tuple] = field(default_factory=dict)
 
@@ -350,6 +353,8 @@ class Runtime:
                     lws_served=self.lws_available(),
                     rule_memo=self.rule_memo,
                     autoscalers=self.autoscalers,
+                    oracle=self.oracle,
+                    catalog_overrides=self._catalog_data or None,
                 )
             with self._locks_guard:
                 self._uses[(meta["namespace"], meta["name"])] = outcome.kernelbuilds

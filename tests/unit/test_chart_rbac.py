@@ -243,7 +243,7 @@ class RecordingKube:
         self.calls.append(("list", api_version, kind))
         return []
 
-    def apply(self, desired, live=None, *, fetch=True):
+    def apply(self, desired, live=None, *, fetch=True, dry_run=False):
         self.calls.append(("apply", desired["apiVersion"], desired["kind"]))
         reads = live is None and fetch  # Kube.apply: `if live is None and fetch: live = self.get(...)`
         self.applied.append((desired, KUBE_VERBS["apply"] | ({"get"} if reads else set())))

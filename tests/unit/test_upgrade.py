@@ -51,7 +51,9 @@ class MemoryKube:
         return [copy.deepcopy(o) for (k, _), o in self.objects.items()
                 if k == kind and all((o["metadata"].get("labels") or {}).get(a) == b for a, b in want.items())]
 
-    def apply(self, desired, live=None, *, fetch=True):
+    def apply(self, desired, live=None, *, fetch=True, dry_run=False):
+        if dry_run:  # the API server's verdict only: nothing stored
+            return True
         self.applied.append(desired)
         old = self.objects.get((desired["kind"], desired["metadata"]["name"]))
         new = copy.deepcopy(desired)

@@ -151,3 +151,17 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
   resources: [events]
   verbs: [create]
 {{- end }}
+
+{{- define "sglang-pd-operator.oracleName" -}}
+{{- printf "%s-oracle" (include "sglang-pd-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sglang-pd-operator.oracleImage" -}}
+{{- with .Values.oracle.image }}
+{{- if .digest }}
+{{- printf "%s@%s" .repository .digest }}
+{{- else }}
+{{- printf "%s:%s" .repository (default $.Chart.AppVersion .tag) }}
+{{- end }}
+{{- end }}
+{{- end }}

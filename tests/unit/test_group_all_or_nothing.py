@@ -1,0 +1,130 @@
+"""A compat group is created all or nothing (issue 26): a child the API server refuses leaves no other child behind.
+
+The reconciler dry-runs every changed child before writing any (``pddeployment._apply_group``);
+a refusal that comes only at the real write (a policy changed after the dry run) takes back
+the children the pass created. Status names the child and the API server's message. The
+real API server's side (a ValidatingAdmissionPolicy refusing the decode Deployment) is
+tests/e2e/test_group_all_or_nothing.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from helpers import EXAMPLES, load_example
+from kubernetes.client.exceptions import ApiException
+
+from sglang_pd_operator.reconcilers import pddeployment as P
+from sglang_pd_operator.reconcilers.drift import needs_apply, with_applied_hash
+
+EXAMPLE = EXAMPLES / "dsv41-flash-gb300-throughput-dep.yaml"
+DENIED = "ValidatingAdmissionPolicy 'no-decode' with binding 'no-decode' denied request: decode is not allowed here"
+
+
+def _refusal() -> ApiException:
+    e = ApiException(status=422, reason="Unprocessable Entity")
+    e.body = json.dumps({"kind": "Status", "message": f"deployments.apps is forbidden: {DENIED}"}).encode()
+    return e
+
+
+class RefusingKube:
+    """Objects in memory; refuses a Deployment whose name ends with ``refuse`` (at the dry run, or only at the write)."""
+
+    def __init__(self, *, refuse: str, at: str):
+        self.refuse, self.at = refuse, at
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.dry_runs: list[str] = []
+        self.deleted: list[str] = []
+        self.status: list[dict] = []
+        self.events: list[tuple[str, str]] = []
+        self.total_writes = 0
+
+    def get(self, api_version, kind, name, namespace=None):
+        return copy.deepcopy(self.objects.get((kind, name)))
+
+    def list(self, api_version, kind, namespace, label_selector):
+        want = dict(p.split("=", 1) for p in label_selector.split(",") if "=" in p)
+        return [copy.deepcopy(o) for (k, _), o in self.objects.items()
+                if k == kind and all((o["metadata"].get("labels") or {}).get(a) == b for a, b in want.items())]
+
+    def apply(self, desired, live=None, *, fetch=True, dry_run=False):
+        if not needs_apply(with_applied_hash(desired), self.objects.get((desired["kind"], desired["metadata"]["name"]))):
+            return False
+        refused = desired["kind"] == "Deployment" and desired["metadata"]["name"].endswith(self.refuse)
+        if dry_run:
+            self.dry_runs.append(desired["metadata"]["name"])
+            if refused and self.at == "dry-run":
+                raise _refusal()
+            return True
+        if refused:
+            raise _refusal()
+        self.objects[(desired["kind"], desired["metadata"]["name"])] = with_applied_hash(desired)
+        self.total_writes += 1
+        return True
+
+    def create(self, obj):
+        self.objects[(obj["kind"], obj["metadata"]["name"])] = copy.deepcopy(obj)
+        return True
+
+    def delete(self, api_version, kind, name, namespace):
+        self.deleted.append(f"{kind} {name}")
+        return self.objects.pop((kind, name), None) is not None
+
+    def patch_status(self, api_version, kind, name, namespace, status):
+        self.status.append(status)
+
+    def event(self, involved, *, type_, reason, message):
+        self.events.append((reason, message))
+
+    def has_kind(self, api_version, kind):
+        return False
+
+
+def _body() -> dict:
+    doc = load_example(EXAMPLE)
+    doc["metadata"].update(uid="u1", generation=1)
+    return doc
+
+
+def _reconciled(kube: RefusingKube) -> dict:
+    return next(c for c in kube.status[-1]["conditions"] if c["type"] == "Reconciled")
+
+
+def test_a_child_refused_at_its_dry_run_leaves_the_new_group_uncreated(catalog):
+    kube = RefusingKube(refuse="-decode", at="dry-run")
+    with pytest.raises(ApiException):
+        P.reconcile(kube=kube, body=_body(), catalog=catalog, now=1000.0)
+    group = [k for k in kube.objects if k[0] in ("Deployment", "Service", "ConfigMap")]
+    assert group == [], f"children written before the refused one was known: {group}"
+    assert any(n.endswith("-prefill") for n in kube.dry_runs), "the prefill child was checked first"
+    cond = _reconciled(kube)
+    assert cond["status"] == "False" and cond["reason"] == "AdmissionDenied"
+    assert "dry-run apply Deployment" in cond["message"] and "-decode" in cond["message"]
+    assert DENIED in cond["message"]
+    assert [r for r, _ in kube.events] == ["ReconcileError"]
+
+
+def test_a_child_refused_after_its_dry_run_passed_takes_back_what_the_pass_created(catalog):
+    kube = RefusingKube(refuse="-decode", at="write")
+    with pytest.raises(ApiException):
+        P.reconcile(kube=kube, body=_body(), catalog=catalog, now=1000.0)
+    group = [k for k in kube.objects if k[0] in ("Deployment", "Service", "ConfigMap")]
+    assert group == [], f"left behind: {group}"
+    assert kube.deleted, "the children written before the refusal were deleted again"
+    cond = _reconciled(kube)
+    assert cond["status"] == "False" and "apply Deployment" in cond["message"] and "-decode" in cond["message"]
+    assert "deleted again" in cond["message"] and DENIED in cond["message"]
+
+
+def test_an_accepted_group_is_dry_run_then_written_once(catalog):
+    kube = RefusingKube(refuse="-nothing", at="dry-run")
+    P.reconcile(kube=kube, body=_body(), catalog=catalog, now=1000.0)
+    written = sorted(n for (k, n) in kube.objects if k == "Deployment")
+    assert written and all(n in kube.dry_runs for n in written)
+    dry_before = len(kube.dry_runs)
+    body = _body()
+    body["status"] = kube.status[-1]
+    P.reconcile(kube=kube, body=body, catalog=catalog, now=1001.0)
+    assert len(kube.dry_runs) == dry_before, "an unchanged child is not dry-run again"
