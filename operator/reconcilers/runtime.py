@@ -27,6 +27,7 @@ from typing import Any, Callable
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from ..api import computedomain as cd
 from ..api import lws
 from ..api.kernelbuild import KIND as KERNELBUILD_KIND
 from ..api.v1alpha1 import API_VERSION
@@ -290,6 +291,10 @@ class Runtime:
         """True when the API server serves LeaderWorkerSets (sigs.k8s.io/lws): multi-node roles can be created."""
         return lws.KIND in self.kinds_served(lws.API_VERSION)
 
+    def compute_domains_available(self) -> bool:
+        """True when the API server serves ComputeDomains (NVIDIA's DRA driver): GB200 / GB300 multi-node roles get IMEX channels."""
+        return cd.KIND in self.kinds_served(cd.API_VERSION)
+
     def lock(self, namespace: str, name: str) -> threading.Lock:
         """The lock serializing reconciles of one object."""
         with self._locks_guard:
@@ -351,6 +356,7 @@ class Runtime:
                     health_stale=self.health_stale(meta["namespace"], meta["name"]),
                     monitoring=self.monitoring_available(),
                     lws_served=self.lws_available(),
+                    cd_served=self.compute_domains_available(),
                     rule_memo=self.rule_memo,
                     autoscalers=self.autoscalers,
                     oracle=self.oracle,
