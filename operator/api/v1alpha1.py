@@ -1021,6 +1021,35 @@ class RolloutSpec(_Model):
     )
 
 
+class PlacementSpec(_Model):
+    """Where a multi-node replica's pods land relative to the accelerator's NVLink partitions.
+
+    On a rack-scale NVLink system (GB200 / GB300 NVL72: ``nvlinkDomain`` above
+    ``gpusPerNode`` in the accelerator catalog) GPUs of different nodes reach each other
+    over NVLink only inside one NVLink partition, which NVIDIA's GPU operator labels on
+    every node as ``nvidia.com/gpu.clique`` (``<clusterUUID>.<cliqueID>``), and only with
+    IMEX channels (a ComputeDomain of NVIDIA's DRA driver). docs/multi-node.md.
+    """
+
+    nvlinkDomain: Literal["required", "preferred", "none"] | None = Field(
+        default=None,
+        description=(
+            "Every pod of one multi-node replica in one NVLink clique: required (the group waits until one clique "
+            "holds it), preferred (the scheduler tries), none (no constraint and no ComputeDomain: the replica "
+            "runs across cliques, its traffic between cliques over RDMA). Default: required for a role spanning "
+            "nodes on an accelerator with multi-node NVLink in the catalog (GB200, GB300), none otherwise. A "
+            "replica with more GPUs than one clique holds is refused unless this is none."
+        ),
+    )
+    pairDomain: Literal["preferred", "none"] = Field(
+        default="none",
+        description=(
+            "preferred: the prefill and decode pods of one group prefer the same NVLink clique (KV moves inside "
+            "the rack); none (default): no preference."
+        ),
+    )
+
+
 # --------------------------------------------------------------------------- autoscaling
 class RoleAutoscalingSpec(_Model):
     """Bounds of one role's replica count while the built-in SLO planner scales it."""
@@ -1192,6 +1221,10 @@ class PDDeploymentSpec(_Model):
     gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="The smg model gateway.")
     slo: SLOSpec | None = Field(default=None, description="Latency SLO targets.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Paired rollout of prefill and decode.")
+    placement: PlacementSpec = Field(
+        default_factory=PlacementSpec,
+        description="NVLink placement of multi-node replicas (clique affinity, ComputeDomain); docs/multi-node.md.",
+    )
     autoscaling: AutoscalingSpec | None = Field(
         default=None,
         description="The built-in SLO planner (opt-in): per-role bounds, a GPU budget, stabilization windows.",

@@ -142,6 +142,7 @@ class VerdictService:
                                                             timeout=request_timeout_s))
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
         self._lock = threading.Lock()
+        self._stats_lock = threading.Lock()
         self._cache: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._inflight: dict[str, _Job] = {}
         self._oracles: dict[str, tuple[Catalog, Oracle]] = {}
@@ -151,6 +152,10 @@ class VerdictService:
         self.warm_seconds: dict[str, float] = {}
         self.stats = {"requests": 0, "cacheHits": 0, "coalesced": 0, "judged": 0, "oracleErrors": 0,
                       "rejectedQueueFull": 0, "timeouts": 0, "expiredInQueue": 0}
+
+    def _count(self, name: str) -> None:
+        with self._stats_lock:
+            self.stats[name] += 1
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -215,7 +220,7 @@ class VerdictService:
                                           and all(isinstance(v, str) for v in overrides.values())):
             raise Rejected(HTTPStatus.BAD_REQUEST, "catalogOverrides must map a catalog file name to its text")
         obj = request["object"]
-        self.stats["requests"] += 1
+        self._count("requests")
         started = self.clock()
         oracle = self._oracle(overrides)
         try:
@@ -231,18 +236,18 @@ class VerdictService:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
-                self.stats["cacheHits"] += 1
+                self._count("cacheHits")
                 return {**base, "sglang": hit, "oracle": {"key": key, "cached": True, "queuedSeconds": 0.0}}
             job = self._inflight.get(key)
             if job is not None:
-                self.stats["coalesced"] += 1
+                self._count("coalesced")
             else:
                 job = _Job(key=key, plan=plan, oracle=oracle, deadline=started + self.request_timeout_s,
                            queued_at=started)
                 try:
                     self._queue.put_nowait(job)
                 except queue.Full:
-                    self.stats["rejectedQueueFull"] += 1
+                    self._count("rejectedQueueFull")
                     raise Rejected(HTTPStatus.SERVICE_UNAVAILABLE,
                                    f"the oracle's queue is full ({self._queue.maxsize} specs waiting); retry later",
                                    retryAfter=5) from None
@@ -250,7 +255,7 @@ class VerdictService:
         try:
             sglang, timing = job.future.result(timeout=max(0.0, started + self.request_timeout_s - self.clock()))
         except concurrent.futures.TimeoutError:
-            self.stats["timeouts"] += 1
+            self._count("timeouts")
             raise Rejected(HTTPStatus.GATEWAY_TIMEOUT,
                            f"SGLang gave no verdict within {self.request_timeout_s:.0f} s") from None
         except OracleError as e:
@@ -265,7 +270,7 @@ class VerdictService:
             began = self.clock()
             try:
                 if began > job.deadline:
-                    self.stats["expiredInQueue"] += 1
+                    self._count("expiredInQueue")
                     raise OracleError("the request timed out while it waited in the queue")
                 verdict = job.oracle.judge_plan(job.plan)
                 data = verdict.to_dict()
@@ -274,14 +279,14 @@ class VerdictService:
                     self._cache[job.key] = data
                     while len(self._cache) > self.cache_size:
                         self._cache.popitem(last=False)
-                self.stats["judged"] += 1
+                self._count("judged")
                 job.future.set_result((data, {"queuedSeconds": round(began - job.queued_at, 3)}))
             except OracleError as e:
-                self.stats["oracleErrors"] += 1
+                self._count("oracleErrors")
                 job.future.set_exception(e)
             except Exception as e:  # a bug of the oracle: no verdict, never a crash of the service
                 log.exception("oracle: judging %s failed", job.key[:12])
-                self.stats["oracleErrors"] += 1
+                self._count("oracleErrors")
                 job.future.set_exception(OracleError(f"{type(e).__name__}: {e}"))
             finally:
                 with self._lock:
@@ -289,7 +294,7 @@ class VerdictService:
 
     def snapshot(self) -> dict[str, Any]:
         """The service's figures: queue depth, cache size, counters, warm workers' start seconds."""
-        with self._lock:
+        with self._lock, self._stats_lock:
             return {**self.stats, "queued": self._queue.qsize(), "cached": len(self._cache),
                     "inflight": len(self._inflight), "ready": self.ready.is_set(), "warm": dict(self.warm_seconds),
                     "warmError": self.warm_error}

@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
+from ..api import computedomain as cd
 from ..api import lws
 from ..api.v1alpha1 import API_VERSION, parse_duration
 from ..catalog import Catalog
@@ -36,6 +37,7 @@ from ..metrics.health import Health
 from ..oracle.service import judged_key
 from ..planning.plan import RuleMemo, plan_object
 from ..planning.structs import Plan
+from ..planning.nvlink import uses_compute_domain
 from ..planning.problems import Problem, errors
 from ..planning.scaling import gpus_of, surge_replicas
 from ..planning.rollout import GroupState, RolloutDecision, RolloutSettings, RolloutStatus, decide, next_step_in
@@ -59,6 +61,8 @@ log = logging.getLogger(__name__)
 GROUP_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"))
 #: The workload of a role whose replicas span nodes, where the cluster serves it.
 MULTI_NODE_KINDS = ((lws.API_VERSION, lws.KIND),)
+#: IMEX channels of a multi-node role on GB200 / GB300 (NVIDIA's DRA driver), where the cluster serves them.
+COMPUTE_DOMAIN_KINDS = ((cd.API_VERSION, cd.KIND),)
 
 
 @dataclass
@@ -98,6 +102,7 @@ def reconcile(
     rule_memo: RuleMemo | None = None,
     lws_served: bool = False,
     autoscalers: Autoscalers | None = None,
+    cd_served: bool = False,
     oracle: OracleSettings | None = None,
     catalog_overrides: dict[str, str] | None = None,
 ) -> Outcome:
@@ -110,7 +115,9 @@ def reconcile(
 
     ``lws_served``: the cluster serves LeaderWorkerSets (sigs.k8s.io/lws). Without them a
     spec with a role spanning nodes creates nothing: status says what to install
-    (:func:`_missing_lws`), and whatever serves keeps serving untouched.
+    (:func:`_missing_lws`), and whatever serves keeps serving untouched. ``cd_served``: the
+    cluster serves ComputeDomains (NVIDIA's DRA driver); without them a spec with a role that
+    needs IMEX channels (planning/nvlink.py) creates nothing either (ComputeDomainMissing).
 
     ``rule_memo``: remembers the CEL verdict per generation (``planning.plan.RuleMemo``).
     ``autoscalers``: the HPAs targeting PDRoleScales, by namespace (``scaling.list_autoscalers``,
@@ -137,9 +144,11 @@ def reconcile(
     try:
         return _reconcile(kube=tracked, body=body, catalog=catalog, now=now, health=health,  # type: ignore[arg-type]
                           monitoring=monitoring, health_stale=health_stale, rule_memo=rule_memo,
-                          lws_served=lws_served, autoscalers=autoscalers, oracle=oracle,
+                          lws_served=lws_served, autoscalers=autoscalers, cd_served=cd_served, oracle=oracle,
                           catalog_overrides=catalog_overrides)
     except ApiException as e:
+        if e.status == 409:  # the object changed since it was read (a status write's precondition): no
+            raise            # failure to record; the retry reads the newer object
         reason, message = describe_api_error(e, call=tracked.last)
         _record_failure(kube, body, reason=reason, message=message, now=now)
         raise
@@ -157,6 +166,7 @@ def _reconcile(
     rule_memo: RuleMemo | None,
     lws_served: bool,
     autoscalers: Autoscalers | None = None,
+    cd_served: bool = False,
     oracle: OracleSettings | None = None,
     catalog_overrides: dict[str, str] | None = None,
 ) -> Outcome:
@@ -176,6 +186,13 @@ def _reconcile(
         outcome = _missing_lws(kube, body, plan, spanning, previous, generation, now)
         outcome.writes = kube.total_writes - writes_before
         return outcome
+    imex = [f"{r.role} nodes {r.inputs.nodes} on {r.inputs.accelerator_name}" for r in (plan.prefill, plan.decode)
+            if uses_compute_domain(plan.spec, r)]
+    if imex and not cd_served:
+        outcome = _missing_dependency(kube, body, plan, previous, generation, now, reason=S.REASON_CD_MISSING,
+                                      message=cd.missing_message(roles=imex))
+        outcome.writes = kube.total_writes - writes_before
+        return outcome
 
     # 1b. SGLang's own verdict (the oracle service) before any child is created or changed
     verdict = _sglang_verdict(oracle, plan, catalog, body, previous, generation, now, catalog_overrides)
@@ -191,7 +208,7 @@ def _reconcile(
         plan = with_kernel_compat(plan, gates)
 
     # 3. observe the compat groups that exist and the group the Service serves
-    observed = observe(kube, name=name, namespace=namespace, lws_served=lws_served)
+    observed = observe(kube, name=name, namespace=namespace, lws_served=lws_served, cd_served=cd_served)
 
     # 3b. each role's count: its PDRoleScale's when replicas is omitted (kubectl scale, HPA, KEDA), the planner's step
     owner = owner_of(body)
@@ -225,7 +242,8 @@ def _reconcile(
             record = current_record(generation=generation, spec=body.get("spec") or {}, objects=spec_objects)
             _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates,
                          replicas=_target_replicas(plan, observed, decision, counts), record=record,
-                         new_group=plan.compat_key not in observed.groups, lws_served=lws_served)
+                         new_group=plan.compat_key not in observed.groups, lws_served=lws_served,
+                         cd_served=cd_served)
         scale_serving_group(kube, plan, observed, serving_key=decision.serving_key, counts=counts,
                             scaled=scaling.scaled)
 
@@ -240,13 +258,13 @@ def _reconcile(
 
     # 7. delete groups that no longer serve (drained) or never did (cancelled, superseded)
     for key in decision.delete_keys:
-        _delete_group(kube, name=name, namespace=namespace, key=key, lws_served=lws_served)
+        _delete_group(kube, name=name, namespace=namespace, key=key, lws_served=lws_served, cd_served=cd_served)
 
     # 8. write status (only when changed) and an event per rollout transition
     shown = decision
     if decision.apply_target or decision.delete_keys:
         observed, shown = _after_writes(kube, plan, observed, decision, rollout_before, now, counts,
-                                        lws_served=lws_served, target=target)
+                                        lws_served=lws_served, target=target, cd_served=cd_served)
     new_status = S.valid_status(
         previous=previous,
         generation=generation,
@@ -394,12 +412,22 @@ def _missing_lws(
     (``lws.missing_message``); a group of an earlier generation keeps serving untouched.
     One Warning event when the condition appears.
     """
-    message = lws.missing_message(roles=spanning)
+    return _missing_dependency(kube, body, plan, previous, generation, now, reason=S.REASON_LWS_MISSING,
+                               message=lws.missing_message(roles=spanning))
+
+
+def _missing_dependency(kube: Kube, body: dict[str, Any], plan: Plan, previous: dict, generation: int, now: float, *,
+                        reason: str, message: str) -> Outcome:
+    """A valid spec the cluster cannot run (an API it needs is not served): nothing is created.
+
+    Shared by LeaderWorkerSetMissing and ComputeDomainMissing (NVIDIA's DRA driver): conditions
+    False with ``reason`` and ``message`` (what to install), one Warning event when the reason appears.
+    """
     new_status = dict(previous)
     new_status["observedGeneration"] = generation
     new_status["conditions"] = S.merge_conditions(
         previous.get("conditions") or [],
-        S.missing_dependency_conditions(reason=S.REASON_LWS_MISSING, message=message, problems=list(plan.problems),
+        S.missing_dependency_conditions(reason=reason, message=message, problems=list(plan.problems),
                                         generation=generation, previous=previous),
         generation=generation,
         now=now,
@@ -407,8 +435,8 @@ def _missing_lws(
     new_status["problems"] = [p.to_dict() for p in plan.problems]
     outcome = Outcome(valid=True)
     old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Reconciled"), {})
-    if _write_status(kube, body, previous, new_status) and old.get("reason") != S.REASON_LWS_MISSING:
-        _event(kube, body, outcome, "Warning", S.REASON_LWS_MISSING, message)
+    if _write_status(kube, body, previous, new_status) and old.get("reason") != reason:
+        _event(kube, body, outcome, "Warning", reason, message)
     return outcome
 
 
@@ -484,7 +512,7 @@ def _rollout_settings(plan: Plan) -> RolloutSettings:
 
 def _after_writes(
     kube: Kube, plan: Plan, before: Observed, decision: RolloutDecision, rollout_before: RolloutStatus, now: float,
-    counts: dict[str, int], *, lws_served: bool = False, target: str,
+    counts: dict[str, int], *, lws_served: bool = False, target: str, cd_served: bool = False,
 ) -> tuple[Observed, RolloutDecision]:
     """The observation status shows after this reconcile's writes, and the decision made from it.
 
@@ -498,7 +526,8 @@ def _after_writes(
     ``before`` and ``decision``, the observation acted on. Events always come from
     ``decision``: they describe what was done.
     """
-    after = observe(kube, name=plan.name, namespace=plan.namespace, lws_served=lws_served)
+    after = observe(kube, name=plan.name, namespace=plan.namespace, lws_served=lws_served,
+                    cd_served=cd_served)
     prev = RolloutStatus(
         target_key=target,
         phase=decision.phase,
@@ -546,7 +575,7 @@ def _target_replicas(plan: Plan, observed: Observed, decision: RolloutDecision,
 def _apply_group(
     kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool, gates: dict[str, KernelGateState] | None,
     replicas: dict[str, int] | None = None, record: RenderRecord | None = None, new_group: bool = False,
-    lws_served: bool = False,
+    lws_served: bool = False, cd_served: bool = False,
 ) -> None:
     """Apply the plan's group all or nothing: the API server's verdict on every child first.
 
@@ -568,9 +597,16 @@ def _apply_group(
         objects = gate_objects(objects, gates)
     objects = [{**obj, "spec": {**obj["spec"], "replicas": 0}}
                if to_zero and obj["kind"] in ("Deployment", lws.KIND) else obj for obj in objects]
+    # a ComputeDomain's spec is immutable (the driver's CEL): created once when missing, never applied
+    domains = [obj for obj in objects if obj["kind"] == cd.KIND]
+    objects = [obj for obj in objects if obj["kind"] != cd.KIND]
     for obj in objects:  # 1. the API server's verdict on each changed child; nothing is written
         kube.apply(obj, dry_run=True)
     try:
+        for obj in domains:
+            meta = obj["metadata"]
+            if kube.get(cd.API_VERSION, cd.KIND, meta["name"], meta["namespace"]) is None:
+                kube.create(obj)
         for obj in objects:  # 2. write them
             kube.apply(obj)
     except ApiException:
@@ -578,7 +614,8 @@ def _apply_group(
             raise
         failed = getattr(kube, "last", None)
         try:  # 3. refused after its dry run: the new group's children go again
-            _delete_group(kube, name=plan.name, namespace=plan.namespace, key=plan.compat_key, lws_served=lws_served)
+            _delete_group(kube, name=plan.name, namespace=plan.namespace, key=plan.compat_key, lws_served=lws_served,
+                          cd_served=cd_served)
         except ApiException as e:
             log.warning("%s/%s: could not delete the half-created group %s: %s", plan.namespace, plan.name,
                         plan.compat_key, e.reason)
@@ -665,7 +702,8 @@ def _apply_monitoring(kube: Kube, plan: Plan, owner: dict[str, Any]) -> None:
                     plan.namespace, plan.name, str(e).splitlines()[0])
 
 
-def _delete_group(kube: Kube, *, name: str, namespace: str, key: str, lws_served: bool = False) -> None:
+def _delete_group(kube: Kube, *, name: str, namespace: str, key: str, lws_served: bool = False,
+                  cd_served: bool = False) -> None:
     selector = f"{L.LABEL_DEPLOYMENT}={name},{L.LABEL_COMPAT_KEY}={key},app.kubernetes.io/managed-by={L.MANAGED_BY}"
     for api_version, kind in GROUP_KINDS:
         for obj in kube.list(api_version, kind, namespace, selector):
@@ -674,15 +712,26 @@ def _delete_group(kube: Kube, *, name: str, namespace: str, key: str, lws_served
         for api_version, kind in MULTI_NODE_KINDS:
             for obj in kube.list(api_version, kind, namespace, selector):
                 kube.delete(api_version, kind, obj["metadata"]["name"], namespace)
+    if cd_served:  # the kind exists only where NVIDIA's DRA driver is installed
+        for api_version, kind in COMPUTE_DOMAIN_KINDS:
+            for obj in kube.list(api_version, kind, namespace, selector):
+                kube.delete(api_version, kind, obj["metadata"]["name"], namespace)
 
 
 def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any]) -> bool:
-    """Merge-patch status with exactly the difference; no write when nothing changed."""
+    """Merge-patch status with exactly the difference; no write when nothing changed.
+
+    The patch carries ``body``'s resourceVersion as a precondition: status holds memory
+    (rollout timers, the planner's hysteresis), and a difference computed against a status
+    someone else rewrote since (another replica after a failover, a user) must not land on
+    it; the API server answers 409 and the retry reads the newer object.
+    """
     patch = merge_patch(S.comparable(previous), S.comparable(new))
     if not patch:
         return False
     meta = body["metadata"]
-    kube.patch_status(API_VERSION, "PDDeployment", meta["name"], meta["namespace"], patch)
+    kube.patch_status(API_VERSION, "PDDeployment", meta["name"], meta["namespace"], patch,
+                      resource_version=meta.get("resourceVersion"))
     return True
 
 

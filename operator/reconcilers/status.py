@@ -204,6 +204,8 @@ def invalid_conditions(problems: list[Problem], *, generation: int, previous: di
 
 #: Reason of the conditions a multi-node spec gets on a cluster without LeaderWorkerSets.
 REASON_LWS_MISSING = "LeaderWorkerSetMissing"
+#: Reason when a multi-node role on GB200 / GB300 needs ComputeDomains (NVIDIA's DRA driver) the cluster does not serve.
+REASON_CD_MISSING = "ComputeDomainMissing"
 
 
 def missing_dependency_conditions(

@@ -110,6 +110,12 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]
   verbs: [get, list, watch, create, patch, delete]
+# With NVIDIA's DRA driver (an optional dependency): a multi-node role on GB200 / GB300 gets
+# one ComputeDomain (IMEX channels) per LeaderWorkerSet: create (its spec is immutable),
+# prune, watched so a group counts Ready only once its nodes joined. Harmless without it.
+- apiGroups: [resource.nvidia.com]
+  resources: [computedomains]
+  verbs: [get, list, watch, create, delete]
 # Kernel build Jobs (one per attempt): create, delete stale or superseded attempts; watched
 # so a build's status follows its Job.
 - apiGroups: [batch]
