@@ -46,7 +46,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from . import startup
+from . import scheduler_pd, startup
 from .kernel_standins import take_answered, take_calls
 from .model_checks import model_build_problems
 from .stages import PHASES, STAGES, OracleLimit
@@ -277,6 +277,9 @@ STAGE_STEPS: dict[str, tuple[str, ...]] = {
               *startup.MODEL_STEPS),
     "kv": ("kv: configure_kv_cache_dtype, select_dsv4_kv_layout, pd_kv_layout (mem_cache/)",),
     "memory": startup.MEMORY_STEPS,
+    "pools": scheduler_pd.POOL_STEPS,
+    "pd-queues": scheduler_pd.QUEUE_STEPS,
+    "transfer": scheduler_pd.TRANSFER_STEPS,
 }
 ALL_STEPS = tuple(step for stage in STAGES for step in STAGE_STEPS[stage])
 
@@ -341,9 +344,34 @@ def _built_model(server_args: Any, key: str) -> tuple[Any, dict[str, Any], list[
     return built
 
 
-def _memory_plan(server_args: Any, model: Any, weight_bytes: int) -> dict[str, Any]:
+def _scheduler_after_model(server_args: Any, model: Any, weight_bytes: int) -> tuple[dict[str, Any], list[str]]:
+    """The scheduler's steps after its model, in rank 0's context with the weights resident:
+    memory planning (``memory``), the KV pools (``pools``), the PD queues (``pd-queues``)
+    and the transfer backend's manager (``transfer``), each refusal tagged with its stage.
+    Returns ({"memory", "pools", "queue", "transfer"}, assumed steps)."""
+    from sglang.srt.runtime_context import get_spec
+
+    assumed: list[str] = []
     with startup.scheduler_rank(server_args), startup.DEVICE.resident(weight_bytes):
-        return startup.plan_memory(server_args, model)
+        memory, runner, config = _stage("memory", startup.plan_memory, server_args, model)
+        runner.req_to_token_pool = runner.token_to_kv_pool_allocator = None
+        pools = _stage("pools", scheduler_pd.assemble_pools, runner, config)
+        _, manager_request, queue = _stage("pd-queues", scheduler_pd.build_queues, server_args, runner)
+        transfer = None
+        algorithm = str(get_spec().speculative_algorithm or "").upper()
+        if algorithm not in ("", "NONE"):
+            assumed.append(f"transfer: not run for a speculative role ({algorithm}): the draft worker and its KV pool, "
+                           "which the transfer manager carries too, are not built (speculative/)")
+        else:
+            try:
+                transfer = _stage("transfer", scheduler_pd.build_manager, server_args, manager_request)
+            except Refusal as r:
+                if not r.info.get("indeterminate"):
+                    raise
+                assumed.append(f"transfer: not run: {r.info['indeterminate']}")
+            else:
+                assumed.extend(scheduler_pd.ASSUMED)
+    return {"memory": memory, "pools": pools, "queue": queue, "transfer": transfer}, assumed
 
 
 #: How far a role's startup runs: ``startup`` (every stage; the default) or ``args`` (the
@@ -367,13 +395,13 @@ def _startup(argv: list[str], cache_key: str = "", depth: str = "startup") -> tu
         return server_args, _stage("kv", _peer_facts, server_args)
     model, model_facts, assumed = _stage("model", _built_model, server_args, cache_key)
     facts = _stage("kv", _peer_facts, server_args)
-    memory = _stage("memory", _memory_plan, server_args, model, model_facts["weightBytes"])
+    after, more = _scheduler_after_model(server_args, model, model_facts["weightBytes"])
     import torch
 
     facts["podGpus"] = torch.cuda.device_count()  # what SGLang saw: the pod's GPUs (emulation.pod_gpus)
     facts["model"] = dict(model_facts)
-    facts["memory"] = memory
-    facts["assumedSteps"] = list(assumed)
+    facts.update(after)
+    facts["assumedSteps"] = [*assumed, *more]
     return server_args, facts
 
 

@@ -420,15 +420,15 @@ def build_model(server_args: Any) -> tuple[Any, dict[str, Any], list[str]]:
     return model, facts, assumed
 
 
-def plan_memory(server_args: Any, model: Any) -> dict[str, Any]:
+def plan_memory(server_args: Any, model: Any) -> tuple[dict[str, Any], Any, Any]:
     """SGLang's KV memory planning for rank 0 after ``model`` is resident: the pool sizes.
 
     A ModelRunner carrying what ``init_kv_cache_configurator`` reads (the runner's own
     ``__init__`` needs a GPU for what precedes), then the real configurator's
     ``_resolve_memory_pool_config``. ``pre_model_load_memory`` is the emulated free memory
     before the weights, in GiB, as ``bootstrap.measure_pre_model_load_memory`` measures it.
-    Returns {"maxTotalNumTokens", "maxRunningRequests", "kvBudgetBytes" ...}; raises
-    SGLang's refusal.
+    Returns ({"maxTotalNumTokens", "maxRunningRequests", "memFractionStatic",
+    "freeBeforeWeightsBytes"}, the runner, SGLang's MemoryPoolConfig); raises SGLang's refusal.
     """
     from sglang.srt.arg_groups.model_override_base import model_config_of
     from sglang.srt.configs.model_config import AttentionArch
@@ -483,4 +483,4 @@ def plan_memory(server_args: Any, model: Any) -> dict[str, Any]:
         "maxRunningRequests": int(config.max_running_requests) if config.max_running_requests is not None else None,
         "memFractionStatic": get_schedule().mem_fraction_static,
         "freeBeforeWeightsBytes": int(free_before),
-    }
+    }, runner, config

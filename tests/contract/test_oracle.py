@@ -27,12 +27,21 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 
-def _judge(oracle, catalog, doc):
+def _judge(oracle, catalog, doc, *, depth: str | None = None):
+    """Plan ``doc`` and judge it; ``depth`` ("args" | "startup") for this call only (default: the oracle's).
+
+    Tests of the argument checks and the handshake judge at ``args``: a deeper stage's refusal
+    (the model build, memory) would stop the role before what they test."""
     from sglang_pd_operator.planning.plan import plan_object
 
     plan, _ = plan_object(doc, catalog)
     assert plan is not None, "the spec must pass the schema"
-    return plan, oracle.judge_plan(plan)
+    saved = oracle.depth
+    oracle.depth = depth or saved
+    try:
+        return plan, oracle.judge_plan(plan)
+    finally:
+        oracle.depth = saved
 
 
 def _example(name: str) -> dict:
@@ -85,7 +94,7 @@ def test_plugin_standin_is_judged_by_sglangs_binding(oracle, catalog):
     doc = _example("dsv41-flash-gb300-low-latency.yaml")
     doc["spec"]["decode"]["parallelism"] = {"tp": 2}
     doc["spec"]["prefill"]["parallelism"] = {"tp": 2}
-    _, verdict = _judge(oracle, catalog, doc)
+    _, verdict = _judge(oracle, catalog, doc, depth="args")  # at startup, TP2 prefill's weights leave no KV memory
     assert verdict.decode.starts is False
     assert "--enable-nvidia-megakernel cannot run this setup" in verdict.decode.refusal.message
     assert "tp_size 2 is not one of ['4']" in verdict.decode.refusal.message
@@ -169,7 +178,7 @@ def test_handshake_refusals_come_from_conn_py(oracle, catalog):
     """Both roles start, SGLang's own try_ensure_parallel_info refuses the pair."""
     doc = _example("dsv41-flash-gb300-throughput-dep.yaml")
     doc["spec"]["decode"]["parallelism"] = {"tp": 4}  # DEP prefill, TP decode: attention TP 1 vs 4
-    _, verdict = _judge(oracle, catalog, doc)
+    _, verdict = _judge(oracle, catalog, doc, depth="args")
     assert verdict.prefill.starts and verdict.decode.starts
     assert verdict.pair.pairs is False
     assert verdict.pair.refusal.message == (
@@ -181,7 +190,8 @@ def test_handshake_refusals_come_from_conn_py(oracle, catalog):
     doc["spec"]["prefill"]["accelerator"] = "h200"  # auto layout: v4 on Hopper, v41 on Blackwell
     doc["spec"]["prefill"]["parallelism"] = {"tp": 4}
     doc["spec"]["kvLayout"]["attentionBackend"] = "auto"
-    _, verdict = _judge(oracle, catalog, doc)
+    # at startup, H200's TP4 prefill is refused first: FP4 experts at 576 per rank (quantized_moe_block_width)
+    _, verdict = _judge(oracle, catalog, doc, depth="args")
     assert verdict.pair.pairs is False
     assert verdict.pair.refusal.message.startswith(
         "KV layout mismatch: prefill server has kv_layout=v4,c1:v4,c2:v4, but decode server has "
@@ -234,7 +244,7 @@ def test_a_multi_node_handshake_refusal_comes_from_conn_py(oracle, catalog):
     doc = _example("dsv41-flash-gb300-multi-node.yaml")
     doc["spec"]["decode"]["parallelism"] = {"tp": 8, "nodes": 2}
     doc["spec"]["decode"]["extraArgs"] = []
-    _, verdict = _judge(oracle, catalog, doc)
+    _, verdict = _judge(oracle, catalog, doc, depth="args")
     assert verdict.prefill.starts and verdict.decode.starts, verdict.to_dict()
     assert verdict.pair.pairs is False
     assert "requires the same TP size" in verdict.pair.refusal.message
@@ -403,3 +413,93 @@ def test_the_pod_sees_the_gpus_it_requests(oracle, catalog):
     assert pod_gpus(plan, plan.prefill) == 4
     assert verdict.prefill.starts is True, (verdict.prefill.refusal, verdict.prefill.indeterminate)
     assert verdict.prefill.facts["podGpus"] == 4
+
+
+# --------------------------------------------------------------------------- pools, PD queues, transfer manager
+
+
+def test_pools_pd_queues_and_the_transfer_manager_run(oracle, catalog):
+    """After the memory plan, each role's KV pools are built by SGLang's own classes on the
+    meta device, the scheduler's init_disaggregation builds the role's PD queue, and the
+    real MooncakeKVManager is built on the queue's KVArgs with the native engine replaced."""
+    _, verdict = _judge(oracle, catalog, _example("qwen3-30b-a3b-paged-experts.yaml"))
+    assert verdict.accepted is True, verdict.to_dict()
+    for role, queue in ((verdict.prefill, "PrefillBootstrapQueue"), (verdict.decode, "DecodePreallocQueue")):
+        facts = role.facts
+        assert facts["pools"]["tokenToKVPool"] == "MHATokenToKVPool" and facts["pools"]["poolBytes"] > 1 << 30
+        assert facts["queue"]["queue"] == queue
+        assert facts["queue"]["kvArgs"]["kvBuffers"] == 2 * 48  # K and V of 48 layers
+        assert facts["transfer"]["manager"] == "MooncakeKVManager"
+        assert facts["transfer"]["engineCalls"][:2] == ["TransferEngine", "initialize"]
+        assert "batch_register_memory" in facts["transfer"]["engineCalls"]
+        for stage in ("pools:", "pd-queues:", "transfer:"):
+            assert any(s.startswith(stage) for s in role.steps), (stage, role.steps)
+        assert any("background threads" in a for a in role.assumes)
+
+
+def test_a_speculative_role_names_the_transfer_stage_it_did_not_run(oracle, catalog):
+    """DSpark's transfer manager carries the draft worker's KV pool, which the oracle does not
+    build: the PD queue runs, the transfer stage is listed under assumes, not skipped silently."""
+    _, verdict = _judge(oracle, catalog, _example("dsv41-flash-gb300-low-latency.yaml"))
+    decode = verdict.decode
+    assert decode.starts is True and decode.facts["queue"]["queue"] == "DecodePreallocQueue"
+    assert decode.facts["transfer"] is None
+    assert any(a.startswith("transfer: not run for a speculative role (DSPARK)") for a in decode.assumes)
+
+
+def test_transfer_engine_standin_matches_the_native_library():
+    """Every method of the Mooncake engine stand-in is a method the installed native library
+    (mooncake/engine.so) exports, and every engine method SGLang's wrapper calls while it
+    starts is one the stand-in has."""
+    import importlib.util
+    import re
+
+    from sglang_pd_operator.oracle.scheduler_pd import STANDIN_METHODS, TransferEngineStandIn
+
+    spec = importlib.util.find_spec("mooncake")
+    library = (Path(list(spec.submodule_search_locations)[0]) / "engine.so").read_bytes()
+    for name in STANDIN_METHODS:
+        assert callable(getattr(TransferEngineStandIn, name))
+        assert re.search(rb"(?<![A-Za-z_])" + name.encode() + rb"(?![A-Za-z_])", library), name
+    wrapper = Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / (
+        "srt/distributed/device_communicators/mooncake_transfer_engine.py")
+    text = wrapper.read_text()
+    startup_part = text[text.index("class MooncakeTransferEngine"):text.index("def transfer_sync")]
+    called = set(re.findall(r"self\.engine\.(\w+)\(", startup_part))
+    assert called and called <= set(STANDIN_METHODS), called - set(STANDIN_METHODS)
+
+
+def test_a_staging_buffer_on_an_mla_model_is_refused_by_the_pd_queue(oracle, catalog):
+    """Refusal class (pd-queues): SGLANG_DISAGG_STAGING_BUFFER=1 on DeepSeek-V4 (an MLA pool):
+    no argument check reads it; PrefillBootstrapQueue.__init__ refuses it."""
+    doc = _role_doc("dsv41-flash-gb300-throughput-dep.yaml", "prefill", env={"SGLANG_DISAGG_STAGING_BUFFER": "1"})
+    assert _operator_accepts_role(catalog, doc, "prefill")
+    _, args_verdict = _judge(oracle, catalog, doc, depth="args")
+    assert args_verdict.prefill.starts is True  # the argument checks accept it
+    _, verdict = _judge(oracle, catalog, doc)
+    refusal = verdict.prefill.refusal
+    assert verdict.prefill.starts is False and (refusal.stage, refusal.phase) == ("pd-queues", "pd-queues"), refusal
+    assert "SGLANG_DISAGG_STAGING_BUFFER is designed for non-MLA models" in refusal.message
+    assert refusal.where.startswith("sglang/srt/disaggregation/prefill.py:__init__")
+
+
+@pytest.mark.parametrize("role,env,message", [
+    ("prefill", {"SGLANG_DISAGGREGATION_THREAD_POOL_SIZE": "2", "SGLANG_DISAGGREGATION_QUEUE_SIZE": "4"},
+     "SGLANG_DISAGGREGATION_THREAD_POOL_SIZE=2 must be greater than or equal to SGLANG_DISAGGREGATION_QUEUE_SIZE=4"),
+    ("decode", {"SGLANG_ENABLE_FAILED_SESSION_PROBE": "1", "SGLANG_FAILED_SESSION_PROBE_INTERVAL_S": "30",
+                "SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S": "10"},
+     "Need 0 < SGLANG_FAILED_SESSION_PROBE_INTERVAL_S <= SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S"),
+])
+def test_an_environment_the_mooncake_manager_refuses(oracle, catalog, role, env, message):
+    """Refusal classes (transfer): settings MooncakeKVManager.__init__ checks, which the
+    argument checks never read: a thread pool smaller than the transfer queues, a failed-session
+    probe interval above its maximum."""
+    doc = _role_doc("qwen3-30b-a3b-paged-experts.yaml", role, env=env)
+    assert _operator_accepts_role(catalog, doc, role)
+    _, args_verdict = _judge(oracle, catalog, doc, depth="args")
+    assert getattr(args_verdict, role).starts is True
+    _, verdict = _judge(oracle, catalog, doc)
+    refusal = getattr(verdict, role).refusal
+    assert getattr(verdict, role).starts is False and (refusal.stage, refusal.phase) == ("transfer", "transfer"), refusal
+    assert message in refusal.message
+    assert refusal.where.startswith("sglang/srt/disaggregation/mooncake/conn.py:__init__")
