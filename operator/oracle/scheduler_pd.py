@@ -7,7 +7,7 @@ and planned its memory, in the order ``Scheduler.__init__`` does (managers/sched
     ``KVCacheConfigurator._derive_pool_sizes`` and ``_init_pools``
     (mem_cache/kv_cache_configurator.py:528, :585) on the resolved memory plan: SGLang's
     own pool classes (req-to-token, token-to-KV, the allocator; DeepSeek-V4's compressed
-    and state pools; HiCache's host pools where the role has them) with every tensor on
+    and state pools) with every tensor on
     the meta device (:class:`.startup.MetaAllocations`), then the runner's fields set as
     ``alloc_memory_pool`` sets them.
 ``pd-queues`` (``Scheduler.init_disaggregation``, managers/scheduler.py:1505)

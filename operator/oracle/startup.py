@@ -34,9 +34,10 @@ What is emulated, at the boundary SGLang reads it from:
 
 What does not run, and is listed in the verdict's ``assumes``: weight loading itself
 and ``process_weights_after_loading`` (there are no weights), the other ranks (taken
-to be shaped as rank 0: same widths, same layers up to the pipeline split), the KV pool
-allocation (sizes computed, nothing allocated), attention backends and CUDA graph capture
-(kernels), NCCL/custom all-reduce initialisation.
+to be shaped as rank 0: same widths, same layers up to the pipeline split), the KV pools'
+storage (:mod:`.scheduler_pd` builds them on the meta device), the HiCache tree, the
+draft worker, attention backends and CUDA graph capture (kernels), NCCL/custom
+all-reduce initialisation.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ MEMORY_STEPS = (
 ASSUMED_STEPS = (
     "model: weight loading and process_weights_after_loading (no weights; model_loader/loader.py)",
     "model: ranks other than rank 0 of node 0 are shaped as rank 0",
-    "memory: KV and req-to-token pools allocated (sizes computed only; kv_cache_configurator.py _init_pools)",
+    "pools: the pools' storage (built on the meta device: shapes and bytes, nothing allocated; kv_cache_configurator.py _init_pools)",
+    "memory: the HiCache radix tree and host pools (mem_cache/kv_cache_builder.py build_kv_cache)",
+    "speculative: the draft worker, its draft model and draft KV pool (speculative/)",
     "kernels: attention backends, CUDA graph capture, NCCL / custom all-reduce (model_runner.py init_attention_backends, init_cuda_graphs)",
 )
 
