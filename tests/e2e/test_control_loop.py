@@ -17,7 +17,7 @@ import time
 
 import pytest
 from helpers import EXAMPLES, load_example
-from opkit import OperatorProcess, kapply, kget, operator_metrics, pods, ready_now, wait_for
+from opkit import OperatorProcess, kapply, kget, looked, operator_metrics, pods, ready_now, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -78,7 +78,12 @@ def test_unrelated_objects_never_reach_the_operator_and_rest_writes_nothing(clus
     writes = sum(v for (n, _), v in operator_metrics(operator).items() if n == "sglang_pd_operator_api_writes_total")
     cluster.kubectl("delete", "pods", "-n", ns, "-l", "app=unrelated", "--wait=false")
     kapply(cluster, [_unrelated_pod(ns, 100 + i, node) for i in range(20)])
-    time.sleep(8)  # resync 300 s here: no reconcile of the key is due to wait for (a poke would itself write)
+    wait_for(lambda: len(pods(cluster, ns, "app=unrelated")) == 20, timeout=60, what="the unrelated churn is done")
+    # proof the operator looked after the churn (resync 300 s here: none is due): a label of no concern on a
+    # child queues the key like any change of a child; the reconcile finds nothing to write
+    child = kget(cluster, "configmaps", "-n", ns, "-l", f"pd.sglang-operator.io/deployment={name}")["items"][0]
+    cluster.kubectl("label", "configmap", child["metadata"]["name"], "-n", ns, "poke=1", "--overwrite")
+    looked(operator, "PDDeployment", ns, name, more=1)
     after = sum(v for (n, _), v in operator_metrics(operator).items() if n == "sglang_pd_operator_api_writes_total")
     assert after == writes, f"{after - writes} writes at rest"
     assert views_match()
