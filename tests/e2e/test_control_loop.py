@@ -17,7 +17,7 @@ import time
 
 import pytest
 from helpers import EXAMPLES, load_example
-from opkit import OperatorProcess, kapply, kget, looked, operator_metrics, pods, ready_now, wait_for
+from opkit import OperatorProcess, kapply, kget, operator_metrics, pods, ready_now, reconciles, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -91,8 +91,10 @@ def test_unrelated_objects_never_reach_the_operator_and_rest_writes_nothing(clus
     # proof the operator looked after the churn (resync 300 s here: none is due): a label of no concern on a
     # child queues the key like any change of a child; the reconcile finds nothing to write
     child = kget(cluster, "configmaps", "-n", ns, "-l", f"pd.sglang-operator.io/deployment={name}")["items"][0]
+    looks = reconciles(operator, "PDDeployment", ns, name)  # before the poke: its reconcile may be done at once
     cluster.kubectl("label", "configmap", child["metadata"]["name"], "-n", ns, "poke=1", "--overwrite")
-    looked(operator, "PDDeployment", ns, name, more=1)
+    wait_for(lambda: reconciles(operator, "PDDeployment", ns, name) > looks, timeout=60,
+             what="the operator's reconcile after the poke")
     after = written()
     assert after == writes, f"writes at rest: {after} (before: {writes})\n{operator.log_tail(40)}"
     assert views_match()
