@@ -321,7 +321,7 @@ def install_wheels(base: Base, image: str, rootfs: Path, wheels: Path, config: I
     if image == "oracle":
         # the CUDA stubs of PyPI's torch, compiled by the host's cc against the image's torch
         site = rootfs / "usr" / "local" / "lib" / "python3.11" / "dist-packages"
-        run([sys.executable, "-m", "sglang_pd_operator.oracle.cuda_stubs", str(site)], what="CUDA stubs",
+        run([sys.executable, str(ROOT / "operator" / "oracle" / "cuda_stubs.py"), str(site)], what="CUDA stubs",
             env={**os.environ, "SOURCE_DATE_EPOCH": str(base.epoch)})
 
 
@@ -720,7 +720,8 @@ def smoke_operator(record: dict, work: Path) -> dict:
         sa = f"{release}-sglang-pd-operator"
         metrics_port = demo.free_port()
         cl.helm("install", release, str(CHART), "--namespace", ns, "--create-namespace", "--set", "crds.install=false",
-                "--set", f"image.repository=127.0.0.1:5000/sglang-pd-operator", "--set", f"image.digest={record['digest']}",
+                "--set", f"image.repository={registry_address() or '127.0.0.1'}/{REPOSITORIES['operator']}",
+                "--set", f"image.digest={record['digest']}",
                 "--set", f"metrics.port={metrics_port}")
         dep = json.loads(cl.kubectl("get", "deployment", sa, "-n", ns, "-o", "json").stdout)
         (spec,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "operator"]

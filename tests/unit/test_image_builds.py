@@ -95,3 +95,48 @@ def test_python_packages_outside_the_lock_are_named():
 def test_the_pin_block_must_exist():
     with pytest.raises(images.ImageError, match="pin"):
         images.dockerfile_with_pins("FROM x\n", images.Base.load())
+
+
+def _fake_rootfs(tmp_path, *, script=True, interpreter=True, module=True):
+    root = tmp_path / "rootfs"
+    (root / "usr/local/bin").mkdir(parents=True)
+    (root / "usr/bin").mkdir(parents=True)
+    site = root / "usr/local/lib/python3.11/dist-packages/sglang_pd_operator"
+    site.mkdir(parents=True)
+    if script:
+        (root / "usr/local/bin/sglang-pd-operator").write_text(
+            "#!/usr/bin/python3\nimport sys\nfrom sglang_pd_operator.cli import main\nsys.exit(main())\n")
+    if interpreter:
+        (root / "usr/bin/python3").write_text("")
+    if module:
+        (site / "cli.py").write_text("")
+    return root
+
+
+def test_smoke_names_what_the_entrypoint_lacks(tmp_path):
+    """A missing entrypoint, interpreter or module fails the smoke run before runc, by name."""
+    env = ["PATH=/usr/local/bin:/usr/bin"]
+    assert images.entrypoint_problems(_fake_rootfs(tmp_path / "ok"), ["sglang-pd-operator", "run"], env) == []
+    (problem,) = images.entrypoint_problems(_fake_rootfs(tmp_path / "a", script=False), ["sglang-pd-operator"], env)
+    assert "sglang-pd-operator (the entrypoint) is not on the image's PATH" in problem
+    (problem,) = images.entrypoint_problems(_fake_rootfs(tmp_path / "b", interpreter=False), ["sglang-pd-operator"], env)
+    assert "interpreter /usr/bin/python3 is missing" in problem
+    (problem,) = images.entrypoint_problems(_fake_rootfs(tmp_path / "c", module=False), ["sglang-pd-operator"], env)
+    assert "imports sglang_pd_operator.cli, which is not installed" in problem
+
+
+def test_runtime_spec_is_the_charts_pod():
+    """umoci's spec made read-only, uid 65532, /tmp a tmpfs, host network, binds read-only."""
+    spec = {"process": {"args": ["x"], "terminal": True, "user": {"uid": 0, "gid": 0}, "env": ["PATH=/usr/bin"]},
+            "root": {"path": "rootfs", "readonly": False},
+            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "mount"}]}}
+    out = images.runtime_spec(spec, args=["sglang-pd-operator", "run"], env={"POD_NAME": "p"},
+                              binds=[(ROOT, images.SA_DIR)])
+    assert out["root"]["readonly"] is True and out["process"]["user"] == {"uid": 65532, "gid": 65532}
+    assert out["process"]["terminal"] is False and out["process"]["args"] == ["sglang-pd-operator", "run"]
+    assert "POD_NAME=p" in out["process"]["env"] and "PATH=/usr/bin" in out["process"]["env"]
+    assert {n["type"] for n in out["linux"]["namespaces"]} == {"pid", "mount"}
+    mounts = {m["destination"]: m for m in out["mounts"]}
+    assert mounts["/tmp"]["type"] == "tmpfs" and "ro" in mounts[images.SA_DIR]["options"]
+    assert spec["root"]["readonly"] is False  # the input is not changed
