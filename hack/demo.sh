@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONSAFEPATH=1
-./hack/setup.sh
+./hack/setup.sh --contract   # the SGLang oracle service runs from the venv too
 exec .venv/bin/sglang-pd-operator dev demo "$@"

@@ -61,6 +61,13 @@ class Accelerator(_Entry):
     hostMemory: str
     cpus: int = Field(ge=1)
     nvlinkDomain: int = Field(ge=1, description="GPUs reachable over NVLink / xGMI from one GPU.")
+    nvlinkCliqueLabel: str | None = Field(
+        default=None,
+        description=(
+            "Node label naming the node's NVLink partition when the NVLink domain spans nodes (NVIDIA's GPU "
+            "operator: nvidia.com/gpu.clique = <clusterUUID>.<cliqueID>); None for a domain inside one node."
+        ),
+    )
     gpuResource: str
     rdmaResource: str = "rdma/hca"
     sharedMemory: str = "64Gi"
@@ -107,6 +114,16 @@ class Accelerator(_Entry):
     def rail(self, device: str) -> Rail | None:
         """The rail of NIC ``device``, or None when this node type has no such NIC."""
         return next((r for r in self.rails if r.device == device), None)
+
+    @property
+    def multi_node_nvlink(self) -> bool:
+        """NVLink reaches GPUs of other nodes (GB200 / GB300 NVL72): nvlinkDomain above gpusPerNode and a clique label."""
+        return self.nvlinkCliqueLabel is not None and self.nvlinkDomain > self.gpusPerNode
+
+    @property
+    def nodes_per_clique(self) -> int:
+        """Nodes of one NVLink partition (18 trays of 4 GPUs on NVL72); 1 without multi-node NVLink."""
+        return self.nvlinkDomain // self.gpusPerNode if self.multi_node_nvlink else 1
 
     @property
     def is_blackwell(self) -> bool:

@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import logging
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -414,6 +415,15 @@ def crds(out_dir: str | None, check_only: bool) -> None:
               help="Key of --prometheus-cert-file.")
 @click.option("--prometheus-insecure-skip-verify", is_flag=True, default=False,
               help="Do not verify Prometheus' TLS certificate (test setups only).")
+@click.option("--oracle-url", default=None, envvar="SGLANG_PD_ORACLE_URL",
+              help="The SGLang oracle service (`oracle serve`, the chart's oracle.enabled), e.g. "
+                   "http://sglang-pd-operator-oracle:8090: every new generation whose rules pass waits for SGLang's "
+                   "verdict before a child is created or changed. Unset: the operator's rules alone.")
+@click.option("--oracle-on-unavailable", type=click.Choice(["wait", "rulesOnly"]), default="wait", show_default=True,
+              help="Default of spec.oracle.onUnavailable: after --oracle-max-wait without a verdict, keep waiting "
+                   "(Valid False, SGLangUnavailable) or go on with the rules alone (Valid True, RulesOnly, a Warning).")
+@click.option("--oracle-max-wait", default="5m", show_default=True, metavar="DURATION",
+              help="Default of spec.oracle.maxWait: how long a generation waits for SGLang's verdict.")
 def run(
     kubeconfig: str | None,
     namespaces: tuple[str, ...],
@@ -437,6 +447,9 @@ def run(
     prometheus_cert_file: str | None,
     prometheus_key_file: str | None,
     prometheus_insecure_skip_verify: bool,
+    oracle_url: str | None,
+    oracle_on_unavailable: str,
+    oracle_max_wait: str,
 ) -> None:
     """Run the operator (kopf) until interrupted; exits 1 when the CRDs are missing or older, 3 on lost leadership.
 
@@ -474,6 +487,15 @@ def run(
                                             insecure_skip_verify=prometheus_insecure_skip_verify)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--prometheus-url") from None
+    from .api.v1alpha1 import parse_duration
+
+    try:
+        oracle_wait_s = parse_duration(oracle_max_wait)
+    except ValueError:
+        raise click.BadParameter("expected a duration such as 90s or 5m", param_hint="--oracle-max-wait") from None
+    if oracle_url is not None and not oracle_url.startswith(("http://", "https://")):
+        raise click.BadParameter("expected an http(s) URL, e.g. http://sglang-pd-operator-oracle:8090",
+                                 param_hint="--oracle-url")
     try:
         lease, renew, retry = (int(x) for x in leader_elect_timing.split(","))
     except ValueError:
@@ -506,6 +528,9 @@ def run(
             slo_status_period=slo_status_period,
             slo_source=slo_source,
             prometheus=prometheus,
+            oracle_url=oracle_url,
+            oracle_policy=oracle_on_unavailable,
+            oracle_max_wait_s=oracle_wait_s,
         )
     except CRDSchemaError as e:
         log.error("refusing to run: %s", e)
@@ -565,6 +590,64 @@ def sglang_status(python: str | None) -> None:
         click.echo(why, err=True)
         sys.exit(EXIT_NO_VERDICT)
     click.echo("the SGLang 0.5.23 oracle is ready")
+
+
+@main.group("oracle")
+def oracle_group() -> None:
+    """The SGLang oracle as a service the operator consults (``run --oracle-url``)."""
+
+
+@oracle_group.command("serve")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8090, show_default=True, type=int, help="HTTP port.")
+@click.option("--warm", default="gb300", show_default=True, metavar="ACC[,ACC]",
+              help="Accelerators whose workers start at once (/readyz waits for them); others start on first use.")
+@click.option("--judges", default=2, show_default=True, type=int, help="Specs judged at once.")
+@click.option("--queue-size", default=64, show_default=True, type=int,
+              help="Specs waiting for a judge; beyond it a request is answered 503.")
+@click.option("--request-timeout", default=120.0, show_default=True, type=float,
+              help="Seconds a request may take, queue included (504 after; a worker that hangs is restarted).")
+@click.option("--max-body-bytes", default=1 << 20, show_default=True, type=int, help="Largest request body.")
+@click.option("--max-workers", default=4, show_default=True, type=int,
+              help="Accelerator workers kept (each holds SGLang imported, ~0.5 GiB); the least recently used goes.")
+@click.option("--catalog-dir", default=None, help="Catalog folder (default: the built-in kernels/).")
+@click.option("--sglang-python", default=None, metavar="PYTHON", help="Interpreter with sglang 0.5.23 (default: this one).")
+def oracle_serve(host: str, port: int, warm: str, judges: int, queue_size: int, request_timeout: float,
+                 max_body_bytes: int, max_workers: int, catalog_dir: str | None, sglang_python: str | None) -> None:
+    """Serve SGLang's verdict over HTTP: POST /v1/verdict, GET /healthz, /readyz, /stats.
+
+    The answer's ``sglang`` is the verdict of ``check --sglang -o json``. Exits 3 when
+    sglang 0.5.23 cannot run here (``sglang-pd-operator sglang install``).
+    """
+    import signal
+
+    from .oracle import unavailable
+    from .oracle.service import OracleHTTPServer, VerdictService
+
+    why = unavailable(sglang_python)
+    if why is not None:
+        click.echo(f"error: oracle serve: {why}", err=True)
+        sys.exit(EXIT_NO_VERDICT)
+    catalog = _catalog(catalog_dir)
+    accelerators = tuple(a for a in warm.split(",") if a)
+    unknown = [a for a in accelerators if catalog.accelerator(a) is None]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)} not in the catalog ({', '.join(sorted(catalog.accelerators))})",
+                                 param_hint="--warm")
+    service = VerdictService(catalog=catalog, warm=accelerators, judges=judges, queue_size=queue_size,
+                             request_timeout_s=request_timeout, python=sglang_python, max_workers=max_workers)
+    server = OracleHTTPServer((host, port), service, max_body_bytes=max_body_bytes)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    service.start()
+    click.echo(f"oracle serving on http://{host}:{server.server_address[1]} (warming {', '.join(accelerators) or 'nothing'})",
+               err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        service.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -41,3 +41,51 @@ def load_script(path: Path, name: str):
 def rules_table():
     """tests/unit/test_rules_table.py as a module, loaded by path: its CASES, bases and build_doc()."""
     return load_script(ROOT / "tests" / "unit" / "test_rules_table.py", "rules_table_cases")
+
+
+class MemoryKube:
+    """The reads and writes the reconciler makes, on dicts in memory (no API server)."""
+
+    def __init__(self, objects: list[dict] = ()):
+        self.objects = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+        self.applied: list[dict] = []
+        self.created: list[dict] = []
+        self.deleted: list[tuple[str, str]] = []
+        self.status: list[dict] = []
+        self.events: list[tuple[str, str]] = []
+        self.total_writes = 0
+
+    def get(self, api_version, kind, name, namespace=None):
+        return copy.deepcopy(self.objects.get((kind, name)))
+
+    def list(self, api_version, kind, namespace, label_selector):
+        want = dict(p.split("=", 1) for p in label_selector.split(",") if "=" in p)
+        return [copy.deepcopy(o) for (k, _), o in self.objects.items()
+                if k == kind and all((o["metadata"].get("labels") or {}).get(a) == b for a, b in want.items())]
+
+    def apply(self, desired, live=None, *, fetch=True, dry_run=False):
+        if dry_run:  # the API server's verdict only: nothing stored
+            return True
+        self.applied.append(desired)
+        self.objects[(desired["kind"], desired["metadata"]["name"])] = copy.deepcopy(desired)
+        self.total_writes += 1
+        return True
+
+    def create(self, obj):
+        if (obj["kind"], obj["metadata"]["name"]) in self.objects:
+            return False
+        self.created.append(obj)
+        self.objects[(obj["kind"], obj["metadata"]["name"])] = copy.deepcopy(obj)
+        self.total_writes += 1
+        return True
+
+    def delete(self, api_version, kind, name, namespace):
+        self.deleted.append((kind, name))
+        return self.objects.pop((kind, name), None) is not None
+
+    def patch_status(self, api_version, kind, name, namespace, status):
+        self.status.append(status)
+        self.total_writes += 1
+
+    def event(self, involved, *, type_, reason, message):
+        self.events.append((reason, message))

@@ -100,6 +100,9 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 def _printer_columns() -> list[dict[str, Any]]:
     return [
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Valid", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Valid")].reason',
+         "description": "Why the latest generation is (not) valid: Valid, InvalidSpec, SGLangAccepted, "
+                        "AwaitingSGLangVerdict, SGLangRefused ..."},
         {"name": "Prefill", "type": "string", "jsonPath": ".status.prefill.replicas"},
         {"name": "Decode", "type": "string", "jsonPath": ".status.decode.replicas"},
         {"name": "Pods", "type": "string", "jsonPath": ".status.pods",

@@ -32,6 +32,10 @@ INSTALL_HINT = (
 LABEL_NAME = "leaderworkerset.sigs.k8s.io/name"
 LABEL_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 LABEL_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+#: A hash unique to one group, on its leader (pod webhook) and its workers (worker StatefulSet template).
+LABEL_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
+#: LWS's own 1:1 exclusive placement (one group per topology domain, others anti-affine); not used, see render/multinode.py.
+ANNOTATION_EXCLUSIVE_TOPOLOGY = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 #: ``worker-index`` of a group's leader (node 0 of the engine replica).
 LEADER_INDEX = "0"
 

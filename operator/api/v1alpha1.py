@@ -957,6 +957,30 @@ class SLOSpec(_Model):
     )
 
 
+class OracleSpec(_Model):
+    """What the operator does when SGLang's verdict is missing (the oracle service unreachable or indeterminate).
+
+    With the oracle service (the chart's ``oracle.enabled``, ``run --oracle-url``) every new
+    generation whose rules pass waits for SGLang's verdict before a child is created or
+    changed (docs/sglang-oracle.md, "In the cluster"). Unset fields take the operator's
+    defaults (chart values ``oracle.onUnavailable``, ``oracle.maxWait``).
+    """
+
+    onUnavailable: Literal["wait", "rulesOnly"] | None = Field(
+        default=None,
+        description=(
+            "When SGLang gives no verdict within maxWait: wait (keep waiting; Valid False with reason "
+            "SGLangUnavailable, nothing created or changed, asked again) or rulesOnly (go on with the operator's "
+            "own rules; Valid True with reason RulesOnly and a Warning event). Default: the operator's (wait)."
+        ),
+    )
+    maxWait: Duration | None = Field(
+        default=None,
+        description="How long a generation waits for SGLang's verdict before onUnavailable applies. Default: the "
+        "operator's (5m).",
+    )
+
+
 class RolloutSpec(_Model):
     """How a change of the compat key rolls out: a new group beside the old, then a cutover."""
 
@@ -993,6 +1017,35 @@ class RolloutSpec(_Model):
             "UpgradePending condition; apply rolls the change out (in place within maxSurgeGPUs when the compat "
             "key stays, as a paired rollout when it changes). A change of this spec is always rendered by the "
             "running operator."
+        ),
+    )
+
+
+class PlacementSpec(_Model):
+    """Where a multi-node replica's pods land relative to the accelerator's NVLink partitions.
+
+    On a rack-scale NVLink system (GB200 / GB300 NVL72: ``nvlinkDomain`` above
+    ``gpusPerNode`` in the accelerator catalog) GPUs of different nodes reach each other
+    over NVLink only inside one NVLink partition, which NVIDIA's GPU operator labels on
+    every node as ``nvidia.com/gpu.clique`` (``<clusterUUID>.<cliqueID>``), and only with
+    IMEX channels (a ComputeDomain of NVIDIA's DRA driver). docs/multi-node.md.
+    """
+
+    nvlinkDomain: Literal["required", "preferred", "none"] | None = Field(
+        default=None,
+        description=(
+            "Every pod of one multi-node replica in one NVLink clique: required (the group waits until one clique "
+            "holds it), preferred (the scheduler tries), none (no constraint and no ComputeDomain: the replica "
+            "runs across cliques, its traffic between cliques over RDMA). Default: required for a role spanning "
+            "nodes on an accelerator with multi-node NVLink in the catalog (GB200, GB300), none otherwise. A "
+            "replica with more GPUs than one clique holds is refused unless this is none."
+        ),
+    )
+    pairDomain: Literal["preferred", "none"] = Field(
+        default="none",
+        description=(
+            "preferred: the prefill and decode pods of one group prefer the same NVLink clique (KV moves inside "
+            "the rack); none (default): no preference."
         ),
     )
 
@@ -1168,9 +1221,18 @@ class PDDeploymentSpec(_Model):
     gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="The smg model gateway.")
     slo: SLOSpec | None = Field(default=None, description="Latency SLO targets.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Paired rollout of prefill and decode.")
+    placement: PlacementSpec = Field(
+        default_factory=PlacementSpec,
+        description="NVLink placement of multi-node replicas (clique affinity, ComputeDomain); docs/multi-node.md.",
+    )
     autoscaling: AutoscalingSpec | None = Field(
         default=None,
         description="The built-in SLO planner (opt-in): per-role bounds, a GPU budget, stabilization windows.",
+    )
+    oracle: OracleSpec | None = Field(
+        default=None,
+        description="What happens while SGLang's verdict (the oracle service) is missing: wait or rulesOnly, and "
+        "for how long.",
     )
 
     @field_validator("accelerator")
@@ -1292,6 +1354,20 @@ class AutoscalingStatus(BaseModel):
     lastDecision: str | None = Field(default=None, description="The planner's latest scaling, with its figures.")
 
 
+class SGLangVerdictStatus(BaseModel):
+    """status.sglang: SGLang's verdict on what the latest valid generation would start (kept across operator restarts)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    verdict: str = Field(description="Awaiting, Accepted, Refused, Unavailable or RulesOnly.")
+    generation: int | None = Field(default=None, description="metadata.generation the verdict was asked for.")
+    key: str | None = Field(default=None, description="Hash of what SGLang judged (rendered launches, accelerator, "
+                            "model, sglang version); a later generation with the same key needs no new verdict.")
+    since: str | None = Field(default=None, description="When the operator first asked for this key (RFC 3339).")
+    message: str | None = Field(default=None, description="SGLang's answer, or why there is none.")
+    seconds: float | None = Field(default=None, description="How long SGLang took to judge (the service's figure).")
+
+
 class PDDeploymentStatus(BaseModel):
     """Observed state, written only by the operator through the status subresource."""
 
@@ -1308,4 +1384,7 @@ class PDDeploymentStatus(BaseModel):
     problems: list[Problem] = Field(default_factory=list, description="Problems of the latest generation.")
     autoscaling: AutoscalingStatus | None = Field(
         default=None, description="Who sets each role's count, and the planner's latest figures and decisions."
+    )
+    sglang: SGLangVerdictStatus | None = Field(
+        default=None, description="SGLang's verdict (the oracle service) on the latest generation whose rules pass."
     )

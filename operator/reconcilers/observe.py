@@ -9,7 +9,10 @@ computation (reconcilers/status.py).
 A role's workload is a Deployment (one pod per replica) or a LeaderWorkerSet (one group
 of ``size`` pods per replica); both become a :class:`WorkloadState` counted in replicas
 (groups), with the role's pods counted beside them. LeaderWorkerSet counts a group ready
-only when its leader and every worker are (its ``status.readyReplicas``).
+only when its leader and every worker are (its ``status.readyReplicas``). A
+LeaderWorkerSet whose pods hold IMEX channels (a ComputeDomain's claim template, GB200 /
+GB300) counts a group ready only when, besides, every node of its pods is Ready in the
+ComputeDomain's ``status.nodes`` (:func:`imex_ready_groups`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..api import computedomain as cd
 from ..api import lws
 from ..planning.rollout import GroupState
 from ..render import labels as L
@@ -205,11 +209,32 @@ def _group_record(records: dict[str, RenderRecord | None]) -> RenderRecord | Non
     return first if all(r.annotations() == first.annotations() for r in found) else None  # type: ignore[union-attr]
 
 
-def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False) -> Observed:
+def uses_imex(lws_obj: dict[str, Any]) -> bool:
+    """The LeaderWorkerSet's pods reference a claim template (the IMEX channel of its ComputeDomain)."""
+    return any(rc.get("resourceClaimTemplateName") for t in lws.pod_templates(lws_obj)
+               for rc in (t.get("spec") or {}).get("resourceClaims") or [])
+
+
+def imex_ready_groups(domain: dict[str, Any] | None, group_nodes: dict[str, list[str]], size: int) -> int:
+    """Groups whose ``size`` pods are all on nodes Ready in ``domain``'s ``status.nodes``.
+
+    ``group_nodes``: group index -> the node of each of its pods ("" while unscheduled). A
+    missing ComputeDomain counts none. Source of the status shape: NVIDIA's DRA driver,
+    api/nvidia.com/resource/v1beta1/computedomain.go (``api/computedomain.py``).
+    """
+    if domain is None:
+        return 0
+    status = domain.get("status") or {}
+    return sum(1 for nodes in group_nodes.values()
+               if len(nodes) >= size and all(n and cd.node_ready(status, n) for n in nodes))
+
+
+def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, cd_served: bool = False) -> Observed:
     """List the PDDeployment's workloads and Pods, group them by compat key, read the Service's key.
 
     ``lws_served``: the cluster serves LeaderWorkerSets (they are listed too; without it
-    the kind does not exist and nothing of it can).
+    the kind does not exist and nothing of it can). ``cd_served``: it serves ComputeDomains
+    (listed too, and a LeaderWorkerSet using one counts a group ready only with it).
     """
     selector = f"{L.LABEL_DEPLOYMENT}={name},app.kubernetes.io/managed-by={L.MANAGED_BY}"
     groups: dict[str, dict[str, Any]] = {}
@@ -232,10 +257,25 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False) 
                           obj.get("kind") or ("Deployment" if state_of is workload_state else lws.KIND),
                           obj["metadata"]["name"]))
         g["records"][component] = read_record(obj["metadata"].get("annotations"))
+    imex: set[tuple[str, str]] = set()  # (key, component) of LeaderWorkerSets whose pods hold IMEX channels
+    if lws_served:
+        for obj, state_of in workloads:
+            lbl = obj["metadata"].get("labels") or {}
+            if state_of is lws_state and uses_imex(obj):
+                imex.add((lbl.get(L.LABEL_COMPAT_KEY), lbl.get(L.LABEL_ROLE)))
+    domains: dict[tuple[str, str], dict[str, Any]] = {}
+    if cd_served and imex:
+        for obj in kube.list(cd.API_VERSION, cd.KIND, namespace, selector):
+            lbl = obj["metadata"].get("labels") or {}
+            domains[(lbl.get(L.LABEL_COMPAT_KEY), lbl.get(L.LABEL_ROLE))] = obj
+    group_nodes: dict[tuple[str, str], dict[str, list[str]]] = {}
     pods: dict[tuple[str, str], list[int]] = {}  # (key, component) -> [ready, total]
     for pod in kube.list("v1", "Pod", namespace, f"{L.LABEL_DEPLOYMENT}={name}"):
         labels = pod["metadata"].get("labels") or {}
         key = labels.get(L.LABEL_COMPAT_KEY)
+        if (key, labels.get(L.LABEL_ROLE)) in imex and labels.get(lws.LABEL_GROUP_INDEX) is not None:
+            group_nodes.setdefault((key, labels.get(L.LABEL_ROLE)), {}).setdefault(
+                labels[lws.LABEL_GROUP_INDEX], []).append((pod.get("spec") or {}).get("nodeName") or "")
         counts = pods.setdefault((key, labels.get(L.LABEL_ROLE)), [0, 0])
         counts[0] += _pod_is_ready(pod)
         counts[1] += 1
@@ -246,7 +286,12 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False) 
     for key, g in groups.items():
         for component, w in g["workloads"].items():
             ready, total = pods.get((key, component), (0, 0))
-            g["workloads"][component] = replace(w, pods_ready=ready, pods_total=total)
+            w = replace(w, pods_ready=ready, pods_total=total)
+            if (key, component) in imex:  # a group is Ready only with its nodes Ready in the ComputeDomain
+                ok = imex_ready_groups(domains.get((key, component)), group_nodes.get((key, component), {}),
+                                       w.pods_per_replica)
+                w = replace(w, ready=min(w.ready, ok), available=min(w.available, ok))
+            g["workloads"][component] = w
     service = kube.get("v1", "Service", name, namespace)
     serving = None
     if service is not None:

@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
+from ..api import computedomain as cd
 from ..api import lws
 from ..api.v1alpha1 import API_VERSION, parse_duration
 from ..catalog import Catalog
@@ -33,8 +34,10 @@ from ..kernelbuild.gate import (
 )
 from ..metrics.monitoring import MONITORING_API_VERSION, render_monitoring
 from ..metrics.health import Health
+from ..oracle.service import judged_key
 from ..planning.plan import RuleMemo, plan_object
 from ..planning.structs import Plan
+from ..planning.nvlink import uses_compute_domain
 from ..planning.problems import Problem, errors
 from ..planning.scaling import gpus_of, surge_replicas
 from ..planning.rollout import GroupState, RolloutDecision, RolloutSettings, RolloutStatus, decide, next_step_in
@@ -50,6 +53,7 @@ from .kube import Kube
 from .kvstore import kvstore_conditions, kvstore_events, prune_master
 from .observe import Observed, observe
 from .scaling import Autoscalers, reconcile_scaling, scale_serving_group, write_role_scale_status
+from .sglang_gate import GateDecision, OracleSettings, gate
 from .upgrade import CONDITION as UPGRADE_PENDING, REASON_HELD, Hold, adopt, live_group_objects, operator_changes
 
 log = logging.getLogger(__name__)
@@ -57,6 +61,8 @@ log = logging.getLogger(__name__)
 GROUP_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"))
 #: The workload of a role whose replicas span nodes, where the cluster serves it.
 MULTI_NODE_KINDS = ((lws.API_VERSION, lws.KIND),)
+#: IMEX channels of a multi-node role on GB200 / GB300 (NVIDIA's DRA driver), where the cluster serves them.
+COMPUTE_DOMAIN_KINDS = ((cd.API_VERSION, cd.KIND),)
 
 
 @dataclass
@@ -96,12 +102,22 @@ def reconcile(
     rule_memo: RuleMemo | None = None,
     lws_served: bool = False,
     autoscalers: Autoscalers | None = None,
+    cd_served: bool = False,
+    oracle: OracleSettings | None = None,
+    catalog_overrides: dict[str, str] | None = None,
 ) -> Outcome:
     """Converge the children of the PDDeployment ``body`` (a dict as read from the API).
 
+    ``oracle``: the SGLang oracle service (``run --oracle-url``): a generation whose rules
+    pass creates or changes nothing until SGLang's verdict allows it
+    (``sglang_gate.gate``); ``catalog_overrides``: the catalog ConfigMap's files, sent
+    with the question so the service plans with the catalog the operator uses.
+
     ``lws_served``: the cluster serves LeaderWorkerSets (sigs.k8s.io/lws). Without them a
     spec with a role spanning nodes creates nothing: status says what to install
-    (:func:`_missing_lws`), and whatever serves keeps serving untouched.
+    (:func:`_missing_lws`), and whatever serves keeps serving untouched. ``cd_served``: the
+    cluster serves ComputeDomains (NVIDIA's DRA driver); without them a spec with a role that
+    needs IMEX channels (planning/nvlink.py) creates nothing either (ComputeDomainMissing).
 
     ``rule_memo``: remembers the CEL verdict per generation (``planning.plan.RuleMemo``).
     ``autoscalers``: the HPAs targeting PDRoleScales, by namespace (``scaling.list_autoscalers``,
@@ -128,7 +144,8 @@ def reconcile(
     try:
         return _reconcile(kube=tracked, body=body, catalog=catalog, now=now, health=health,  # type: ignore[arg-type]
                           monitoring=monitoring, health_stale=health_stale, rule_memo=rule_memo,
-                          lws_served=lws_served, autoscalers=autoscalers)
+                          lws_served=lws_served, autoscalers=autoscalers, cd_served=cd_served, oracle=oracle,
+                          catalog_overrides=catalog_overrides)
     except ApiException as e:
         reason, message = describe_api_error(e, call=tracked.last)
         _record_failure(kube, body, reason=reason, message=message, now=now)
@@ -147,6 +164,9 @@ def _reconcile(
     rule_memo: RuleMemo | None,
     lws_served: bool,
     autoscalers: Autoscalers | None = None,
+    cd_served: bool = False,
+    oracle: OracleSettings | None = None,
+    catalog_overrides: dict[str, str] | None = None,
 ) -> Outcome:
     writes_before = kube.total_writes
     meta = body["metadata"]
@@ -164,6 +184,20 @@ def _reconcile(
         outcome = _missing_lws(kube, body, plan, spanning, previous, generation, now)
         outcome.writes = kube.total_writes - writes_before
         return outcome
+    imex = [f"{r.role} nodes {r.inputs.nodes} on {r.inputs.accelerator_name}" for r in (plan.prefill, plan.decode)
+            if uses_compute_domain(plan.spec, r)]
+    if imex and not cd_served:
+        outcome = _missing_dependency(kube, body, plan, previous, generation, now, reason=S.REASON_CD_MISSING,
+                                      message=cd.missing_message(roles=imex))
+        outcome.writes = kube.total_writes - writes_before
+        return outcome
+
+    # 1b. SGLang's own verdict (the oracle service) before any child is created or changed
+    verdict = _sglang_verdict(oracle, plan, catalog, body, previous, generation, now, catalog_overrides)
+    if verdict is not None and not verdict.proceed:
+        outcome = _hold_for_sglang(kube, body, plan, verdict, previous, generation, now)
+        outcome.writes = kube.total_writes - writes_before
+        return outcome
 
     # 2. kernels: each role's KernelBuild (created when missing); a built cache's digest enters the compat key
     gates = _kernel_gates(kube, plan)
@@ -172,7 +206,7 @@ def _reconcile(
         plan = with_kernel_compat(plan, gates)
 
     # 3. observe the compat groups that exist and the group the Service serves
-    observed = observe(kube, name=name, namespace=namespace, lws_served=lws_served)
+    observed = observe(kube, name=name, namespace=namespace, lws_served=lws_served, cd_served=cd_served)
 
     # 3b. each role's count: its PDRoleScale's when replicas is omitted (kubectl scale, HPA, KEDA), the planner's step
     owner = owner_of(body)
@@ -206,7 +240,8 @@ def _reconcile(
             record = current_record(generation=generation, spec=body.get("spec") or {}, objects=spec_objects)
             _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates,
                          replicas=_target_replicas(plan, observed, decision, counts), record=record,
-                         new_group=plan.compat_key not in observed.groups, lws_served=lws_served)
+                         new_group=plan.compat_key not in observed.groups, lws_served=lws_served,
+                         cd_served=cd_served)
         scale_serving_group(kube, plan, observed, serving_key=decision.serving_key, counts=counts,
                             scaled=scaling.scaled)
 
@@ -221,13 +256,13 @@ def _reconcile(
 
     # 7. delete groups that no longer serve (drained) or never did (cancelled, superseded)
     for key in decision.delete_keys:
-        _delete_group(kube, name=name, namespace=namespace, key=key, lws_served=lws_served)
+        _delete_group(kube, name=name, namespace=namespace, key=key, lws_served=lws_served, cd_served=cd_served)
 
     # 8. write status (only when changed) and an event per rollout transition
     shown = decision
     if decision.apply_target or decision.delete_keys:
         observed, shown = _after_writes(kube, plan, observed, decision, rollout_before, now, counts,
-                                        lws_served=lws_served, target=target)
+                                        lws_served=lws_served, target=target, cd_served=cd_served)
     new_status = S.valid_status(
         previous=previous,
         generation=generation,
@@ -244,9 +279,12 @@ def _reconcile(
         health_stale=health_stale,
         extra_conditions=_kernel_conditions(gates) + _upgrade_conditions(hold)
         + kvstore_conditions(plan=plan, health=health.kvstore if health else None, previous=previous),
+        valid=S.Cond("Valid", *verdict.valid) if verdict is not None else None,
     )
     new_status["autoscaling"] = scaling.status
-    steps = [t for t in (next_step_in(decision, _rollout_settings(plan), now), scaling.next_look_s) if t is not None]
+    new_status["sglang"] = verdict.record if verdict is not None else None
+    steps = [t for t in (next_step_in(decision, _rollout_settings(plan), now), scaling.next_look_s,
+                         verdict.requeue_after if verdict is not None else None) if t is not None]
     outcome = Outcome(valid=True, decision=decision, requeue_after=min(steps) if steps else None,
                       kernelbuilds=tuple(sorted({g.build_name for g in (gates or {}).values() if g.build_name})),
                       autoscaled=plan.spec.autoscaling is not None)
@@ -261,7 +299,76 @@ def _reconcile(
     _warn_health_transitions(kube, body, previous, new_status, health, outcome)
     for type_, reason, message in kvstore_events(previous, new_status):
         _event(kube, body, outcome, type_, reason, message)
+    if verdict is not None and verdict.event is not None and _verdict_moved(previous, verdict):
+        _event(kube, body, outcome, *verdict.event)
     outcome.writes = kube.total_writes - writes_before
+    return outcome
+
+
+def _sglang_verdict(oracle: OracleSettings | None, plan: Plan, catalog: Catalog, body: dict[str, Any],
+                    previous: dict, generation: int, now: float,
+                    catalog_overrides: dict[str, str] | None) -> GateDecision | None:
+    """SGLang's verdict on this generation through the oracle service (None without one).
+
+    Asks the book off this thread when the gate says so (the answer queues this
+    deployment again); see ``sglang_gate.gate`` for what each answer means.
+    """
+    if oracle is None:
+        return None
+    if S.applied_generation(previous) == generation:
+        # this generation was applied already (before an operator restart or upgrade, or before the
+        # oracle was configured): the gate is for new generations; what serves keeps its Valid
+        was = next((c for c in previous.get("conditions") or [] if c.get("type") == "Valid"), {})
+        valid = ("True", was.get("reason") or "Valid", was.get("message") or "") if was.get("status") == "True" else \
+            ("True", "Valid", "")
+        return GateDecision(True, valid, previous.get("sglang"))
+    key = judged_key(plan, catalog)
+    book = oracle.book
+    decision = gate(plan=plan, key=key, previous=previous, generation=generation, answer=book.answer(key),
+                    pending=book.pending(key), now=now, default_policy=oracle.default_policy,
+                    default_max_wait_s=oracle.default_max_wait_s, rfc3339=S.rfc3339, parse_rfc3339=S.parse_rfc3339)
+    if decision.ask:
+        meta = body["metadata"]
+        book.ask(key, namespace=meta["namespace"], name=meta["name"], obj=body, catalog_overrides=catalog_overrides)
+    return decision
+
+
+def _verdict_moved(previous: dict[str, Any], verdict: GateDecision) -> bool:
+    """``status.sglang`` says something new (another verdict or other inputs): its event is due."""
+    before = previous.get("sglang") or {}
+    return (before.get("verdict"), before.get("key")) != (verdict.record.get("verdict"), verdict.record.get("key"))
+
+
+def _hold_for_sglang(kube: Kube, body: dict[str, Any], plan: Plan, verdict: GateDecision, previous: dict,
+                     generation: int, now: float) -> Outcome:
+    """A generation SGLang refuses or has not judged yet: status says so; no child is created or changed.
+
+    Like an invalid spec (:func:`_refuse`): ``observedGeneration`` advances, Valid carries
+    the gate's status/reason/message, Ready and Progressing are False with the same reason
+    naming what still serves, ``status.problems`` lists SGLang's refusals (and the rules'
+    warnings), ``status.sglang`` the verdict; one event when the verdict changed.
+    """
+    status, reason, message = verdict.valid
+    serves = S.still_serves(previous)
+    new_status = dict(previous)
+    new_status["observedGeneration"] = generation
+    new_status["conditions"] = S.merge_conditions(
+        previous.get("conditions") or [],
+        [S.Cond("Valid", status, reason, message[: S.MAX_CONDITION_MESSAGE]),
+         S.Cond("Ready", "False", reason, f"generation {generation} waits for SGLang's verdict (see the Valid "
+                "condition); " + serves if status == "Unknown" else
+                f"generation {generation} is not rolled out (see the Valid condition); {serves}"),
+         S.Cond("Progressing", "False", reason, f"generation {generation} creates and changes nothing until SGLang "
+                "accepts it")],
+        generation=generation,
+        now=now,
+    )
+    new_status["problems"] = [p.to_dict() for p in (*verdict.problems, *plan.problems)]
+    new_status["sglang"] = verdict.record
+    outcome = Outcome(valid=status != "False", requeue_after=verdict.requeue_after)
+    _write_status(kube, body, previous, new_status)
+    if verdict.event is not None and _verdict_moved(previous, verdict):
+        _event(kube, body, outcome, *verdict.event)
     return outcome
 
 
@@ -303,12 +410,22 @@ def _missing_lws(
     (``lws.missing_message``); a group of an earlier generation keeps serving untouched.
     One Warning event when the condition appears.
     """
-    message = lws.missing_message(roles=spanning)
+    return _missing_dependency(kube, body, plan, previous, generation, now, reason=S.REASON_LWS_MISSING,
+                               message=lws.missing_message(roles=spanning))
+
+
+def _missing_dependency(kube: Kube, body: dict[str, Any], plan: Plan, previous: dict, generation: int, now: float, *,
+                        reason: str, message: str) -> Outcome:
+    """A valid spec the cluster cannot run (an API it needs is not served): nothing is created.
+
+    Shared by LeaderWorkerSetMissing and ComputeDomainMissing (NVIDIA's DRA driver): conditions
+    False with ``reason`` and ``message`` (what to install), one Warning event when the reason appears.
+    """
     new_status = dict(previous)
     new_status["observedGeneration"] = generation
     new_status["conditions"] = S.merge_conditions(
         previous.get("conditions") or [],
-        S.missing_dependency_conditions(reason=S.REASON_LWS_MISSING, message=message, problems=list(plan.problems),
+        S.missing_dependency_conditions(reason=reason, message=message, problems=list(plan.problems),
                                         generation=generation, previous=previous),
         generation=generation,
         now=now,
@@ -316,8 +433,8 @@ def _missing_lws(
     new_status["problems"] = [p.to_dict() for p in plan.problems]
     outcome = Outcome(valid=True)
     old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Reconciled"), {})
-    if _write_status(kube, body, previous, new_status) and old.get("reason") != S.REASON_LWS_MISSING:
-        _event(kube, body, outcome, "Warning", S.REASON_LWS_MISSING, message)
+    if _write_status(kube, body, previous, new_status) and old.get("reason") != reason:
+        _event(kube, body, outcome, "Warning", reason, message)
     return outcome
 
 
@@ -393,7 +510,7 @@ def _rollout_settings(plan: Plan) -> RolloutSettings:
 
 def _after_writes(
     kube: Kube, plan: Plan, before: Observed, decision: RolloutDecision, rollout_before: RolloutStatus, now: float,
-    counts: dict[str, int], *, lws_served: bool = False, target: str,
+    counts: dict[str, int], *, lws_served: bool = False, target: str, cd_served: bool = False,
 ) -> tuple[Observed, RolloutDecision]:
     """The observation status shows after this reconcile's writes, and the decision made from it.
 
@@ -407,7 +524,8 @@ def _after_writes(
     ``before`` and ``decision``, the observation acted on. Events always come from
     ``decision``: they describe what was done.
     """
-    after = observe(kube, name=plan.name, namespace=plan.namespace, lws_served=lws_served)
+    after = observe(kube, name=plan.name, namespace=plan.namespace, lws_served=lws_served,
+                    cd_served=cd_served)
     prev = RolloutStatus(
         target_key=target,
         phase=decision.phase,
@@ -455,7 +573,7 @@ def _target_replicas(plan: Plan, observed: Observed, decision: RolloutDecision,
 def _apply_group(
     kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool, gates: dict[str, KernelGateState] | None,
     replicas: dict[str, int] | None = None, record: RenderRecord | None = None, new_group: bool = False,
-    lws_served: bool = False,
+    lws_served: bool = False, cd_served: bool = False,
 ) -> None:
     """Apply the plan's group all or nothing: the API server's verdict on every child first.
 
@@ -477,9 +595,16 @@ def _apply_group(
         objects = gate_objects(objects, gates)
     objects = [{**obj, "spec": {**obj["spec"], "replicas": 0}}
                if to_zero and obj["kind"] in ("Deployment", lws.KIND) else obj for obj in objects]
+    # a ComputeDomain's spec is immutable (the driver's CEL): created once when missing, never applied
+    domains = [obj for obj in objects if obj["kind"] == cd.KIND]
+    objects = [obj for obj in objects if obj["kind"] != cd.KIND]
     for obj in objects:  # 1. the API server's verdict on each changed child; nothing is written
         kube.apply(obj, dry_run=True)
     try:
+        for obj in domains:
+            meta = obj["metadata"]
+            if kube.get(cd.API_VERSION, cd.KIND, meta["name"], meta["namespace"]) is None:
+                kube.create(obj)
         for obj in objects:  # 2. write them
             kube.apply(obj)
     except ApiException:
@@ -487,7 +612,8 @@ def _apply_group(
             raise
         failed = getattr(kube, "last", None)
         try:  # 3. refused after its dry run: the new group's children go again
-            _delete_group(kube, name=plan.name, namespace=plan.namespace, key=plan.compat_key, lws_served=lws_served)
+            _delete_group(kube, name=plan.name, namespace=plan.namespace, key=plan.compat_key, lws_served=lws_served,
+                          cd_served=cd_served)
         except ApiException as e:
             log.warning("%s/%s: could not delete the half-created group %s: %s", plan.namespace, plan.name,
                         plan.compat_key, e.reason)
@@ -574,13 +700,18 @@ def _apply_monitoring(kube: Kube, plan: Plan, owner: dict[str, Any]) -> None:
                     plan.namespace, plan.name, str(e).splitlines()[0])
 
 
-def _delete_group(kube: Kube, *, name: str, namespace: str, key: str, lws_served: bool = False) -> None:
+def _delete_group(kube: Kube, *, name: str, namespace: str, key: str, lws_served: bool = False,
+                  cd_served: bool = False) -> None:
     selector = f"{L.LABEL_DEPLOYMENT}={name},{L.LABEL_COMPAT_KEY}={key},app.kubernetes.io/managed-by={L.MANAGED_BY}"
     for api_version, kind in GROUP_KINDS:
         for obj in kube.list(api_version, kind, namespace, selector):
             kube.delete(api_version, kind, obj["metadata"]["name"], namespace)
     if lws_served:  # the kind exists only where LeaderWorkerSet is installed
         for api_version, kind in MULTI_NODE_KINDS:
+            for obj in kube.list(api_version, kind, namespace, selector):
+                kube.delete(api_version, kind, obj["metadata"]["name"], namespace)
+    if cd_served:  # the kind exists only where NVIDIA's DRA driver is installed
+        for api_version, kind in COMPUTE_DOMAIN_KINDS:
             for obj in kube.list(api_version, kind, namespace, selector):
                 kube.delete(api_version, kind, obj["metadata"]["name"], namespace)
 

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from ..api import computedomain as cd
 from ..api import lws
 from ..api.kernelbuild import KIND as KERNELBUILD_KIND
 from ..api.v1alpha1 import API_VERSION
@@ -43,6 +44,7 @@ from . import status as S
 from .kube import ApiTimeouts, Kube, with_timeouts
 from .pddeployment import Outcome, reconcile
 from .scaling import list_autoscalers, pressure_view
+from .sglang_gate import OracleSettings
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,8 @@ class Runtime:
     #: Seconds an HPA listing of a namespace is reused (``scaling.list_autoscalers``).
     autoscaler_ttl_s: float = 30.0
     _autoscalers: dict[str, tuple[float, dict[str, str]]] = field(default_factory=dict)
+    #: The SGLang oracle service every new generation waits for (``sglang_gate``); None: the rules alone.
+    oracle: OracleSettings | None = None
     #: PDDeployments the built-in planner scales (their last reconcile said so) -> last pressure view.
     _planned: dict[tuple[str, str], tuple] = field(default_factory=dict)
 
@@ -287,6 +291,10 @@ class Runtime:
         """True when the API server serves LeaderWorkerSets (sigs.k8s.io/lws): multi-node roles can be created."""
         return lws.KIND in self.kinds_served(lws.API_VERSION)
 
+    def compute_domains_available(self) -> bool:
+        """True when the API server serves ComputeDomains (NVIDIA's DRA driver): GB200 / GB300 multi-node roles get IMEX channels."""
+        return cd.KIND in self.kinds_served(cd.API_VERSION)
+
     def lock(self, namespace: str, name: str) -> threading.Lock:
         """The lock serializing reconciles of one object."""
         with self._locks_guard:
@@ -348,8 +356,11 @@ class Runtime:
                     health_stale=self.health_stale(meta["namespace"], meta["name"]),
                     monitoring=self.monitoring_available(),
                     lws_served=self.lws_available(),
+                    cd_served=self.compute_domains_available(),
                     rule_memo=self.rule_memo,
                     autoscalers=self.autoscalers,
+                    oracle=self.oracle,
+                    catalog_overrides=self._catalog_data or None,
                 )
             with self._locks_guard:
                 self._uses[(meta["namespace"], meta["name"])] = outcome.kernelbuilds

@@ -176,6 +176,11 @@ def _still_serves(previous: dict[str, Any]) -> str:
     return f"group {key[:6]}" + (f" of generation {gen}" if gen is not None else "") + " still serves, untouched"
 
 
+def still_serves(previous: dict[str, Any]) -> str:
+    """What serves while a new generation is held: "group <key> of generation <n> still serves, untouched", or "nothing serves yet"."""
+    return _still_serves(previous)
+
+
 def invalid_conditions(problems: list[Problem], *, generation: int, previous: dict[str, Any]) -> list[Cond]:
     """Conditions for a refused generation: Valid False with every error, Ready and Progressing False.
 
@@ -199,6 +204,8 @@ def invalid_conditions(problems: list[Problem], *, generation: int, previous: di
 
 #: Reason of the conditions a multi-node spec gets on a cluster without LeaderWorkerSets.
 REASON_LWS_MISSING = "LeaderWorkerSetMissing"
+#: Reason when a multi-node role on GB200 / GB300 needs ComputeDomains (NVIDIA's DRA driver) the cluster does not serve.
+REASON_CD_MISSING = "ComputeDomainMissing"
 
 
 def missing_dependency_conditions(
@@ -392,8 +399,12 @@ def valid_status(
     slo_enabled: bool = False,
     extra_conditions: list[Cond] = (),
     health_stale: str | None = None,
+    valid: Cond | None = None,
 ) -> dict[str, Any]:
     """The full status of a valid generation (observedGeneration = generation).
+
+    ``valid``: the Valid condition when someone besides the rules decided (SGLang's
+    verdict, ``reconcilers.sglang_gate``); default True with reason Valid.
 
     ``health``: the scraper's latest figures for this deployment (None: keep the previous
     ``slo`` / ``scrape`` blocks, SLOMet and a scrape-based Degraded as they are, unless
@@ -428,7 +439,7 @@ def valid_status(
     if health is None and health_stale is None and degraded.status == "False" and _from_health(prev_degraded):
         degraded = Cond("Degraded", "True", prev_degraded["reason"], prev_degraded.get("message", ""))
     conds = [
-        Cond("Valid", "True", "Valid", ""),
+        valid or Cond("Valid", "True", "Valid", ""),
         Cond("Reconciled", "True", "Reconciled", f"every child object is applied at generation {generation}"),
         ready_c,
         prog,

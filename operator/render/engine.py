@@ -31,7 +31,8 @@ from ..planning.sglang_flags import flag_table
 from ..planning.rollout import InPlaceStrategy, progress_deadline_seconds, role_strategies
 from . import labels as L
 from .drain import ENGINE_GAUGES, prestop, termination_grace_seconds
-from .multinode import group_service_settings, leader_worker_set, wait_for_leader_container
+from .multinode import (compute_domain, group_service_settings, imex_claims, leader_worker_set, pod_affinity,
+                        wait_for_leader_container)
 from .probes import http_probe, readiness_probe, worker_readiness_probe
 
 CONFIG_DIR = "/etc/sglang"
@@ -264,6 +265,13 @@ def pod_template(plan: Plan, role: RolePlan, *, pod: PodKind = "replica") -> dic
         "containers": [container],
         "volumes": volumes,
     }
+    affinity = pod_affinity(plan, role)
+    if affinity is not None:
+        spec["affinity"] = affinity
+    claims = imex_claims(plan, role)
+    if claims:  # the IMEX channel of the role's ComputeDomain (render/multinode.py)
+        spec["resourceClaims"] = claims
+        container["resources"]["claims"] = [{"name": c["name"]} for c in claims]
     if role.inputs.multi_node:
         spec = {"initContainers": [wait_for_leader_container(role)], **spec}
     return {"metadata": {"labels": L.component_labels(name, component, key), "annotations": pod_annotations},
@@ -325,8 +333,10 @@ def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None,
                                controller=not role.inputs.multi_node),
         "spec": service_spec,
     }
-    # the Service before the workload: LWS then finds it and adopts it as the pods' subdomain
-    return [config_map, service, workload]
+    # the Service before the workload: LWS then finds it and adopts it as the pods' subdomain;
+    # the ComputeDomain too: its pods' claim template exists only once the driver made it
+    domain = compute_domain(plan, role, owner=owner, replicas=replicas) if role.inputs.multi_node else None
+    return [config_map, service, *([domain] if domain else []), workload]
 
 
 def _deployment(plan: Plan, role: RolePlan, *, owner: dict | None, strategy: InPlaceStrategy,

@@ -29,6 +29,35 @@ Choices, and why:
   was deleted while the group ran), LWS is its controller, and the operator's apply adds
   its labels, selector and a second, non-controller owner instead of being refused
   ("Only one reference can have Controller set to true", seen on the dev cluster).
+- NVLink placement (``spec.placement.nvlinkDomain``, planning/nvlink.py): on GB200 / GB300
+  every pod of one group carries a pod affinity on the accelerator's clique label
+  (``nvidia.com/gpu.clique``) to the pods of its own group: ``labelSelector`` the
+  LeaderWorkerSet's name, ``matchLabelKeys: [leaderworkerset.sigs.k8s.io/group-key]`` (the
+  API server adds the pod's own group hash, which LWS's webhook puts on the leader and its
+  worker StatefulSet on the workers), required or preferred. The leader, first of its
+  group, matches its own term and may go anywhere; its workers follow it into its clique.
+  LWS v0.9.0's own ``leaderworkerset.sigs.k8s.io/exclusive-topology`` annotation was not
+  used: it is 1:1 exclusive (pod_webhook.go ``SetExclusiveAffinities`` adds an anti-affinity
+  against every other group's pods, of any LeaderWorkerSet, in the domain), so a two-tray
+  prefill group would take a whole 18-tray rack, and prefill and decode of one deployment
+  could never share a rack (``pairDomain``); it also holds the workers back until the
+  leader is bound and then pins them with a nodeSelector (pod_controller.go), the same
+  leader-first choice as the affinity.
+- IMEX channels (planning/nvlink.py ``uses_compute_domain``: a multi-node role on GB200 /
+  GB300 unless ``nvlinkDomain: none``): one ComputeDomain (NVIDIA's DRA driver,
+  api/computedomain.py) per LeaderWorkerSet, named like it, ``numNodes`` = nodes x the
+  role's replicas when it is created, its channel's ResourceClaimTemplate
+  ``<name>-channel``; every pod (leader and workers) references that template
+  (``spec.resourceClaims``, the engine container's ``resources.claims``), so each rank's
+  node gets an IMEX channel and joins the domain. One per LeaderWorkerSet, not per group:
+  LWS v0.9.0 renders every group from the same pod template, so the groups of one
+  LeaderWorkerSet cannot name different claim templates; a ComputeDomain spans cliques
+  (its ``status.nodes`` carry each node's cliqueID, and (cliqueID, index) is unique), so
+  groups in different racks still get separate IMEX domains. The spec is immutable (the
+  CRD's CEL): the operator creates it once and never patches it (``numNodes`` is the
+  count at creation; the driver uses it only for its global ``status.status`` in its
+  default mode), and counts each group Ready only when every node of its pods is Ready in
+  ``status.nodes`` (reconcilers/observe.py).
 - ``rolloutStrategy``: RollingUpdate with the role's in-place strategy (a whole group is
   the unit LWS surges: maxSurge 1 / maxUnavailable 0, or 0 / 1 when rollout.maxSurgeGPUs
   cannot hold one more group).
@@ -38,7 +67,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..api import computedomain as cd
 from ..api import lws
+from ..planning.nvlink import clique_label, nvlink_mode, uses_compute_domain
 from ..planning.rollout import InPlaceStrategy
 from ..planning.structs import Plan, RolePlan
 from . import labels as L
@@ -125,3 +156,84 @@ def leader_worker_set(
                                labels=L.component_labels(name, component, key), owner=owner),
         "spec": spec,
     }
+
+
+#: Weight of the preferred clique terms (the scheduler's 1..100 scale): a group's own clique
+#: outweighs the other role's (``pairDomain``).
+GROUP_CLIQUE_WEIGHT = 100
+PAIR_CLIQUE_WEIGHT = 50
+
+
+def pod_affinity(plan: Plan, role: RolePlan) -> dict[str, Any] | None:
+    """The ``affinity`` of ``role``'s pods from ``spec.placement``, or None when it places nothing.
+
+    - A multi-node role with NVLink mode required / preferred (planning/nvlink.py): a
+      podAffinity term on the clique label to the pods of the same LWS group (module doc);
+      required -> ``requiredDuringSchedulingIgnoredDuringExecution``, preferred -> a
+      preferred term of weight :data:`GROUP_CLIQUE_WEIGHT`.
+    - ``pairDomain: preferred`` on an accelerator with multi-node NVLink: a preferred term
+      (weight :data:`PAIR_CLIQUE_WEIGHT`) to the other role's pods of the same compat group
+      in the same clique, on single-node roles too.
+    """
+    label = clique_label(role)
+    if label is None:
+        return None
+    required: list[dict[str, Any]] = []
+    preferred: list[dict[str, Any]] = []
+    mode = nvlink_mode(plan.spec, role)
+    if mode != "none":
+        term = {
+            "labelSelector": {"matchLabels": {lws.LABEL_NAME: L.group_object_name(plan.name, plan.compat_key, role.role)}},
+            "matchLabelKeys": [lws.LABEL_GROUP_KEY],
+            "topologyKey": label,
+        }
+        if mode == "required":
+            required.append(term)
+        else:
+            preferred.append({"weight": GROUP_CLIQUE_WEIGHT, "podAffinityTerm": term})
+    if plan.spec.placement.pairDomain == "preferred":
+        other = "decode" if role.role == "prefill" else "prefill"
+        preferred.append({"weight": PAIR_CLIQUE_WEIGHT, "podAffinityTerm": {
+            "labelSelector": {"matchLabels": L.selector_labels(plan.name, other, plan.compat_key)},
+            "topologyKey": label,
+        }})
+    if not required and not preferred:
+        return None
+    affinity: dict[str, Any] = {}
+    if required:
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    if preferred:
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+    return {"podAffinity": affinity}
+
+
+def compute_domain(plan: Plan, role: RolePlan, *, owner: dict | None, replicas: int | None = None) -> dict[str, Any] | None:
+    """The ComputeDomain of ``role``'s LeaderWorkerSet in the plan's compat group, or None when it uses none.
+
+    Named like the LeaderWorkerSet, labelled like the group's objects (pruned with the
+    group), owned by the PDDeployment. ``numNodes``: nodes per replica x the role's count
+    (``spec.<role>.replicas``, else ``replicas``, else 1). See the module doc.
+    """
+    if not uses_compute_domain(plan.spec, role):
+        return None
+    name = L.group_object_name(plan.name, plan.compat_key, role.role)
+    count = role.inputs.spec.replicas if role.inputs.spec.replicas is not None else replicas
+    return {
+        "apiVersion": cd.API_VERSION,
+        "kind": cd.KIND,
+        "metadata": L.metadata(name=name, namespace=plan.namespace,
+                               labels=L.component_labels(plan.name, role.role, plan.compat_key), owner=owner),
+        "spec": {
+            "numNodes": role.inputs.nodes * (1 if count is None else max(count, 1)),
+            "channel": {"resourceClaimTemplate": {"name": cd.claim_template_name(name)},
+                        "allocationMode": cd.ALLOCATION_SINGLE},
+        },
+    }
+
+
+def imex_claims(plan: Plan, role: RolePlan) -> list[dict[str, Any]]:
+    """The pod's ``resourceClaims``: the IMEX channel from the role's ComputeDomain template, or none."""
+    if not uses_compute_domain(plan.spec, role):
+        return []
+    name = L.group_object_name(plan.name, plan.compat_key, role.role)
+    return [{"name": cd.POD_CLAIM, "resourceClaimTemplateName": cd.claim_template_name(name)}]

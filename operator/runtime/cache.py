@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..api import computedomain as cd
 from ..api import lws
 from ..api.v1alpha1 import API_VERSION
 from ..kernelbuild.inputs import LABEL_KERNELBUILD
@@ -97,6 +98,7 @@ WATCHED: tuple[WatchedKind, ...] = (
     WatchedKind("rbac.authorization.k8s.io/v1", "Role", "roles", MANAGED_SELECTOR),
     WatchedKind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", MANAGED_SELECTOR),
     WatchedKind(lws.API_VERSION, lws.KIND, lws.PLURAL, MANAGED_SELECTOR, optional=True),
+    WatchedKind(cd.API_VERSION, cd.KIND, cd.PLURAL, MANAGED_SELECTOR, optional=True),
 )
 
 

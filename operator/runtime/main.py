@@ -35,9 +35,10 @@ from ..metrics.prometheus_source import PrometheusSettings
 from ..reconcilers.crds import ensure_crds
 from ..reconcilers.kube import ApiTimeouts, Kube
 from ..reconcilers.runtime import Hooks, KernelBuildRuntime, Runtime, api_client_from_env
+from ..reconcilers.sglang_gate import OracleClient, OracleSettings, VerdictBook
 from . import kopf_glue  # noqa: F401  (registers the kopf handlers)
 from .cache import WATCHED, ObjectCache
-from .controller import Controller, LoopSettings
+from .controller import PDDEPLOYMENT, Controller, LoopSettings
 from .leader import LeaderSettings, default_identity, refuse_if_led, run_when_leading
 from .liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
 
@@ -124,6 +125,9 @@ def run_operator(
     slo_status_period: float = 60.0,
     slo_source: str = "scrape",
     prometheus: PrometheusSettings | None = None,
+    oracle_url: str | None = None,
+    oracle_policy: str = "wait",
+    oracle_max_wait_s: float = 300.0,
 ) -> None:
     """Run until interrupted. Watches ``namespaces`` (None: the whole cluster).
 
@@ -140,6 +144,9 @@ def run_operator(
     ``/healthz`` answers 503. ``resync``: seconds in which every object is reconciled once
     (spread over the period); ``workers``: reconcile threads; ``slo_status_period``: least
     seconds between status writes that only move SLO figures (see ``controller.py``).
+    ``oracle_url``: the SGLang oracle service every new generation waits for
+    (``reconcilers.sglang_gate``), with the defaults of ``spec.oracle``: ``oracle_policy``
+    (wait | rulesOnly) and ``oracle_max_wait_s``; None: the rules alone.
     """
     if not log.isEnabledFor(logging.DEBUG):
         # kopf logs every handler call at INFO ("Handler 'observe-pods' succeeded."): one line
@@ -156,8 +163,11 @@ def run_operator(
     api_client = api_client_from_env(kubeconfig, timeouts=timeouts)
     kube = Kube(api_client, on_write=hooks.on_write, cache=ObjectCache())
     ensure_crds(kube=kube, policy=crd_policy)
+    book = VerdictBook(client=OracleClient(oracle_url)) if oracle_url else None
     runtime = Runtime(kube=kube, operator_namespace=operator_namespace, hooks=hooks,
-                      heartbeats=heartbeats, stuck_after_s=stuck_after)
+                      heartbeats=heartbeats, stuck_after_s=stuck_after,
+                      oracle=OracleSettings(book=book, default_policy=oracle_policy,
+                                            default_max_wait_s=oracle_max_wait_s) if book else None)
     kernelbuilds = KernelBuildRuntime(
         kube=kube, catalog=runtime.catalog,
         in_use=lambda ns: runtime.builds_in_use(ns, _deployments_in(kube.cache, ns)))
@@ -167,6 +177,10 @@ def run_operator(
                               slo_status_period_s=slo_status_period, stuck_after_s=stuck_after,
                               namespaces=tuple(namespaces) if namespaces else None,
                               slo_source=slo_source, prometheus=prometheus))
+    if book is not None:  # an answer queues the deployments that wait for it
+        book.on_answer = lambda ns, name: controller.queue.add((PDDEPLOYMENT, ns, name))
+        log.info("SGLang's verdict comes from the oracle service at %s (default policy %s, at most %.0f s)",
+                 oracle_url, oracle_policy, oracle_max_wait_s)
     log.info("sglang-pd-operator starting (namespaces: %s)", namespaces or "all")
     settings = kopf_settings(timeouts)
 

@@ -88,7 +88,11 @@ def schema_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("schemas")
     os.symlink(cache / f"v{KUBE_VERSION}-standalone-strict", out / f"v{KUBE_VERSION}-standalone-strict")
     ours = [yaml.safe_load(p.read_text()) for p in sorted((ROOT / "crds").glob("*.yaml"))]
-    schemas.crd_schemas(ours + schemas.prometheus_operator_crds() + schemas.lws_crds(), out)
+    # ComputeDomain (GB300 multi-node roles): the dev cluster's restatement of NVIDIA's CRD (its Go module is
+    # not served here; devtools/sglang_pd_operator_dev/cluster/imex.py)
+    from sglang_pd_operator_dev.cluster import imex
+
+    schemas.crd_schemas(ours + schemas.prometheus_operator_crds() + schemas.lws_crds() + [imex.crd()], out)
     return out
 
 
@@ -162,7 +166,8 @@ def test_rendered_children_are_valid(kubeconform, schema_dir, catalog):
     hpas = [b for b in blocks if isinstance(b, dict) and b.get("kind") == "HorizontalPodAutoscaler"]
     assert hpas and hpas[0]["spec"]["scaleTargetRef"]["kind"] == "PDRoleScale"
     objs += hpas
-    assert {"PodMonitor", "PrometheusRule", "Deployment", "LeaderWorkerSet", "PDRoleScale", "HorizontalPodAutoscaler"} <= {
+    assert {"PodMonitor", "PrometheusRule", "Deployment", "LeaderWorkerSet", "PDRoleScale", "HorizontalPodAutoscaler",
+            "ComputeDomain"} <= {
         o["kind"] for o in objs}
     assert_all_valid(validate(kubeconform, schema_dir, yaml.safe_dump_all(objs)), expected=len(objs))
 

@@ -303,7 +303,7 @@ def test_killed_harness_leaves_no_processes(tmp_path):
     try:
         ready = wait_for(lambda: (s := state.load(run_dir)) and s.phase == "ready" and s,
                          what="the foreground cluster to be ready", timeout_s=600)
-        assert len(ready.processes) == 6  # five control-plane components + the LWS controller
+        assert len(ready.processes) == 7  # five control-plane components, the LWS controller, the IMEX stand-in
         harness.kill()  # SIGKILL: no handler, no atexit, no finally runs
         harness.wait()
         wait_for(lambda: not [p for p in ready.processes if procs.is_ours(p)],

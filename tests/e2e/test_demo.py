@@ -34,7 +34,8 @@ def test_the_demo_converges_prints_what_the_readme_promises_and_stops(tmp_path):
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     for promised in ("== the resolved plan", "valid", "== Ready after", "== status", "== child objects",
-                     "deployment.apps/", "service/", "configmap/", "decode role's SGLang config file"):
+                     "deployment.apps/", "service/", "configmap/", "decode role's SGLang config file",
+                     "== SGLang oracle service ready", "Valid: SGLangAccepted: SGLang 0.5.23"):
         assert promised in out, (promised, out[-3000:])
     assert "cluster: stopped" in out, "the demo must stop its control plane"
     print(f"demo --once: exit 0 after {took:.1f}s")

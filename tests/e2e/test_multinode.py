@@ -66,8 +66,11 @@ def _load_schemas():
 
 
 def _doc(path: Path, ns: str, **role_replicas: int) -> dict:
+    """The example in ``ns``, out of NVLink placement (``spec.placement.nvlinkDomain: none``): these tests
+    are about LeaderWorkerSet groups; clique affinity and ComputeDomains are tests/e2e/test_nvlink.py's."""
     doc = load_example(path)
     doc["metadata"]["namespace"] = ns
+    doc["spec"]["placement"] = {"nvlinkDomain": "none"}
     for role, n in role_replicas.items():
         doc["spec"][role]["replicas"] = n
     return doc

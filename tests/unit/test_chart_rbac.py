@@ -307,6 +307,8 @@ def recorded(catalog) -> RecordingKube:
             kwargs["monitoring"] = True  # a cluster with the Prometheus Operator: the widest case
         if "lws_served" in params:
             kwargs["lws_served"] = True  # and with LeaderWorkerSet: the multi-node examples apply theirs
+        if "cd_served" in params:
+            kwargs["cd_served"] = True  # and NVIDIA's DRA driver: the GB300 multi-node ones create their ComputeDomain
         outcome = reconcile(**kwargs)
         assert outcome.valid, body["metadata"]["name"]
     # the KernelBuilds kernels.cache: auto created (nothing exists yet: storage, request, attempt 1's Job)

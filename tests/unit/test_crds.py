@@ -37,6 +37,6 @@ def test_schema_is_structural_and_documented():
 def test_printer_columns_and_short_name():
     crd = all_crds()["pddeployments.yaml"]
     version = crd["spec"]["versions"][0]
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Ready", "Prefill", "Decode", "Pods", "KV Layout", "Age"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Ready", "Valid", "Prefill", "Decode", "Pods", "KV Layout", "Age"]
     assert crd["spec"]["names"]["shortNames"] == ["pdd"]
     assert version["subresources"] == {"status": {}}

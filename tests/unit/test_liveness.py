@@ -103,6 +103,7 @@ def test_a_reconcile_is_in_flight_while_it_runs_and_stuck_past_the_bound(monkeyp
     rt = R.Runtime(kube=NoKube(), heartbeats=hb, stuck_after_s=180)
     rt.monitoring_available = lambda: False
     rt.lws_available = lambda: False
+    rt.compute_domains_available = lambda: False
     rt.catalog = lambda: None
     rt.reconcile_body({"metadata": {"namespace": "ns", "name": "d"}})
     assert seen == [["reconcile ns/d: in flight for 200s (bound 180s)"]]

@@ -14,8 +14,9 @@ import copy
 from typing import Any
 
 import pytest
-from helpers import EXAMPLES, load_example
+from helpers import EXAMPLES, MemoryKube, load_example
 
+from sglang_pd_operator.api import computedomain as cd
 from sglang_pd_operator.api import lws
 from sglang_pd_operator.api.load import parse_pddeployment
 from sglang_pd_operator.runtime.controller import Controller, LoopSettings
@@ -193,43 +194,6 @@ def test_a_change_of_nodes_starts_a_new_group_and_single_node_keys_are_unchanged
 # --------------------------------------------------------------------------- observe and status
 
 
-class MemoryKube:
-    """The reads and writes the reconciler makes, on dicts in memory (no API server)."""
-
-    def __init__(self, objects: list[dict] = ()):
-        self.objects = {(o["kind"], o["metadata"]["name"]): o for o in objects}
-        self.applied: list[dict] = []
-        self.status: list[dict] = []
-        self.events: list[tuple[str, str]] = []
-        self.total_writes = 0
-
-    def get(self, api_version, kind, name, namespace=None):
-        return copy.deepcopy(self.objects.get((kind, name)))
-
-    def list(self, api_version, kind, namespace, label_selector):
-        want = dict(p.split("=", 1) for p in label_selector.split(",") if "=" in p)
-        return [copy.deepcopy(o) for (k, _), o in self.objects.items()
-                if k == kind and all((o["metadata"].get("labels") or {}).get(a) == b for a, b in want.items())]
-
-    def apply(self, desired, live=None, *, fetch=True, dry_run=False):
-        if dry_run:  # the API server's verdict only: nothing stored
-            return True
-        self.applied.append(desired)
-        self.objects[(desired["kind"], desired["metadata"]["name"])] = copy.deepcopy(desired)
-        self.total_writes += 1
-        return True
-
-    def delete(self, api_version, kind, name, namespace):
-        return self.objects.pop((kind, name), None) is not None
-
-    def patch_status(self, api_version, kind, name, namespace, status):
-        self.status.append(status)
-        self.total_writes += 1
-
-    def event(self, involved, *, type_, reason, message):
-        self.events.append((reason, message))
-
-
 def _pod(name: str, labels: dict, *, ready: bool) -> dict:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
             "status": {"phase": "Running", "podIP": "127.0.0.9",
@@ -250,8 +214,15 @@ def _group(plan, *, ready_groups: int, ready_pods: int) -> MemoryKube:
     prefill = _with_status(objs[("Deployment", _name(plan, "prefill"))], replicas=1, readyReplicas=1,
                            updatedReplicas=1, availableReplicas=1)
     labels = dict(decode["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"])
-    pods = [_pod(f"d-{i}", {**labels, lws.LABEL_WORKER_INDEX: str(i)}, ready=i < ready_pods) for i in range(16)]
-    return MemoryKube([decode, prefill, *pods])
+    pods = [_pod(f"d-{i}", {**labels, lws.LABEL_WORKER_INDEX: str(i), lws.LABEL_GROUP_INDEX: "0"}, ready=i < ready_pods)
+            for i in range(16)]
+    for i, pod in enumerate(pods):
+        pod["spec"] = {"nodeName": f"gb300-{i}"}
+    # GB300: the group's IMEX channels come from its ComputeDomain, every node of it Ready (issue 27)
+    domain = _with_status(objs[(cd.KIND, _name(plan, "decode"))], status="Ready",
+                          nodes=[{"name": f"gb300-{i}", "cliqueID": "c.0", "index": i, "status": "Ready"}
+                                 for i in range(16)])
+    return MemoryKube([decode, prefill, domain, *pods])
 
 
 def test_a_replica_is_ready_only_when_its_whole_group_is_and_pods_are_counted(catalog):
@@ -260,7 +231,7 @@ def test_a_replica_is_ready_only_when_its_whole_group_is_and_pods_are_counted(ca
     assert (state.desired, state.ready, state.pods_per_replica, state.gpus_per_pod) == (1, 1, 16, 64)
     for ready_groups, ready_pods in ((0, 15), (1, 16)):
         kube = _group(plan, ready_groups=ready_groups, ready_pods=ready_pods)
-        obs = observe(kube, name=plan.name, namespace=plan.namespace, lws_served=True)
+        obs = observe(kube, name=plan.name, namespace=plan.namespace, lws_served=True, cd_served=True)
         decode = obs.groups[plan.compat_key].workloads["decode"]
         assert decode.ready_all is bool(ready_groups)
         assert (decode.pods_ready, decode.pods_total) == (ready_pods, 16)
@@ -314,7 +285,7 @@ def test_without_lws_a_multi_node_spec_creates_nothing_and_says_what_to_install(
 
 def test_with_lws_the_group_is_applied_and_a_single_node_spec_needs_none(catalog):
     kube = MemoryKube()
-    P.reconcile(kube=kube, body=_body(), catalog=catalog, now=1000.0, lws_served=True)
+    P.reconcile(kube=kube, body=_body(), catalog=catalog, now=1000.0, lws_served=True, cd_served=True)
     assert lws.KIND in {o["kind"] for o in kube.applied}
     single = MemoryKube()
     P.reconcile(kube=single, body=_body(EXAMPLES / "dsv41-flash-gb300-throughput-dep.yaml"), catalog=catalog,

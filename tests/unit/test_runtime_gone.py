@@ -50,6 +50,7 @@ def _runtime(kube: FakeKube, error: Exception, monkeypatch) -> tuple[Runtime, li
     rt = Runtime(kube=kube, hooks=Hooks(on_reconcile=lambda ns, name, seconds, ok: passes.append(ok)))
     rt.monitoring_available = lambda: False  # no discovery call
     rt.lws_available = lambda: False
+    rt.compute_domains_available = lambda: False
     return rt, passes
 
 

@@ -110,6 +110,12 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]
   verbs: [get, list, watch, create, patch, delete]
+# With NVIDIA's DRA driver (an optional dependency): a multi-node role on GB200 / GB300 gets
+# one ComputeDomain (IMEX channels) per LeaderWorkerSet: create (its spec is immutable),
+# prune, watched so a group counts Ready only once its nodes joined. Harmless without it.
+- apiGroups: [resource.nvidia.com]
+  resources: [computedomains]
+  verbs: [get, list, watch, create, delete]
 # Kernel build Jobs (one per attempt): create, delete stale or superseded attempts; watched
 # so a build's status follows its Job.
 - apiGroups: [batch]
@@ -150,4 +156,18 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- end }}
+
+{{- define "sglang-pd-operator.oracleName" -}}
+{{- printf "%s-oracle" (include "sglang-pd-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sglang-pd-operator.oracleImage" -}}
+{{- with .Values.oracle.image }}
+{{- if .digest }}
+{{- printf "%s@%s" .repository .digest }}
+{{- else }}
+{{- printf "%s:%s" .repository (default $.Chart.AppVersion .tag) }}
+{{- end }}
+{{- end }}
 {{- end }}

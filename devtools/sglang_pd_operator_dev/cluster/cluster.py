@@ -13,6 +13,9 @@
 8. ``_wait_settled``      nodes Ready and untainted, the default ServiceAccount exists
 9. ``_start_lws``         the LeaderWorkerSet controller, once its CRDs are served; its
                           webhook configurations once its webhook server answers
+10. ``_start_imex``       NVIDIA's ComputeDomain API (CRD), the IMEX channel DeviceClass and
+                          one ResourceSlice per clique-labelled node, and the STAND-IN
+                          ComputeDomain controller (``imex``; the driver cannot be built here)
 
 Every started process is recorded in the state file at once (``state``), so whatever
 happens later (an exception, Ctrl-C, a SIGKILLed harness), ``teardown.stop_run`` or the next
@@ -27,6 +30,7 @@ import atexit
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from sglang_pd_operator_dev.cluster import (build, components, kubeconfig, lws, netalloc, nodes,
+from sglang_pd_operator_dev.cluster import (build, components, imex, kubeconfig, lws, netalloc, nodes,
                                            paths, pki, procs, rest, state, teardown)
 from sglang_pd_operator_dev.cluster.handle import (Cluster, ClusterAlreadyRunning,
                                                   ClusterError, ComponentFailed, Log,
@@ -57,7 +61,7 @@ _PORT_RETRIES = 3
 
 def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
                   node_pools: Path | None = None, lws: bool = True,
-                  apiserver_args: Sequence[str] = ()) -> Cluster:
+                  apiserver_args: Sequence[str] = (), imex_channels: bool = True) -> Cluster:
     """Start a cluster in ``run_dir`` and return once it is usable.
 
     "Usable": /readyz answers 200, every fake node is Ready without the not-ready taint
@@ -71,7 +75,9 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
     Raises ClusterAlreadyRunning, ComponentFailed (with log paths and the failing log's
     tail), ClusterError, build.BuildError or gomod.GoModuleDownloadError.
     ``node_pools``: another node-pools.yaml (default hack/cluster/node-pools.yaml);
-    ``apiserver_args``: extra kube-apiserver flags (benchmarks/bench_scale.py adds an audit log). On any error,
+    ``apiserver_args``: extra kube-apiserver flags (benchmarks/bench_scale.py adds an audit log).
+    ``imex_channels=False`` leaves the ComputeDomain API and its stand-in out (a cluster
+    without NVIDIA's DRA driver). On any error,
     or Ctrl-C, everything started so far is stopped before the exception propagates.
     """
     begin = time.monotonic()
@@ -109,6 +115,9 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
         if lws:
             _start_lws(layout=layout, bins=bins, holder=holder, api=api, crd_names=crd_names,
                        die_with_parent=die_with_parent)
+        if imex_channels:
+            _start_imex(layout=layout, holder=holder, api=api, node_pools=node_pools,
+                        die_with_parent=die_with_parent)
         ready_s = time.monotonic() - started
         holder.update(phase="ready")
     except BaseException:
@@ -123,6 +132,8 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
         timings["build"] = round(bins.build_seconds, 1)
     serving = (f", the LeaderWorkerSet controller serving its webhooks {ready_s:.1f}s after start"
                if lws else " (no LeaderWorkerSet: lws=False)")
+    serving += (", ComputeDomains served with the IMEX STAND-IN controller (imex.py)" if imex_channels
+                else " (no ComputeDomain API: imex_channels=False)")
     log(f"cluster: {count} fake GPU nodes Ready {settled_s:.1f}s after start{serving} "
         f"(pod network {network})")
     log(f"cluster: kubeconfig {layout.kubeconfig}")
@@ -417,6 +428,30 @@ def _start_lws(*, layout: components.Layout, bins: build.Binaries, holder: _Stat
     for config in configs:
         plural = config["kind"].lower() + "s"
         api.create(f"/apis/admissionregistration.k8s.io/v1/{plural}", config)
+
+
+def _start_imex(*, layout: components.Layout, holder: _StateHolder, api: rest.Api, node_pools: Path | None,
+                die_with_parent: bool) -> None:
+    """The ComputeDomain CRD, the channel DeviceClass, a ResourceSlice per clique-labelled node, and the
+    stand-in controller process (``imex``: what is real and what stands in). Returns once the CRD is served."""
+    pools = nodes.load_pools(node_pools or paths.node_pools_file())
+    label = next((p.clique_label for p in pools if p.clique_label), None)
+    api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", imex.crd())
+    api.create("/apis/resource.k8s.io/v1/deviceclasses", imex.device_class())
+    if label is not None:
+        live = (api.get_json("/api/v1/nodes?labelSelector=type%3Dkwok") or {}).get("items") or []
+        for piece in imex.resource_slices(live, clique_label=label):
+            api.create("/apis/resource.k8s.io/v1/resourceslices", piece)
+    deadline = time.monotonic() + LWS_TIMEOUT_S
+    while not _crd_served(api, imex.CRD_NAME):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{imex.CRD_NAME} not served within {LWS_TIMEOUT_S:.0f}s")
+        time.sleep(0.2)
+    p = layout.pki
+    argv = imex.standin_argv(python=sys.executable, server=api.server, ca_cert=p.ca_cert,
+                             client_cert=p.client_cert("admin"), client_key=p.client_key("admin"),
+                             clique_label=label or "nvidia.com/gpu.clique")
+    _spawn(name=imex.COMPONENT, argv=argv, layout=layout, holder=holder, die_with_parent=die_with_parent)
 
 
 def stop_lws_controller(run_dir: Path) -> bool:

@@ -49,7 +49,7 @@ def operator_command() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-P", "-m", "sglang_pd_operator.cli"]
 
 
-_LIVE: set["OperatorProcess"] = set()
+_LIVE: set[Any] = set()
 
 
 @atexit.register
@@ -127,6 +127,100 @@ class OperatorProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+class OracleProcess:
+    """``sglang-pd-operator oracle serve`` from this venv as a child process in its own session (the
+    dev cluster's SGLang oracle service, as the chart's ``oracle.enabled`` runs it in a cluster).
+
+    ``warm``: accelerators whose workers start at once; :meth:`wait_ready` waits for
+    ``/readyz``. Killed at interpreter exit if nobody stopped it. Needs sglang 0.5.23 in
+    this venv (``hack/setup.sh --contract`` or ``sglang-pd-operator sglang install``);
+    :func:`oracle_unavailable` says why not.
+    """
+
+    def __init__(self, *, log_path: Path, warm: tuple[str, ...] = ("gb300",), port: int | None = None,
+                 extra_args: list[str] | None = None):
+        self.log_path = Path(log_path)
+        self.warm = tuple(warm)
+        self.port = port or free_port()
+        self.extra_args = list(extra_args or [])
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """The service's base URL (what ``run --oracle-url`` takes)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "OracleProcess":
+        """Start the process; returns self."""
+        self._log = open(self.log_path, "ab")
+        argv = [*operator_command(), "oracle", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+                "--warm", ",".join(self.warm), *self.extra_args]
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd="/",
+                                     env={**os.environ, "PYTHONSAFEPATH": "1"}, start_new_session=True)
+        _LIVE.add(self)
+        return self
+
+    def wait_ready(self, timeout: float = 300.0) -> float:
+        """Seconds until ``/readyz`` answered 200 (its warm workers imported SGLang); raises
+        TimeoutError (or RuntimeError when the process exited) with the log's tail."""
+        import urllib.error
+        import urllib.request
+
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if not self.alive():
+                raise RuntimeError(f"oracle serve exited\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - start
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"oracle serve not ready in {timeout:.0f}s\n{self.log_tail()}")
+
+    def stats(self) -> dict[str, Any]:
+        """The service's ``/stats`` (queue, cache hits, judged ...)."""
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + "/stats", timeout=5) as r:
+            return json.load(r)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Stop the process group (the service and its SGLang workers); SIGKILL by default."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.proc = None
+        _LIVE.discard(self)
+
+    def stop(self) -> None:
+        """Graceful stop (SIGTERM)."""
+        self.kill(signal.SIGTERM)
+
+    def alive(self) -> bool:
+        """The process is running."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the service's log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def oracle_unavailable() -> str | None:
+    """Why ``oracle serve`` cannot run from this venv (sglang 0.5.23 missing), None when it can."""
+    from sglang_pd_operator.oracle import unavailable
+
+    return unavailable()
 
 
 def model_store(namespace: str) -> list[dict[str, Any]]:
@@ -331,7 +425,9 @@ def run_demo(*, cluster, example: Path, log: Callable[[str], None], once: bool) 
     check = subprocess.run([*operator_command(), "check", str(example)], capture_output=True, text=True, cwd="/")
     log(check.stdout.rstrip())
 
-    op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=cluster.run_dir / "operator.log", resync=5).start()
+    oracle = _start_oracle(cluster, doc, log)
+    op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=cluster.run_dir / "operator.log", resync=5,
+                         extra_args=["--oracle-url", oracle.url] if oracle else None).start()
     log(f"== operator running (pid {op.proc.pid}, log {op.log_path}, metrics http://127.0.0.1:{op.metrics_port}/metrics)")
     try:
         log(f"== kubectl apply -f {example.relative_to(REPO) if example.is_relative_to(REPO) else example}")
@@ -348,7 +444,8 @@ def run_demo(*, cluster, example: Path, log: Callable[[str], None], once: bool) 
             report = not_ready_report(obj, _warning_events(cluster, namespace))
             log("\n".join([f"error: the operator refused {namespace}/{name} (Valid=False); nothing was created", *report]))
             return 1
-        log(f"== Ready after {time.monotonic() - start:.1f}s")
+        valid = next((c for c in obj["status"].get("conditions") or [] if c["type"] == "Valid"), {})
+        log(f"== Ready after {time.monotonic() - start:.1f}s; Valid: {valid.get('reason')}: {valid.get('message')}")
         log(cluster.kubectl("get", "pdd", "-n", namespace).stdout.rstrip())
         log("== status")
         shown = ("conditions", "prefill", "decode", "gateway", "compatKey", "kvLayout")  # kvLayout: DeepSeek-V4 only
@@ -369,3 +466,19 @@ def run_demo(*, cluster, example: Path, log: Callable[[str], None], once: bool) 
         return 1
     finally:
         op.stop()
+        if oracle is not None:
+            oracle.stop()
+
+
+def _start_oracle(cluster, doc: dict[str, Any], log: Callable[[str], None]) -> "OracleProcess | None":
+    """The SGLang oracle service from this venv, warm for the example's accelerator (None, said why, without sglang)."""
+    why = oracle_unavailable()
+    if why is not None:
+        log(f"== no SGLang oracle service: {why}; Valid comes from the operator's rules alone")
+        return None
+    accelerator = str((doc.get("spec") or {}).get("accelerator") or "gb300")
+    oracle = OracleProcess(log_path=cluster.run_dir / "oracle.log", warm=(accelerator,)).start()
+    seconds = oracle.wait_ready()
+    log(f"== SGLang oracle service ready in {seconds:.1f}s ({oracle.url}, warm {accelerator}, log {oracle.log_path}); "
+        "the operator asks it before any child exists")
+    return oracle

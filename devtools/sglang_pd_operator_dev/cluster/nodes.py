@@ -43,6 +43,17 @@ class NodePool:
     capacity: dict[str, str] = field(default_factory=dict)
     reserved: dict[str, str] = field(default_factory=dict)
     taints: tuple[dict, ...] = ()
+    #: NVLink partitions (rack-scale NVLink, GB200 / GB300 NVL72): nodes in order fill cliques of ``size``
+    #: trays, each node labelled ``<label>: <clusterUUID>.<cliqueID>`` as NVIDIA's GPU operator does.
+    clique_label: str | None = None
+    clique_size: int = 0
+    clique_cluster: str = ""
+
+    def clique_of(self, index: int) -> str | None:
+        """The clique label value of node ``index`` of the pool, None without cliques."""
+        if not self.clique_label:
+            return None
+        return f"{self.clique_cluster}.{index // self.clique_size}"
 
 
 def parse_quantity(text: str) -> Decimal:
@@ -79,6 +90,16 @@ def allocatable(capacity: dict[str, str], reserved: dict[str, str]) -> dict[str,
     return result
 
 
+def _cliques(raw: dict | None) -> dict:
+    """NodePool fields from a pool's ``nvlinkCliques: {label, size, clusterUUID}`` (none without it)."""
+    if not raw:
+        return {}
+    size = int(raw["size"])
+    if size < 1:
+        raise ValueError("nvlinkCliques.size must be at least 1")
+    return {"clique_label": str(raw["label"]), "clique_size": size, "clique_cluster": str(raw["clusterUUID"])}
+
+
 def load_pools(path: Path) -> list[NodePool]:
     """Read and check node-pools.yaml. Raises ValueError naming the pool and field."""
     data = yaml.safe_load(path.read_text()) or {}
@@ -92,6 +113,7 @@ def load_pools(path: Path) -> list[NodePool]:
                 capacity={str(k): str(v) for k, v in (raw.get("capacity") or {}).items()},
                 reserved={str(k): str(v) for k, v in (raw.get("reserved") or {}).items()},
                 taints=tuple(raw.get("taints") or ()),
+                **_cliques(raw.get("nvlinkCliques")),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{where}: bad or missing field ({err})") from err
@@ -132,6 +154,9 @@ def node_objects(pools: list[NodePool], *, pod_network: ipaddress.IPv4Network,
                 "kubernetes.io/arch": pool.arch, "type": "kwok", POOL_LABEL: pool.name,
                 **pool.labels,
             }
+            clique = pool.clique_of(i)
+            if clique is not None:
+                labels[pool.clique_label] = clique  # type: ignore[index]
             nodes.append({
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "labels": labels,

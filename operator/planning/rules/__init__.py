@@ -19,6 +19,7 @@ from . import (args, autoscaling, deepseek_v4, engram, handshake, kv, kvcache, m
 ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     placement.accelerator_known,
     placement.replica_fits_node,
+    placement.replica_fits_nvlink_clique,
     *multinode.ROLE_RULES,
     placement.parallelism_consistent,
     placement.parallelism_divides_model,

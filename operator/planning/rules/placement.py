@@ -9,6 +9,7 @@ from __future__ import annotations
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..memory import gib, quantity_bytes
+from ..nvlink import nvlink_mode
 from ..structs import RolePlan
 from ..problems import Problem
 
@@ -161,3 +162,46 @@ def parallelism_divides_model(*, spec: PDDeploymentSpec, role: RolePlan, catalog
 
 def _same_parallelism(spec: PDDeploymentSpec) -> bool:
     return spec.prefill.parallelism == spec.decode.parallelism and spec.prefill.extraArgs == spec.decode.extraArgs
+
+
+def replica_fits_nvlink_clique(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """A multi-node replica held to one NVLink clique must fit in one (e.g. at most 72 GPUs on NVL72).
+
+    With ``spec.placement.nvlinkDomain`` required or preferred (required is the default on
+    GB200 / GB300, planning/nvlink.py), every pod of a replica is placed in one NVLink
+    partition; a replica of more GPUs than the partition holds (``nvlinkDomain`` in the
+    catalog) could never be placed, so it is refused before anything is created.
+    ``nvlinkDomain: none`` says it runs across cliques over RDMA: then it is served.
+    A ``required``/``preferred`` set on an accelerator without multi-node NVLink has no
+    effect: a warning says so.
+    """
+    acc = role.inputs.accelerator
+    asked = spec.placement.nvlinkDomain
+    if acc is None or not role.inputs.multi_node:
+        return []
+    if not acc.multi_node_nvlink:
+        if asked in ("required", "preferred"):
+            return [Problem(
+                field="spec.placement.nvlinkDomain",
+                message=f"{role.inputs.accelerator_name} has no NVLink across nodes in the accelerator catalog "
+                f"(nvlinkDomain {acc.nvlinkDomain} GPUs, {acc.gpusPerNode} per node, no nvlinkCliqueLabel), so "
+                f"nvlinkDomain: {asked} places nothing",
+                fix="remove spec.placement.nvlinkDomain, or add nvlinkCliqueLabel to the catalog entry if the nodes "
+                "share an NVLink fabric",
+                rule="replica_fits_nvlink_clique",
+                severity="warning",
+            )]
+        return []
+    gpus = role.inputs.gpus_per_replica
+    if nvlink_mode(spec, role) == "none" or gpus <= acc.nvlinkDomain:
+        return []
+    return [Problem(
+        field=f"spec.{role.role}.parallelism.nodes",
+        message=f"a {role.role} replica takes {gpus} GPUs on {role.inputs.nodes} nodes, more than one NVLink clique "
+        f"of {role.inputs.accelerator_name} holds ({acc.nvlinkDomain} GPUs, {acc.nodes_per_clique} nodes), and "
+        f"spec.placement.nvlinkDomain is {nvlink_mode(spec, role)}: it could never be placed",
+        fix=f"use at most {acc.nodes_per_clique} nodes ({acc.nvlinkDomain} GPUs) per replica and scale with "
+        "replicas, or set spec.placement.nvlinkDomain: none to run the replica across cliques (traffic between "
+        "cliques over RDMA, no ComputeDomain)",
+        rule="replica_fits_nvlink_clique",
+    )]
