@@ -47,17 +47,20 @@ ENGINE_SHUTDOWN_MARGIN_S = 60
 #: Seconds added to the drain grace for smg's stop after SIGTERM.
 GATEWAY_SHUTDOWN_MARGIN_S = 10
 
-#: The hook: argv = port, grace seconds, settle seconds, gauge names. Exits 0 always.
+#: The pod's own address inside its network namespace (an argument of the hook, not part of the program).
+POD_LOOPBACK = "127.0.0.1"
+#: The hook: argv = host, port, grace seconds, settle seconds, gauge names. Exits 0 always.
 DRAIN_SCRIPT = """\
 import sys, time, urllib.request
-port, grace, settle, names = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), tuple(sys.argv[4:])
+host, port, grace, settle = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+names = tuple(sys.argv[5:])
 start = time.monotonic()
 deadline = start + grace
 time.sleep(min(settle, grace))
 quiet = 0
 while time.monotonic() < deadline:
     try:
-        page = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2).read().decode()
+        page = urllib.request.urlopen("http://%s:%d/metrics" % (host, port), timeout=2).read().decode()
     except Exception:
         break
     busy = 0.0
@@ -91,5 +94,6 @@ def prestop(*, port: int, drain_grace_s: float, gauges: tuple[str, ...]) -> dict
     ``port``: the container port serving /metrics (an engine's HTTP port, the gateway's
     metrics port); ``drain_grace_s``: ``rollout.drainGracePeriod`` in seconds.
     """
-    command = ["python3", "-c", DRAIN_SCRIPT, str(port), str(drain_seconds(drain_grace_s)), str(SETTLE_S), *gauges]
+    command = ["python3", "-c", DRAIN_SCRIPT, POD_LOOPBACK, str(port), str(drain_seconds(drain_grace_s)), str(SETTLE_S),
+               *gauges]
     return {"preStop": {"exec": {"command": command}}}

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import ROOT
-from opkit import OperatorProcess, condition, kapply, kget, model_store, pods, wait_for
+from opkit import OperatorProcess, condition, kapply, kget, model_store, pods, ready_now, wait_for
 
 from sglang_pd_operator_dev.cluster import cluster as devcluster
 from sglang_pd_operator_dev.cluster.demo import install_crds
@@ -68,14 +68,6 @@ def previous(tmp_path_factory) -> dict[str, Path]:
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
     (py / "sglang_pd_operator").symlink_to(src / "operator")
     return {"src": src, "py": py}
-
-
-def _ready(obj):
-    c = condition(obj, "Ready")
-    gen = (obj or {}).get("metadata", {}).get("generation")
-    if c and c["status"] == "True" and c.get("observedGeneration") == gen and obj["status"].get("observedGeneration") == gen:
-        return obj
-    return None
 
 
 def _pdd(upc):
@@ -127,7 +119,7 @@ def test_v0_1_0_to_this_release_restarts_no_engine_then_the_opt_in_rolls_out(upc
         doc["spec"].setdefault("rollout", {})["drainGracePeriod"] = "5s"
         kapply(upc, doc)
         t0 = time.monotonic()
-        wait_for(lambda: _ready(_pdd(upc)), timeout=180, what="v0.1.0's deployment Ready")
+        wait_for(lambda: ready_now(_pdd(upc)), timeout=180, what="v0.1.0's deployment Ready")
         figures["v0.1.0 Ready after"] = f"{time.monotonic() - t0:.1f}s"
         version_line = next((line for line in (tmp_path / "operator-v0.1.0.log").read_text().splitlines()), "")
         cluster_log(f"== v0.1.0 operator log starts: {version_line[:160]}")
@@ -183,7 +175,7 @@ def test_v0_1_0_to_this_release_restarts_no_engine_then_the_opt_in_rolls_out(upc
 
         def rolled_out():
             o = _pdd(upc)
-            if not _ready(o) or o["status"]["compatKey"] == old_key or condition(o, "UpgradePending"):
+            if not ready_now(o) or o["status"]["compatKey"] == old_key or condition(o, "UpgradePending"):
                 return None
             if o["status"]["rollout"]["phase"] != "Complete":
                 return None

@@ -50,20 +50,21 @@ def test_engine_and_gateway_pods_drain_within_the_grace_their_termination_grace_
         pod = deps[role]["spec"]["template"]["spec"]
         cmd = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
         assert cmd[:3] == ["python3", "-c", drain.DRAIN_SCRIPT]
-        assert cmd[3:6] == ["30000", str(seconds), str(drain.SETTLE_S)] and tuple(cmd[6:]) == drain.ENGINE_GAUGES
+        assert cmd[3:7] == ["127.0.0.1", "30000", str(seconds), str(drain.SETTLE_S)]
+        assert tuple(cmd[7:]) == drain.ENGINE_GAUGES
         assert pod["terminationGracePeriodSeconds"] == engine_tgps
     gw = deps["gateway"]["spec"]["template"]["spec"]
     c = gw["containers"][0]
     assert c["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}  # smg registered both roles
     assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     cmd = c["lifecycle"]["preStop"]["exec"]["command"]
-    assert cmd[3] == "29000" and tuple(cmd[6:]) == drain.GATEWAY_GAUGES
+    assert cmd[4] == "29000" and tuple(cmd[7:]) == drain.GATEWAY_GAUGES
     assert gw["terminationGracePeriodSeconds"] == gateway_tgps
 
 
 def _hook(port: int, grace: int, settle: int = 0, gauges=drain.ENGINE_GAUGES) -> subprocess.Popen:
     cmd = drain.prestop(port=port, drain_grace_s=grace, gauges=gauges)["preStop"]["exec"]["command"]
-    cmd = [sys.executable, *cmd[1:3], cmd[3], cmd[4], str(settle), *cmd[6:]]
+    cmd = [sys.executable, *cmd[1:6], str(settle), *cmd[7:]]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
