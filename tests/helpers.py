@@ -83,7 +83,7 @@ class MemoryKube:
         self.deleted.append((kind, name))
         return self.objects.pop((kind, name), None) is not None
 
-    def patch_status(self, api_version, kind, name, namespace, status):
+    def patch_status(self, api_version, kind, name, namespace, status, resource_version=None):
         self.status.append(status)
         self.total_writes += 1
 

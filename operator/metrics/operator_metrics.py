@@ -161,7 +161,9 @@ class OperatorMetrics:
     - ``sglang_pd_operator_queue_depth`` gauge: keys (PDDeployments and KernelBuilds) ready
       for a reconcile and waiting for a worker; ``..._queue_delayed`` keys waiting for their time
       (a retry, a drain grace period); ``..._queue_oldest_age_seconds`` how long the oldest
-      ready key has waited; ``..._queue_retries_total{kind}`` failed reconciles queued again.
+      ready key has waited; ``..._queue_retries_total{kind}`` failed reconciles queued again;
+      ``..._reconcile_longest_running_seconds`` how long the longest reconcile in flight has
+      run (a hung worker grows it; a backlog does not).
     - ``sglang_pd_operator_cache_objects{kind}`` gauge: objects of each watched kind in the
       operator's in-memory view (only what the label selectors let through).
     - ``sglang_pd_operator_resync_pass_seconds`` gauge: how long the last finished resync
@@ -172,6 +174,10 @@ class OperatorMetrics:
     - ``sglang_pd_operator_scrape_errors_total{role}`` counter: failed pod scrapes.
     - ``sglang_pd_operator_api_writes_total{verb,kind}`` counter: every write to the API
       server (apply, delete, patch-status, create Event); flat while specs are unchanged.
+    - ``sglang_pd_operator_reconciles_total{kind,namespace,name}`` counter: reconciles a worker
+      finished for each object (what a test waits on before it says "nothing happened").
+    - ``sglang_pd_operator_watch_lists_total{kind,reason}`` counter: LISTs of a watched kind
+      (``start``; ``gone``: its watch met 410 Gone; ``appeared``: served since the start).
 
     :attr:`kvstore` (a :class:`~sglang_pd_operator.metrics.kvstore.KVStoreCollector` in the
     same registry) exports each Mooncake master's figures (``sglang_pd_kvstore_*``) and the
@@ -197,6 +203,13 @@ class OperatorMetrics:
         self.queue_retries = Counter(
             f"{PREFIX}_queue_retries_total", "Failed reconciles queued again with backoff.", ["kind"],
             registry=self.registry)
+        self.reconciles = Counter(
+            f"{PREFIX}_reconciles_total",
+            "Reconciles a worker finished, per object (any outcome; the series goes when the object does).",
+            ["kind", "namespace", "name"], registry=self.registry)
+        self.reconcile_longest_running = Gauge(
+            f"{PREFIX}_reconcile_longest_running_seconds",
+            "Seconds the longest reconcile in flight has run (0 when none runs).", registry=self.registry)
         self.cache_objects = Gauge(
             f"{PREFIX}_cache_objects", "Objects of each watched kind in the operator's in-memory view.", ["kind"],
             registry=self.registry)
@@ -214,6 +227,10 @@ class OperatorMetrics:
         self.api_writes = Counter(
             f"{PREFIX}_api_writes_total", "Write requests the operator sent to the API server.",
             ["verb", "kind"], registry=self.registry)
+        self.watch_lists = Counter(
+            f"{PREFIX}_watch_lists_total",
+            "LISTs of a watched kind: at start, after a watch's 410 Gone, for a kind served since the start.",
+            ["kind", "reason"], registry=self.registry)
         self._results: dict[str, SLOResult] = {}
         self._lock = threading.Lock()
         self.registry.register(_SLOCollector(self))
@@ -236,9 +253,11 @@ class OperatorMetrics:
         self.api_writes.labels(verb=verb, kind=kind).inc()
 
     def record_queue(self, stats: QueueStats, *, resync_pass_s: float | None = None,
-                     resync_lag_s: float | None = None) -> None:
-        """Export a work queue snapshot (``workqueue.QueueStats``) and the last finished resync period's
-        pass duration and lag (seconds; None: no period finished yet)."""
+                     resync_lag_s: float | None = None, longest_running_s: float = 0.0) -> None:
+        """Export a work queue snapshot (``workqueue.QueueStats``), the last finished resync period's
+        pass duration and lag (seconds; None: no period finished yet) and how long the
+        longest reconcile in flight has run (seconds; 0: none)."""
+        self.reconcile_longest_running.set(longest_running_s)
         self.queue_depth.set(stats.depth)
         self.queue_delayed.set(stats.delayed)
         self.queue_oldest_age.set(stats.oldest_age_s)
@@ -251,6 +270,21 @@ class OperatorMetrics:
         """Export how many objects of each watched kind the cache holds."""
         for kind, n in counts.items():
             self.cache_objects.labels(kind=kind).set(n)
+
+    def record_key(self, kind: str, namespace: str, name: str) -> None:
+        """Count one finished reconcile of one object (the control loop's worker)."""
+        self.reconciles.labels(kind=kind, namespace=namespace, name=name).inc()
+
+    def forget_key(self, kind: str, namespace: str, name: str) -> None:
+        """Drop the reconcile counter of an object that was deleted."""
+        try:
+            self.reconciles.remove(kind, namespace, name)
+        except KeyError:
+            pass
+
+    def record_list(self, kind: str, reason: str) -> None:
+        """Count one LIST of a watched kind (``runtime/informer.py``; reason ``start``, ``gone``, ``appeared``)."""
+        self.watch_lists.labels(kind=kind, reason=reason).inc()
 
     def record_retry(self, kind: str) -> None:
         """Count one failed reconcile of ``kind`` queued again."""

@@ -156,13 +156,16 @@ class Kube:
             return self.cache
         return None
 
-    def _store(self, result: Any) -> None:
-        """Keep the API server's answer to a write of a watched kind in the cache."""
+    def _store(self, result: Any, before: dict[str, Any] | None = None) -> None:
+        """Keep the API server's answer to a write of a watched kind in the cache (``ObjectCache.record_write``).
+
+        ``before``: the object as the writer read it (its resourceVersion tells a no-op answer).
+        """
         if self.cache is None or result is None:
             return
         obj = result.to_dict() if hasattr(result, "to_dict") else result
         if isinstance(obj, dict) and watched_kind(obj.get("apiVersion", ""), obj.get("kind", "")) is not None:
-            self.cache.upsert(obj)
+            self.cache.record_write(obj, before=((before or {}).get("metadata") or {}).get("resourceVersion"))
 
     @property
     def dynamic(self) -> DynamicClient:
@@ -245,7 +248,7 @@ class Kube:
             self.dry_run_writes.append(f"apply {desired['kind']} {meta.get('namespace')}/{meta['name']}")
             return True
         self._count("apply", desired["kind"])
-        self._store(result)
+        self._store(result, before=live)
         return True
 
     def create(self, obj: dict[str, Any]) -> bool:
@@ -319,18 +322,27 @@ class Kube:
 
     def _forget(self, api_version: str, kind: str, name: str, namespace: str | None) -> None:
         if self.cache is not None and watched_kind(api_version, kind) is not None:
-            self.cache.remove({"apiVersion": api_version, "kind": kind,
-                               "metadata": {"name": name, "namespace": namespace}})
+            self.cache.forget(api_version, kind, name, namespace)
 
-    def patch_status(self, api_version: str, kind: str, name: str, namespace: str, status: dict[str, Any]) -> None:
-        """Merge-patch the status subresource of a custom object (skipped by a dry-run client)."""
-        if self.dry_run:
+    def patch_status(self, api_version: str, kind: str, name: str, namespace: str, status: dict[str, Any], *,
+                     resource_version: str | None = None) -> None:
+        """Merge-patch the status subresource of a custom object.
+
+        ``resource_version``: the version the patch was computed against (a precondition:
+        the API server answers 409 Conflict, raised as ``ApiException``, when the object
+        changed since, e.g. another replica or a user rewrote status; the caller's retry
+        reads the newer object). None: no precondition.
+        """
+        if self.dry_run:  # skipped by a dry-run client
             self.dry_run_writes.append(f"write the status of {kind} {namespace}/{name}")
             return
         res = self._resource(api_version, kind)
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         result = self.dynamic.patch(
             res.subresources["status"],
-            body={"status": status},
+            body=body,
             name=name,
             namespace=namespace,
             content_type="application/merge-patch+json",
@@ -338,14 +350,17 @@ class Kube:
         self._count("patch-status", kind)
         self._store(result)
 
-    def list_kind(self, watched: WatchedKind, namespace: str | None) -> Iterator[dict[str, Any]]:
+    def list_kind(self, watched: WatchedKind, namespace: str | None,
+                  listed: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         """Every object of ``watched`` in ``namespace`` (None: cluster-wide) its selector matches, from the API server.
 
         Raw JSON read in pages of :data:`LIST_PAGE` (no model objects: fast for thousands of
         pods) and yielded one by one as each page arrives, so a consumer that keeps only
         what it needs never holds the whole list (3,000 pods as parsed JSON are about
         100 MB); each item gets the list's ``apiVersion`` and ``kind``. What fills the
-        cache (``ObjectCache.replace_kind``). Raises ``ApiException`` for a page that fails.
+        cache (``ObjectCache.replace_kind``). ``listed``, when given, receives the LIST's
+        ``resourceVersion`` (where its watch starts: ``runtime/informer.py``) with the first
+        page. Raises ``ApiException`` for a page that fails.
         """
         resource = self._resource(watched.api_version, watched.kind)
         path = resource.path(namespace=namespace) if namespace else resource.path()
@@ -365,6 +380,8 @@ class Kube:
                 raise k8s.ApiException(http_resp=response)
             page = json.loads(response.data)
             del response
+            if listed is not None and "resourceVersion" not in listed:
+                listed["resourceVersion"] = (page.get("metadata") or {}).get("resourceVersion")
             token = (page.get("metadata") or {}).get("continue") or ""
             items = page.get("items") or []
             del page

@@ -147,6 +147,8 @@ def reconcile(
                           lws_served=lws_served, autoscalers=autoscalers, cd_served=cd_served, oracle=oracle,
                           catalog_overrides=catalog_overrides)
     except ApiException as e:
+        if e.status == 409:  # the object changed since it was read (a status write's precondition): no
+            raise            # failure to record; the retry reads the newer object
         reason, message = describe_api_error(e, call=tracked.last)
         _record_failure(kube, body, reason=reason, message=message, now=now)
         raise
@@ -717,12 +719,19 @@ def _delete_group(kube: Kube, *, name: str, namespace: str, key: str, lws_served
 
 
 def _write_status(kube: Kube, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any]) -> bool:
-    """Merge-patch status with exactly the difference; no write when nothing changed."""
+    """Merge-patch status with exactly the difference; no write when nothing changed.
+
+    The patch carries ``body``'s resourceVersion as a precondition: status holds memory
+    (rollout timers, the planner's hysteresis), and a difference computed against a status
+    someone else rewrote since (another replica after a failover, a user) must not land on
+    it; the API server answers 409 and the retry reads the newer object.
+    """
     patch = merge_patch(S.comparable(previous), S.comparable(new))
     if not patch:
         return False
     meta = body["metadata"]
-    kube.patch_status(API_VERSION, "PDDeployment", meta["name"], meta["namespace"], patch)
+    kube.patch_status(API_VERSION, "PDDeployment", meta["name"], meta["namespace"], patch,
+                      resource_version=meta.get("resourceVersion"))
     return True
 
 

@@ -6,18 +6,14 @@ each reads the object from ``kube`` (the process's object cache, ``cache.py``) a
 the reconciler under a lock per object (the work queue already gives a key to one worker
 at a time; the lock keeps direct callers, such as tests, safe too).
 
-The SLO scraper stores each deployment's latest
-:class:`~sglang_pd_operator.metrics.health.Health` here (:meth:`Runtime.set_health`),
-saying whether a condition or only a figure moved; the reconcile reads it back to write
-status. Whether the cluster serves the Prometheus Operator's kinds and LeaderWorkerSets
-is checked here too, at most every ``monitoring_check_ttl_s``. Each reconcile is in flight in
-:attr:`Runtime.heartbeats` (``liveness.py``) while it holds its lock, so a frozen one
-turns ``/healthz`` to 503 after ``stuck_after_s``.
+The state a reconcile reads besides the object lives in parts with one owner each
+(``process_state.py``): the SLO figures, the served kinds, the catalog, the planner's
+views, KernelBuild uses, HPAs, locks. Liveness (a reconcile in flight, worker progress) is
+the control loop's (``runtime/controller.py``), not kept here.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -28,34 +24,36 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from ..api import computedomain as cd
+from ..api import computedomain as cd
 from ..api import lws
 from ..api.kernelbuild import KIND as KERNELBUILD_KIND
 from ..api.v1alpha1 import API_VERSION
-from ..catalog import CATALOG_FILES, Catalog, CatalogError, builtin_catalog, load_catalog
+from ..catalog import Catalog
 from ..kernelbuild.recipes import BuildCatalog, builtin_build_catalog
-from ..runtime.liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
 from ..metrics.health import Health
 from ..metrics.monitoring import MONITORING_API_VERSION
-from ..metrics.slo import format_duration
 from ..planning.plan import RuleMemo
 from ..render.labels import MANAGED_BY
 from . import kernelbuild as kernelbuild_reconciler
-from . import status as S
 from .kube import ApiTimeouts, Kube, with_timeouts
 from .pddeployment import Outcome, reconcile
-from .scaling import list_autoscalers, pressure_view
+from .process_state import (CATALOG_CONFIGMAP, AutoscalerCache, CatalogSource, HealthChange, HealthStore,
+                            KernelBuildUses, ObjectLocks, PlannerViews, ServedKinds)
+from .scaling import list_autoscalers
 from .sglang_gate import OracleSettings
 
 log = logging.getLogger(__name__)
 
-CATALOG_CONFIGMAP = "sglang-pd-operator-catalog"
+__all__ = ["CATALOG_CONFIGMAP", "HealthChange", "Hooks", "KernelBuildRuntime", "Runtime", "api_client_from_env"]
 
 
-def api_client_from_env(kubeconfig: str | None = None, *, timeouts: ApiTimeouts | None = None) -> k8s.ApiClient:
+def api_client_from_env(kubeconfig: str | None = None, *, timeouts: ApiTimeouts | None = None,
+                        pool_maxsize: int | None = None) -> k8s.ApiClient:
     """An ApiClient from ``kubeconfig`` (or $KUBECONFIG / ~/.kube/config), else the in-cluster service account.
 
     Every request it sends has ``timeouts`` (default :class:`ApiTimeouts`: 5 s connect,
     30 s read) unless the call passes its own (see ``kube.with_timeouts``).
+    ``pool_maxsize``: connections kept per host (default the client's).
     """
     timeouts = timeouts or ApiTimeouts()
     configuration = k8s.Configuration()
@@ -64,6 +62,8 @@ def api_client_from_env(kubeconfig: str | None = None, *, timeouts: ApiTimeouts 
     except (k8s_config.ConfigException, FileNotFoundError, TypeError):
         k8s_config.load_incluster_config(client_configuration=configuration)
     configuration.retries = timeouts.retries()  # read by the REST client's pool when it is made
+    if pool_maxsize is not None:
+        configuration.connection_pool_maxsize = pool_maxsize
     return with_timeouts(k8s.ApiClient(configuration), timeouts)
 
 
@@ -75,213 +75,106 @@ class Hooks:
     on_reconcile: Callable[[str, str, float, bool], None] | None = None  # namespace, name, seconds, ok
 
 
-class HealthChange(enum.Enum):
-    """What a new :class:`Health` changes in a deployment's status (:meth:`Runtime.set_health`).
-
-    ``NONE``: nothing status shows; ``FIGURES``: only the rounded SLO figures
-    (``status.slo``, ``status.scrape`` counts); ``CONDITIONS``: a condition (SLOMet,
-    Degraded, KVStoreReady) or which pods answer. The control loop writes condition
-    changes at once and figures at a bounded rate.
-    """
-
-    NONE = "none"
-    FIGURES = "figures"
-    CONDITIONS = "conditions"
-
-
 @dataclass
 class Runtime:
-    """Everything a PDDeployment reconcile needs besides the object itself."""
+    """Everything a PDDeployment reconcile needs besides the object itself, one part per concern.
+
+    Each piece of state has one owner (``process_state.py``): :attr:`health_store` (the SLO
+    source's latest figures; written by the control loop's scraper thread only),
+    :attr:`served` (which optional kinds the API server serves), :attr:`catalog_source`
+    (the kernel catalog and its version), :attr:`planner` (what the built-in planner last
+    read of the deployments it scales), :attr:`uses` (the KernelBuilds each deployment's
+    last reconcile used), :attr:`hpas` (HPAs targeting PDRoleScales, per namespace),
+    :attr:`locks` (one lock per object) and :attr:`rule_memo` (the CEL verdict per
+    generation). The methods below are the reconcile path's and the control loop's door to
+    them (each delegates to its part); :meth:`forget` drops a deleted PDDeployment from all.
+    """
 
     kube: Kube
     operator_namespace: str | None = None
-    catalog_ttl_s: float = 30.0
     hooks: Hooks = field(default_factory=Hooks)
-    _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
-    _locks_guard: threading.Lock = field(default_factory=threading.Lock)
-    _catalog: Catalog | None = None
-    _catalog_data: dict[str, str] | None = None
-    _catalog_read: float = -1e18
-    #: Incremented whenever the catalog in use changes (the control loop then reconciles everything).
-    catalog_version: int = 0
-    catalog_error: str | None = None
-    #: Health older than this (seconds) is not written into status (the scraper stopped).
-    health_max_age_s: float = 60.0
-    monitoring_check_ttl_s: float = 15.0
-    _health: dict[tuple[str, str], tuple[Health, tuple, tuple]] = field(default_factory=dict)
-    _health_guard: threading.Lock = field(default_factory=threading.Lock)
-    #: group/version -> (kinds served, monotonic time of the check); see :meth:`kinds_served`.
-    _served: dict[str, tuple[frozenset[str], float]] = field(default_factory=dict)
-    _served_guard: threading.Lock = field(default_factory=threading.Lock)
-    #: Unix time this runtime was made: the age of "no health yet" counts from here.
-    started_at: float = field(default_factory=time.time)
-    #: Liveness: each reconcile is in flight here while it holds its lock; stuck after ``stuck_after_s``.
-    heartbeats: Heartbeats = field(default_factory=Heartbeats)
-    stuck_after_s: float = DEFAULT_STUCK_AFTER_S
+    health_store: HealthStore = field(default_factory=HealthStore)
+    served: ServedKinds | None = None
+    catalog_source: CatalogSource | None = None
+    planner: PlannerViews = field(default_factory=PlannerViews)
+    uses: KernelBuildUses = field(default_factory=KernelBuildUses)
+    hpas: AutoscalerCache | None = None
+    locks: ObjectLocks = field(default_factory=ObjectLocks)
     #: The CEL verdict per object generation (``planning.plan.RuleMemo``).
     rule_memo: RuleMemo = field(default_factory=RuleMemo)
-    #: (namespace, PDDeployment) -> the KernelBuilds its last reconcile used.
-    _uses: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
-    #: Seconds an HPA listing of a namespace is reused (``scaling.list_autoscalers``).
-    autoscaler_ttl_s: float = 30.0
-    _autoscalers: dict[str, tuple[float, dict[str, str]]] = field(default_factory=dict)
     #: The SGLang oracle service every new generation waits for (``sglang_gate``); None: the rules alone.
     oracle: OracleSettings | None = None
-    #: PDDeployments the built-in planner scales (their last reconcile said so) -> last pressure view.
-    _planned: dict[tuple[str, str], tuple] = field(default_factory=dict)
 
-    # ------------------------------------------------------------------ SLO health
+    def __post_init__(self) -> None:
+        if self.served is None:
+            self.served = ServedKinds(api_client=lambda: self.kube.api_client)
+        if self.catalog_source is None:
+            self.catalog_source = CatalogSource(kube=self.kube, operator_namespace=self.operator_namespace)
+        if self.hpas is None:
+            self.hpas = AutoscalerCache(list_hpas=lambda ns: list_autoscalers(self.kube, ns))
+
+    # ------------------------------------------------------------------ the parts' doors
+    @property
+    def catalog_version(self) -> int:
+        """Moves whenever the catalog in use changes (the control loop then reconciles everything)."""
+        return self.catalog_source.version
+
+    @property
+    def catalog_error(self) -> str | None:
+        """Why the admin's catalog ConfigMap was ignored, None when it was not."""
+        return self.catalog_source.error
+
+    def catalog(self) -> Catalog:
+        """The catalog in use (:meth:`CatalogSource.get`)."""
+        return self.catalog_source.get()
+
     def set_health(self, health: Health) -> HealthChange:
-        """Keep ``health`` as the deployment's latest; say what of status it changes (:class:`HealthChange`)."""
-        conditions, figures = S.health_views(health)
-        key = (health.namespace, health.name)
-        with self._health_guard:
-            old = self._health.get(key)
-            self._health[key] = (health, conditions, figures)
-        if old is None or old[1] != conditions:
-            return HealthChange.CONDITIONS
-        return HealthChange.FIGURES if old[2] != figures else HealthChange.NONE
+        """Keep ``health`` (:meth:`HealthStore.set`); what of status it changes."""
+        return self.health_store.set(health)
 
     def health(self, namespace: str, name: str) -> Health | None:
-        """The latest health of a deployment, None when there is none younger than ``health_max_age_s``."""
-        with self._health_guard:
-            entry = self._health.get((namespace, name))
-        if entry is None or time.time() - entry[0].evaluated_at > self.health_max_age_s:
-            return None
-        return entry[0]
+        """The deployment's fresh health (:meth:`HealthStore.get`)."""
+        return self.health_store.get(namespace, name)
 
     def health_stale(self, namespace: str, name: str, now: float | None = None) -> str | None:
-        """Why the deployment has no fresh health, once none arrived for ``health_max_age_s``; else None.
-
-        Counted from the latest health's ``evaluated_at`` (a scraper that stopped or
-        hangs), or from this runtime's start when none ever arrived (the scraper is off,
-        or never reached this deployment). Status then turns SLOMet Unknown instead of
-        keeping the last figures (reconcilers/status.py ``valid_status``).
-        """
-        now = time.time() if now is None else now
-        with self._health_guard:
-            entry = self._health.get((namespace, name))
-        since = entry[0].evaluated_at if entry is not None else self.started_at
-        age = now - since
-        if age <= self.health_max_age_s:
-            return None
-        limit = format_duration(self.health_max_age_s)
-        if entry is None:
-            return (f"the operator has measured nothing for this deployment in the {age:.0f}s since it started "
-                    f"(limit {limit}): its SLO scraper is off (--slo-interval 0) or cannot reach the pods")
-        return (f"the operator's latest SLO measurement is {age:.0f}s old, more than {limit} (last at "
-                f"{S.rfc3339(since)}): its scraper stopped or hangs; the last figures are no longer shown")
+        """Why the deployment has no fresh health (:meth:`HealthStore.stale`)."""
+        return self.health_store.stale(namespace, name, now)
 
     def stale_since(self, namespace: str, name: str) -> float:
-        """Unix time from which the deployment's health counts as stale (see :meth:`health_stale`)."""
-        with self._health_guard:
-            entry = self._health.get((namespace, name))
-        since = entry[0].evaluated_at if entry is not None else self.started_at
-        return since + self.health_max_age_s
+        """Unix time from which the deployment's health counts as stale."""
+        return self.health_store.stale_since(namespace, name)
 
     def forget_health(self, key: str) -> None:
-        """Drop the health of ``namespace/name`` (the deployment is gone)."""
+        """Drop the health of ``namespace/name``."""
         namespace, _, name = key.partition("/")
-        with self._health_guard:
-            self._health.pop((namespace, name), None)
+        self.health_store.forget(namespace, name)
 
     def forget(self, namespace: str, name: str) -> None:
         """The PDDeployment is gone: drop its health, lock, KernelBuild uses and planner view."""
-        self.forget_health(f"{namespace}/{name}")
-        with self._locks_guard:
-            self._locks.pop((namespace, name), None)
-            self._uses.pop((namespace, name), None)
-            self._planned.pop((namespace, name), None)
-
-    # ------------------------------------------------------------------ the planner
-    def mark_planned(self, namespace: str, name: str, planned: bool) -> None:
-        """Whether the built-in planner scales the deployment (its last reconcile says so)."""
-        with self._locks_guard:
-            if planned:
-                self._planned.setdefault((namespace, name), ())
-            else:
-                self._planned.pop((namespace, name), None)
+        self.health_store.forget(namespace, name)
+        self.locks.forget(namespace, name)
+        self.uses.forget(namespace, name)
+        self.planner.forget(namespace, name)
 
     def planner_moved(self, health: Health) -> bool:
-        """True when ``health`` moves what the built-in planner reads of a deployment it scales
-        (``scaling.pressure_view``): the control loop then reconciles it at once, without waiting
-        for the bounded rate of figure-only status writes. False for other deployments."""
-        key = (health.namespace, health.name)
-        with self._locks_guard:
-            if key not in self._planned:
-                return False
-        view = pressure_view(health)
-        with self._locks_guard:
-            if key not in self._planned:
-                return False
-            moved, self._planned[key] = self._planned[key] != view, view
-        return moved
+        """True when ``health`` moves what the built-in planner reads of a deployment it scales."""
+        return self.planner.moved(health)
 
     def autoscalers(self, namespace: str) -> dict[str, str]:
-        """The HPAs of ``namespace`` that target PDRoleScales (``scaling.list_autoscalers``), re-read at
-        most every ``autoscaler_ttl_s``; a failed read keeps the last answer (or none)."""
-        now = time.monotonic()
-        with self._locks_guard:
-            cached = self._autoscalers.get(namespace)
-        if cached is not None and now - cached[0] < self.autoscaler_ttl_s:
-            return cached[1]
-        try:
-            found = list_autoscalers(self.kube, namespace)
-        except Exception as e:  # noqa: BLE001 - the planner must not stop on a failed read
-            log.warning("cannot list HorizontalPodAutoscalers in %s: %s", namespace, e)
-            found = cached[1] if cached is not None else {}
-        with self._locks_guard:
-            self._autoscalers[namespace] = (now, found)
-        return found
+        """The HPAs of ``namespace`` that target PDRoleScales (:class:`AutoscalerCache`)."""
+        return self.hpas.get(namespace)
 
-    # ------------------------------------------------------------------ KernelBuild uses
     def kernelbuild_users(self, namespace: str, build: str) -> list[str]:
         """PDDeployments of ``namespace`` whose last reconcile used KernelBuild ``build``."""
-        with self._locks_guard:
-            return sorted(n for (ns, n), used in self._uses.items() if ns == namespace and build in used)
+        return self.uses.users(namespace, build)
 
     def builds_in_use(self, namespace: str, deployments: list[str]) -> set[str] | None:
-        """KernelBuilds the PDDeployments ``deployments`` of ``namespace`` use; None while one of them
-        has not been reconciled by this process yet (unknown: retention waits)."""
-        with self._locks_guard:
-            if any((namespace, d) not in self._uses for d in deployments):
-                return None
-            return {b for d in deployments for b in self._uses[(namespace, d)]}
+        """KernelBuilds the given PDDeployments use; None while one of them was not reconciled yet."""
+        return self.uses.in_use(namespace, deployments)
 
-    # ------------------------------------------------------------------ cluster facts
     def kinds_served(self, api_version: str) -> frozenset[str]:
-        """The kinds the API server serves in ``api_version`` (re-checked every ``monitoring_check_ttl_s``).
-
-        Asks the API server's discovery directly rather than ``Kube.has_kind``: the
-        DynamicClient's discovery cache is a file shared by processes and can still list
-        kinds whose CRDs were deleted since. A 404 means none; any other failure keeps the
-        last answer (none before the first).
-        """
-        now = time.monotonic()
-        known = self._served.get(api_version)
-        if known is not None and now - known[1] < self.monitoring_check_ttl_s:
-            return known[0]
-        with self._served_guard:  # one request per period, not one per worker that finds it due
-            known = self._served.get(api_version)
-            if known is not None and time.monotonic() - known[1] < self.monitoring_check_ttl_s:
-                return known[0]  # answered by another worker while this one waited
-            kinds = known[0] if known is not None else frozenset()
-            group, _, version = api_version.rpartition("/")
-            try:
-                if group:
-                    listed = k8s.CustomObjectsApi(self.kube.api_client).get_api_resources(group, version)
-                else:
-                    listed = k8s.CoreV1Api(self.kube.api_client).get_api_resources()
-                kinds = frozenset(r.kind for r in listed.resources or [] if "/" not in r.name)
-            except k8s.ApiException as e:
-                if e.status == 404:
-                    kinds = frozenset()
-                else:  # discovery failed: keep the last answer
-                    log.warning("cannot check which kinds %s serves: %s", api_version, e)
-            except Exception as e:
-                log.warning("cannot check which kinds %s serves: %s", api_version, e)
-            self._served[api_version] = (kinds, time.monotonic())
-            return kinds
+        """The kinds the API server serves in ``api_version`` (:class:`ServedKinds`)."""
+        return self.served.kinds(api_version)
 
     def monitoring_available(self) -> bool:
         """True when the API server serves PodMonitor and PrometheusRule (the Prometheus Operator's kinds)."""
@@ -295,42 +188,13 @@ class Runtime:
         """True when the API server serves ComputeDomains (NVIDIA's DRA driver): GB200 / GB300 multi-node roles get IMEX channels."""
         return cd.KIND in self.kinds_served(cd.API_VERSION)
 
+    def compute_domains_available(self) -> bool:
+        """True when the API server serves ComputeDomains (NVIDIA's DRA driver): GB200 / GB300 multi-node roles get IMEX channels."""
+        return cd.KIND in self.kinds_served(cd.API_VERSION)
+
     def lock(self, namespace: str, name: str) -> threading.Lock:
         """The lock serializing reconciles of one object."""
-        with self._locks_guard:
-            return self._locks.setdefault((namespace, name), threading.Lock())
-
-    def catalog(self) -> Catalog:
-        """The built-in catalog merged with the admin's ConfigMap (re-read at most every ``catalog_ttl_s``).
-
-        The ConfigMap is read from the API server (it is the admin's object, not in the
-        operator's cache). A ConfigMap that does not match the schema is ignored (the
-        built-in catalog is used) and the error is kept in ``catalog_error`` and logged.
-        ``catalog_version`` moves when the catalog in use changes.
-        """
-        now = time.monotonic()
-        if self._catalog is not None and now - self._catalog_read < self.catalog_ttl_s:
-            return self._catalog
-        data: dict[str, str] = {}
-        if self.operator_namespace:
-            cm = self.kube.uncached().get("v1", "ConfigMap", CATALOG_CONFIGMAP, self.operator_namespace)
-            data = {k: v for k, v in ((cm or {}).get("data") or {}).items() if k in CATALOG_FILES}
-        if self._catalog is None or data != self._catalog_data:
-            catalog = builtin_catalog()
-            if data:
-                try:
-                    catalog = load_catalog(overrides=data)
-                    self.catalog_error = None
-                except CatalogError as e:
-                    self.catalog_error = str(e)
-                    log.error("catalog ConfigMap %s/%s ignored: %s", self.operator_namespace, CATALOG_CONFIGMAP, e)
-            if self._catalog is not None:
-                self.catalog_version += 1
-                log.info("the kernel catalog changed (ConfigMap %s/%s): every PDDeployment is reconciled again",
-                         self.operator_namespace, CATALOG_CONFIGMAP)
-            self._catalog, self._catalog_data = catalog, data
-        self._catalog_read = now
-        return self._catalog
+        return self.locks.lock(namespace, name)
 
     # ------------------------------------------------------------------ reconcile
     def reconcile_body(self, body: dict[str, Any]) -> Outcome | None:
@@ -347,24 +211,22 @@ class Runtime:
         start = time.perf_counter()
         ok = False
         try:
-            with self.heartbeats.busy(f"reconcile {meta['namespace']}/{meta['name']}", max_s=self.stuck_after_s):
-                outcome = reconcile(
-                    kube=self.kube,
-                    body=body,
-                    catalog=self.catalog(),
-                    health=self.health(meta["namespace"], meta["name"]),
-                    health_stale=self.health_stale(meta["namespace"], meta["name"]),
-                    monitoring=self.monitoring_available(),
-                    lws_served=self.lws_available(),
-                    cd_served=self.compute_domains_available(),
-                    rule_memo=self.rule_memo,
-                    autoscalers=self.autoscalers,
-                    oracle=self.oracle,
-                    catalog_overrides=self._catalog_data or None,
-                )
-            with self._locks_guard:
-                self._uses[(meta["namespace"], meta["name"])] = outcome.kernelbuilds
-            self.mark_planned(meta["namespace"], meta["name"], outcome.autoscaled)
+            outcome = reconcile(  # in flight: the controller's Heartbeats.busy entry (runtime/controller.py)
+                kube=self.kube,
+                body=body,
+                catalog=self.catalog(),
+                health=self.health(meta["namespace"], meta["name"]),
+                health_stale=self.health_stale(meta["namespace"], meta["name"]),
+                monitoring=self.monitoring_available(),
+                lws_served=self.lws_available(),
+                cd_served=self.compute_domains_available(),
+                rule_memo=self.rule_memo,
+                autoscalers=self.autoscalers,
+                oracle=self.oracle,
+                catalog_overrides=self.catalog_source.overrides or None,
+            )
+            self.uses.record(meta["namespace"], meta["name"], outcome.kernelbuilds)
+            self.planner.mark(meta["namespace"], meta["name"], outcome.autoscaled)
             ok = True
             return outcome
         except k8s.ApiException as e:

@@ -5,20 +5,31 @@ scraper thread. It holds the objects of the :data:`WATCHED` kinds, each selected
 API server (``WatchedKind.label_selector``; for children ``app.kubernetes.io/managed-by=
 sglang-pd-operator``), so unrelated objects in the cluster never reach the process.
 
-Fed from three places, newest resourceVersion wins:
+Fed from three places:
 
-- kopf's watch events (``kopf_glue.py``): :meth:`ObjectCache.upsert` / :meth:`ObjectCache.remove`;
-- the operator's own writes (``kube.Kube``): the API server's answer to a server-side
-  apply or a status patch is stored at once, so the next reconcile reads what this one
-  wrote, before the watch event of that write arrives (read your writes);
+- the watch of each kind (``informer.py``): :meth:`ObjectCache.upsert` / :meth:`ObjectCache.remove`,
+  in the order the API server sends them;
 - a LIST per kind (:meth:`ObjectCache.replace_kind`): once at start, before any reconcile
   runs (a reconcile never acts on a half-filled view, e.g. a missing Service it would
-  re-point), and then every sweep period, which removes objects whose deletion a watch
-  that was re-listed never reported (kopf does not send DELETED for those).
+  re-point), and again whenever a watch must start over (410 Gone): the view is made equal
+  to the LIST, and objects the LIST no longer holds are removed and reported, as
+  client-go's ``Replace`` reports them (a deletion missed while the watch was down is seen
+  at the re-list, not at some later sweep);
+- the operator's own writes (``kube.Kube``): :meth:`ObjectCache.record_write` stores the API
+  server's answer to a server-side apply or a status patch at once, so the next reconcile
+  reads what this one wrote before the watch event of that write arrives (read your
+  writes); :meth:`ObjectCache.forget` drops what the operator deleted.
 
-resourceVersions are compared as integers, as etcd-backed API servers issue them; when one
-is not an integer, the later arrival wins. A deleted object leaves a *tombstone* for
-:data:`TOMBSTONE_S` seconds, so a late answer to an earlier write cannot bring it back.
+resourceVersions are opaque: they are only ever compared for equality, never ordered
+(the API conventions: clients must not compare them). Order comes from the watch
+itself, which delivers one kind's changes in the order they happened. A written object is
+*pending* until the watch delivers the event with the write's resourceVersion: the events
+the watch delivers before it are older than the write and are skipped (after
+:data:`PENDING_S` without it, the watch wins again). An answer that arrives after the
+watch already delivered its version (the cache remembers for :data:`RECENT_S` which
+versions the watch delivered, and each entry its previous version) is not stored. A
+deleted object's uid is a *tombstone* for :data:`TOMBSTONE_S` seconds: no later event
+or answer about that uid brings it back (uids are never reused).
 
 Objects are trimmed when stored (:func:`trim`): ``managedFields`` and kubectl's
 last-applied annotation go; a Pod keeps only what the operator reads (labels, owner,
@@ -47,8 +58,12 @@ from ..api.v1alpha1 import API_VERSION
 from ..kernelbuild.inputs import LABEL_KERNELBUILD
 from ..render.labels import LABEL_DEPLOYMENT, MANAGED_BY
 
-#: Seconds a deleted object's tombstone keeps older versions of it out.
+#: Seconds a deleted object's uid keeps late events and answers about it out.
 TOMBSTONE_S = 300.0
+#: Seconds a written object waits for the watch event of its write before the watch wins again.
+PENDING_S = 60.0
+#: Seconds the cache remembers which (object, resourceVersion) the watch delivered.
+RECENT_S = 60.0
 #: The label every child object of the operator carries; the children's watches select on it.
 MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 #: Labels indexed for fast ``list`` by owner (a PDDeployment's or a KernelBuild's children).
@@ -157,36 +172,24 @@ class Entry:
     uid: str | None
     labels: dict[str, str]
     blob: bytes
+    #: the resourceVersion this entry replaced (a late answer carrying it is older than the entry)
+    previous: str | None = None
 
     @classmethod
-    def of(cls, obj: dict[str, Any]) -> "Entry":
-        """The entry of a full object (trimmed first)."""
+    def of(cls, obj: dict[str, Any], previous: str | None = None) -> "Entry":
+        """The entry of a full object (trimmed first); ``previous``: the version it replaces."""
         trimmed = trim(obj)
         meta = trimmed["metadata"]
         # label keys and values repeat across objects (every child carries the same keys,
         # a deployment's children its name): one shared string each
         return cls(resource_version=meta.get("resourceVersion"), uid=meta.get("uid"),
                    labels={sys.intern(k): sys.intern(v) for k, v in (meta.get("labels") or {}).items()},
-                   blob=zlib.compress(json.dumps(trimmed, separators=(",", ":")).encode(), 1))
+                   blob=zlib.compress(json.dumps(trimmed, separators=(",", ":")).encode(), 1),
+                   previous=previous)
 
     def decode(self) -> dict[str, Any]:
         """The stored object as a new dict."""
         return json.loads(zlib.decompress(self.blob))
-
-
-def _rv_order(rv: str | None) -> int:
-    """A resourceVersion as an integer for ordering; -1 when it is missing or not an integer."""
-    return int(rv) if rv and rv.isdigit() else -1
-
-
-def newer(candidate: str | None, current: str | None) -> bool:
-    """True when resourceVersion ``candidate`` is newer than ``current`` (or either is unknown or not an integer)."""
-    if current is None or candidate is None:
-        return True
-    try:
-        return int(candidate) > int(current)
-    except ValueError:
-        return candidate != current
 
 
 def parse_selector(selector: str) -> list[tuple[str, str, str | None]]:
@@ -265,10 +268,20 @@ def _decoded(entry: Entry | None) -> dict[str, Any] | None:
     return entry.decode() if entry is not None else None
 
 
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """An operator write whose watch event has not arrived: its version, uid, write sequence and time."""
+
+    resource_version: str | None
+    uid: str | None
+    seq: int
+    at: float
+
+
 class ObjectCache:
     """Thread-safe store of watched objects by kind, namespace and name (see the module docstring).
 
-    ``clock``: monotonic seconds (tombstone ages).
+    ``clock``: monotonic seconds (tombstone, pending and recent-version ages).
     """
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -276,84 +289,166 @@ class ObjectCache:
         self._lock = threading.RLock()
         self._objects: dict[tuple[str, str], dict[str, dict[str, Entry]]] = {}  # (av, kind) -> ns -> name -> entry
         self._index: dict[tuple[str, str, str, str, str], set[str]] = {}  # (av, kind, ns, label, value) -> names
-        self._tombstones: dict[Ref, tuple[str | None, float]] = {}
+        self._tombstones: dict[str, float] = {}  # uid -> when it was deleted
+        self._pending: dict[Ref, _Pending] = {}
+        self._recent: dict[tuple[Ref, str], float] = {}  # (ref, resourceVersion) the watch delivered -> when
+        self._seq = 0  # operator writes recorded so far
         self._synced: set[tuple[str, str]] = set()
+        self._next_purge = 0.0
 
-    # ------------------------------------------------------------------ writes
+    # ------------------------------------------------------------------ the watch
     def upsert(self, obj: dict[str, Any]) -> Change:
-        """Store ``obj`` (a full object as the API returns it) unless a newer version is stored.
+        """Store ``obj`` (a full object as a watch event or a LIST gives it); see the module docstring.
 
-        The returned :class:`Change` carries the old and new objects only when it stored.
+        Not stored (``Change.stored`` False): the version stored already (an echo), an
+        object whose uid was deleted, or an event older than a pending write of the
+        operator. The returned :class:`Change` carries the old and new objects only when it stored.
         """
         ref = _ref(obj)
         rv = _rv(obj)
+        uid = _uid(obj)
         with self._lock:
-            tomb = self._tombstones.get(ref)
-            if tomb is not None:
-                if self.clock() - tomb[1] < TOMBSTONE_S and not newer(rv, tomb[0]):
-                    return Change(False, None, None)
-                del self._tombstones[ref]
-            bucket = self._objects.setdefault((ref[0], ref[1]), {}).setdefault(ref[2], {})
-            old = bucket.get(ref[3])
-            if old is not None and not newer(rv, old.resource_version):
+            now = self.clock()
+            self._purge(now)
+            if rv is not None:
+                self._recent[(ref, rv)] = now
+            if uid is not None and uid in self._tombstones:
                 return Change(False, None, None)
-            new = Entry.of(obj)
-            bucket[ref[3]] = new
-            self._reindex(ref, old, new)
-        return Change(True, old, new)
+            pending = self._pending.get(ref)
+            if pending is not None:
+                if pending.resource_version == rv:
+                    del self._pending[ref]  # the echo of the operator's write: stored already
+                    return Change(False, None, None)
+                if now - pending.at < PENDING_S:
+                    return Change(False, None, None)  # older than the operator's write
+                del self._pending[ref]
+            return self._store(ref, obj, rv)
 
     def remove(self, obj: dict[str, Any]) -> Change:
-        """Forget ``obj`` (deleted; its resourceVersion, when known, is the tombstone's)."""
+        """A watch reported ``obj`` deleted: forget it; its uid becomes a tombstone.
+
+        A pending write of a newer object of that name (another uid: the operator created
+        it again) keeps its entry.
+        """
         ref = _ref(obj)
-        rv = _rv(obj)
+        uid = _uid(obj)
         with self._lock:
-            bucket = self._objects.get((ref[0], ref[1]), {}).get(ref[2], {})
-            old = bucket.get(ref[3])
-            if old is not None and rv is not None and newer(old.resource_version, rv):
-                return Change(False, None, None)  # a newer object of that name is stored already
-            if old is not None:
-                del bucket[ref[3]]
-                self._reindex(ref, old, None)
-            self._tombstones[ref] = (rv if rv is not None else (old.resource_version if old else None), self.clock())
-            self._purge_tombstones()
-        return Change(old is not None, old, None)
+            now = self.clock()
+            if uid is not None:
+                self._tombstones[uid] = now
+            pending = self._pending.get(ref)
+            if pending is not None and uid is not None and pending.uid is not None and pending.uid != uid:
+                return Change(False, None, None)
+            self._pending.pop(ref, None)
+            return self._drop(ref, uid)
 
     def replace_kind(self, api_version: str, kind: str, items: Iterable[dict[str, Any]], *,
-                     namespaces: list[str] | None = None) -> list[tuple[tuple[str, str], Change]]:
-        """Make the view of ``kind`` (in ``namespaces``, or everywhere) equal a fresh LIST of it.
+                     namespaces: list[str] | None = None, listed_after: int | None = None
+                     ) -> list[tuple[tuple[str, str], Change]]:
+        """Make the view of ``kind`` (in ``namespaces``, or everywhere) equal a fresh LIST of it (client-go's Replace).
 
-        Objects in ``items`` are upserted (newer versions stored) one by one as they come
-        (``items`` may be a LIST read page by page: the whole list is never held); then
-        stored objects that were not in ``items`` are removed, unless they changed after
-        the LIST (newer resourceVersion than every listed item) or live in a namespace the
-        LIST did not cover. Marks the kind synced. Returns ((namespace, name), change) for
-        each change made.
+        Objects in ``items`` are stored one by one as they come (``items`` may be a LIST
+        read page by page: the whole list is never held); a listed item wins over an
+        operator write recorded before the LIST began (``listed_after``: :meth:`write_seq`
+        taken just before it; None: every pending write is older). Then stored objects the
+        LIST does not hold are removed (and reported), except in a namespace the LIST did
+        not cover and those the operator wrote after the LIST began. Marks the kind synced.
+        Returns ((namespace, name), change) for each change made.
         """
         listed: set[tuple[str, str]] = set()
-        newest: str | None = None
         changes: list[tuple[tuple[str, str], Change]] = []
         for obj in items:
             ref = _ref(obj)
             listed.add((ref[2], ref[3]))
-            rv = _rv(obj)
-            if newest is None or _rv_order(rv) > _rv_order(newest):
-                newest = rv
-            change = self.upsert(obj)
+            with self._lock:
+                pending = self._pending.get(ref)
+                if pending is not None and (listed_after is None or pending.seq <= listed_after):
+                    del self._pending[ref]  # the LIST is a newer read than that write
+                    if pending.resource_version == _rv(obj):
+                        continue  # and it found the version the write stored
+                change = self.upsert(obj)
             if change.stored:
                 changes.append((ref[2:], change))
         with self._lock:
             for ns, bucket in list(self._objects.get((api_version, kind), {}).items()):
                 if namespaces is not None and ns not in namespaces:
                     continue
-                for name, entry in list(bucket.items()):
+                for name in list(bucket):
                     if (ns, name) in listed:
                         continue
-                    if newest is not None and newer(entry.resource_version, newest):
-                        continue  # created after the LIST was taken
-                    changes.append(((ns, name), self.remove({"apiVersion": api_version, "kind": kind,
-                                                             "metadata": {"name": name, "namespace": ns}})))
+                    ref = (api_version, kind, ns, name)
+                    pending = self._pending.get(ref)
+                    if pending is not None and listed_after is not None and pending.seq > listed_after:
+                        continue  # the operator wrote it after the LIST was taken
+                    self._pending.pop(ref, None)
+                    change = self._drop(ref, None)
+                    if change.stored:
+                        changes.append(((ns, name), change))
             self._synced.add((api_version, kind))
         return changes
+
+    # ------------------------------------------------------------------ the operator's writes
+    def write_seq(self) -> int:
+        """How many operator writes were recorded so far (``replace_kind``'s ``listed_after``)."""
+        with self._lock:
+            return self._seq
+
+    def record_write(self, obj: dict[str, Any], *, before: str | None = None) -> Change:
+        """Store the API server's answer ``obj`` to the operator's write, pending its watch event.
+
+        ``before``: the resourceVersion the writer read before writing, when known (an answer
+        that carries it changed nothing). Not stored: an answer the watch already delivered
+        (or delivered something after), a version equal to the stored one, a deleted uid.
+        """
+        ref = _ref(obj)
+        rv = _rv(obj)
+        uid = _uid(obj)
+        with self._lock:
+            now = self.clock()
+            self._purge(now)
+            if uid is not None and uid in self._tombstones:
+                return Change(False, None, None)
+            if rv is not None and (rv == before or (ref, rv) in self._recent):
+                return Change(False, None, None)
+            old = self._entry(ref)
+            if old is not None and rv is not None and rv in (old.resource_version, old.previous):
+                return Change(False, None, None)
+            self._seq += 1
+            self._pending[ref] = _Pending(rv, uid, self._seq, now)
+            return self._store(ref, obj, rv)
+
+    def forget(self, api_version: str, kind: str, name: str, namespace: str | None) -> Change:
+        """The operator deleted the object: drop it now; its uid becomes a tombstone (late events skip it)."""
+        ref = (api_version, kind, namespace or "", name)
+        with self._lock:
+            old = self._entry(ref)
+            if old is not None and old.uid is not None:
+                self._tombstones[old.uid] = self.clock()
+            self._pending.pop(ref, None)
+            return self._drop(ref, None)
+
+    # ------------------------------------------------------------------ internals (under the lock)
+    def _entry(self, ref: Ref) -> Entry | None:
+        return self._objects.get((ref[0], ref[1]), {}).get(ref[2], {}).get(ref[3])
+
+    def _store(self, ref: Ref, obj: dict[str, Any], rv: str | None) -> Change:
+        bucket = self._objects.setdefault((ref[0], ref[1]), {}).setdefault(ref[2], {})
+        old = bucket.get(ref[3])
+        if old is not None and rv is not None and old.resource_version == rv:
+            return Change(False, None, None)
+        new = Entry.of(obj, previous=old.resource_version if old is not None else None)
+        bucket[ref[3]] = new
+        self._reindex(ref, old, new)
+        return Change(True, old, new)
+
+    def _drop(self, ref: Ref, uid: str | None) -> Change:
+        bucket = self._objects.get((ref[0], ref[1]), {}).get(ref[2], {})
+        old = bucket.get(ref[3])
+        if old is None or (uid is not None and old.uid is not None and old.uid != uid):
+            return Change(False, None, None)  # nothing stored, or a newer object of that name
+        del bucket[ref[3]]
+        self._reindex(ref, old, None)
+        return Change(True, old, None)
 
     def _reindex(self, ref: Ref, old: Entry | None, new: Entry | None) -> None:
         for entry, add in ((old, False), (new, True)):
@@ -371,12 +466,17 @@ class ObjectCache:
                         if not names:
                             del self._index[key]
 
-    def _purge_tombstones(self) -> None:
-        if len(self._tombstones) < 256:
+    def _purge(self, now: float) -> None:
+        """Drop expired tombstones, pending marks and recent versions (at most every few seconds)."""
+        if now < self._next_purge:
             return
-        now = self.clock()
-        for ref in [r for r, (_, t) in self._tombstones.items() if now - t >= TOMBSTONE_S]:
-            del self._tombstones[ref]
+        self._next_purge = now + 5.0
+        for uid in [u for u, t in self._tombstones.items() if now - t >= TOMBSTONE_S]:
+            del self._tombstones[uid]
+        for ref in [r for r, p in self._pending.items() if now - p.at >= PENDING_S]:
+            del self._pending[ref]
+        for key in [k for k, t in self._recent.items() if now - t >= RECENT_S]:
+            del self._recent[key]
 
     # ------------------------------------------------------------------ reads
     def synced(self, api_version: str, kind: str) -> bool:
@@ -427,6 +527,10 @@ class ObjectCache:
         """How many objects of ``kind`` are stored (every namespace)."""
         with self._lock:
             return sum(len(b) for b in self._objects.get((api_version, kind), {}).values())
+
+
+def _uid(obj: dict[str, Any]) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("uid")
 
 
 def _ref(obj: dict[str, Any]) -> Ref:

@@ -1,8 +1,9 @@
 """The control loop: one work queue, bounded workers, a spread resync, the SLO scraper in its own thread.
 
-kopf watches our kinds (the API server selects the children by label, see
-``cache.py`` ``WATCHED``) and hands every event to :meth:`Controller.observe`
-(``kopf_glue.py``): the event updates the shared :class:`~.cache.ObjectCache`
+One reflector per watched kind (``informer.py``; the API server selects the children by
+label, see ``cache.py`` ``WATCHED``) hands every watch event to :meth:`Controller.observe`,
+and every change a re-list finds (deletions included) to the same queueing: the event
+updates the shared :class:`~.cache.ObjectCache`
 and, when it can change what a reconcile does, queues the key of the PDDeployment or
 KernelBuild it concerns. Everything else that calls for a reconcile goes through the
 same :class:`~.workqueue.WorkQueue`:
@@ -19,14 +20,16 @@ same :class:`~.workqueue.WorkQueue`:
 - a changed kernel catalog (every PDDeployment).
 
 ``workers`` threads take keys from the queue; a key is reconciled by one worker at a
-time and triggers that arrive meanwhile coalesce into one more run. The queue's depth and
-the age of its oldest key are metrics; liveness (``/healthz``) fails when the oldest key
-waits longer than ``stuck_after_s``, a reconcile runs longer, the ticker stops, or the
-scraper stops passing.
+time and triggers that arrive meanwhile coalesce into one more run. The queue's depth,
+the age of its oldest key and the longest-running reconcile are metrics. Liveness
+(``/healthz``) means stuck, not busy: it fails when no worker took or finished a key for
+``stuck_after_s`` while keys wait, a reconcile runs longer than that, the ticker stops,
+or the scraper stops passing; a long backlog (a catalog change queues every
+PDDeployment) that workers work through keeps it green.
 
 Before any worker starts, :meth:`Controller.start` fills the cache with one LIST per
-watched kind, so no reconcile acts on a half-known world; the same LIST runs again every
-``sweep_s`` to drop objects a re-listed watch never reported deleted. When a burst of
+watched kind, so no reconcile acts on a half-known world; each kind's watch then starts
+from its LIST's resourceVersion, and LISTs again only after 410 Gone. When a burst of
 reconciles is over (the queue idle after at least ``heap.TRIM_AFTER_RECONCILES``), the
 ticker gives the heap's freed memory back to the OS (``heap.py``).
 """
@@ -53,6 +56,7 @@ from ..reconcilers.runtime import HealthChange, KernelBuildRuntime, Runtime
 from ..render.labels import LABEL_DEPLOYMENT
 from .cache import WATCHED, Change, ObjectCache, WatchedKind
 from .heap import TrimPolicy, trim_heap
+from .informer import Reflector
 from .liveness import Heartbeats
 from .workqueue import ShutDown, WorkQueue
 
@@ -65,8 +69,10 @@ Key = tuple[str, str, str]  # (kind, namespace, name)
 TICK_S = 1.0
 #: Seconds until an unfinished KernelBuild is looked at again (its Job's progress, backoff, timeouts).
 KERNELBUILD_POLL_S = 10.0
-#: Seconds between LISTs of an optional kind kopf does not watch (served only since the operator started).
+#: Seconds between looks for an optional kind served only since the operator started (then listed and watched).
 UNWATCHED_POLL_S = 10.0
+#: Seconds the first LIST of a kind may keep failing at start (429s aside) before the start fails.
+START_LIST_DEADLINE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,7 @@ class LoopSettings:
     """How the loop runs; every duration in seconds.
 
     ``workers``: reconcile threads; ``resync_s``: period in which every key is reconciled
-    once (spread); ``sweep_s``: period of the cache's re-LIST; ``slo_interval_s``: seconds
+    once (spread); ``slo_interval_s``: seconds
     between SLO scrapes (0: no scraper); ``slo_status_period_s``: least time between two
     status writes that only move SLO figures; ``stuck_after_s``: liveness bound;
     ``namespaces``: watched namespaces (None: the whole cluster); ``slo_source`` /
@@ -83,7 +89,6 @@ class LoopSettings:
 
     workers: int = 4
     resync_s: float = 300.0
-    sweep_s: float = 600.0
     slo_interval_s: float = 15.0
     slo_status_period_s: float = 60.0
     stuck_after_s: float = 180.0
@@ -108,16 +113,18 @@ class Controller:
 
     def __init__(self, *, runtime: Runtime, kernelbuilds: KernelBuildRuntime, kube: Kube,
                  settings: LoopSettings, metrics: OperatorMetrics | None = None,
-                 heartbeats: Heartbeats | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 heartbeats: Heartbeats | None = None, clock: Callable[[], float] = time.monotonic,
+                 watch_client: Any = None) -> None:
         if kube.cache is None:
             raise ValueError("the controller needs a Kube with an ObjectCache")
         self.runtime = runtime
         self.kernelbuilds = kernelbuilds
         self.kube = kube
+        self.watch_client = watch_client if watch_client is not None else kube.api_client
         self.cache: ObjectCache = kube.cache
         self.settings = settings
         self.metrics = metrics
-        self.heartbeats = heartbeats or runtime.heartbeats
+        self.heartbeats = heartbeats if heartbeats is not None else Heartbeats(clock=clock)
         self.clock = clock
         self.queue = WorkQueue(clock=clock)
         self._threads: list[threading.Thread] = []
@@ -135,34 +142,42 @@ class Controller:
         #: optional kinds served when the loop started: kopf's scan at start found them and watches them
         self._watched_optional: set[str] = set()
         self._next_poll = 0.0
+        self._reflectors: list[Reflector] = []
+        self._started = False
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Fill the cache (one LIST per watched kind), then start the workers, the ticker and the scraper.
+        """Fill the cache (one LIST per watched kind), then start the workers, the watches, the ticker and the scraper.
 
-        Raises the API error of a LIST that fails: without a full view nothing may reconcile.
+        Raises the API error of a LIST that still fails after :data:`START_LIST_DEADLINE_S`
+        (429s are waited out: ``informer.py``): without a full view nothing may reconcile.
         """
         started = time.perf_counter()
         self._watched_optional = {w.kind for w in WATCHED if w.optional and self.served(w)}
         for watched in WATCHED:
-            self.sync_kind(watched)
+            self.sync_kind(watched, reason="start", deadline_s=START_LIST_DEADLINE_S)
         log.info("cache filled in %.1fs: %s", time.perf_counter() - started,
                  ", ".join(f"{self.cache.count(w.api_version, w.kind)} {w.plural}" for w in WATCHED))
         self.heartbeats.register("workqueue", max_age_s=self.settings.stuck_after_s)
         self.heartbeats.register("resync", max_age_s=self.settings.stuck_after_s)
         for key in self._all_keys():
             self.queue.add(key)  # everything once at start: the loop is level-triggered
+        self._started = True
         for i in range(self.settings.workers):
             self._spawn(f"reconcile-worker-{i}", self._work)
+        for reflector in self._reflectors:
+            reflector.start()  # each WATCHes from its LIST's resourceVersion
         self._spawn("loop-ticker", self._tick_loop)
         if self.settings.slo_interval_s > 0:
             self.heartbeats.register("slo-scraper", max_age_s=self.settings.slo_interval_s + self.settings.stuck_after_s)
             self._spawn("slo-scraper", self._scrape_loop)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop every thread (a reconcile in flight finishes first); their heartbeats are no longer expected."""
+        """Stop every thread and watch (a reconcile in flight finishes first); their heartbeats are no longer expected."""
         self._stop.set()
         self.queue.shutdown()
+        for reflector in self._reflectors:
+            reflector.stop(timeout=1.0)
         loop, task = self._scraper_loop, self._scraper_task
         if loop is not None and task is not None:
             loop.call_soon_threadsafe(task.cancel)
@@ -180,22 +195,37 @@ class Controller:
         """True unless ``watched`` is optional and the API server does not serve it now (runtime's discovery, cached)."""
         return not watched.optional or watched.kind in self.runtime.kinds_served(watched.api_version)
 
-    def sync_kind(self, watched: WatchedKind) -> list[tuple[tuple[str, str], Change]]:
-        """LIST ``watched`` (per watched namespace) and make the cache equal it; queue the keys whose objects changed.
+    def sync_kind(self, watched: WatchedKind, *, reason: str = "start",
+                  deadline_s: float | None = None) -> list[tuple[tuple[str, str], Change]]:
+        """LIST ``watched`` (per watched namespace) into the cache through its reflectors (made here, not yet
+        watching: :meth:`start` starts them); queue the keys whose objects changed.
 
         An optional kind the API server does not serve is skipped (nothing of it exists;
         the cache stays unsynced for it, so reads of it ask the API server).
         """
         if not self.served(watched):
             return []
-        namespaces = list(self.settings.namespaces) if self.settings.namespaces else None
-        items = (item for ns in namespaces or [None] for item in self.kube.list_kind(watched, ns))
-        changes = self.cache.replace_kind(watched.api_version, watched.kind, items, namespaces=namespaces)
-        if self.cache.synced(watched.api_version, watched.kind) and self._threads:
-            for ref, change in changes:
-                for key in self._keys_for(watched, ref, change, deleted=change.new is None):
-                    self.queue.add(key)
+        namespaces = list(self.settings.namespaces) if self.settings.namespaces else [None]
+        changes: list[tuple[tuple[str, str], Change]] = []
+        for ns in namespaces:
+            reflector = next((r for r in self._reflectors if r.watched == watched and r.namespace == ns), None)
+            if reflector is None:
+                reflector = Reflector(watched, ns, kube=self.kube, cache=self.cache, on_listed=self._on_listed,
+                                      on_event=self.observe, watch_client=self.watch_client,
+                                      on_list=self.metrics.record_list if self.metrics is not None else None)
+                self._reflectors.append(reflector)
+            found = reflector.list(reason, deadline_s=deadline_s)
+            self._on_listed(watched, found)
+            changes.extend(found)
         return changes
+
+    def _on_listed(self, watched: WatchedKind, changes: list[tuple[tuple[str, str], Change]]) -> None:
+        """A LIST changed the view (a re-list after 410 Gone: deletions included): queue what it concerns."""
+        if not self._started:
+            return  # the first fill: start() queues every key anyway
+        for ref, change in changes:
+            for key in self._keys_for(watched, ref, change, deleted=change.new is None):
+                self.queue.add(key)
 
     # ------------------------------------------------------------------ events
     def observe(self, watched: WatchedKind, event: dict[str, Any]) -> list[Key]:
@@ -223,12 +253,16 @@ class Controller:
         if watched.kind == PDDEPLOYMENT:
             if deleted:
                 self.runtime.forget(ns, name)
+                if self.metrics is not None:
+                    self.metrics.forget_key(PDDEPLOYMENT, ns, name)
                 return []
             return [(PDDEPLOYMENT, ns, name)] if _spec_changed(change.old, change.new) else []
         if watched.kind == KERNELBUILD:
             users = [(PDDEPLOYMENT, ns, d) for d in self.runtime.kernelbuild_users(ns, name)]
             if deleted:
                 self.kernelbuilds.forget(ns, name)
+                if self.metrics is not None:
+                    self.metrics.forget_key(KERNELBUILD, ns, name)
                 return users  # a PDDeployment with cache auto creates it again
             moved = _status_of(change.old) != _status_of(change.new)
             return [(KERNELBUILD, ns, name)] + (users if moved else [])
@@ -272,17 +306,33 @@ class Controller:
 
     # ------------------------------------------------------------------ threads
     def _work(self) -> None:
-        while True:
-            try:
-                key = self.queue.get()
-            except ShutDown:
-                return
-            if key is None:
-                continue
-            try:
+        while self.work_one() is not ShutDown:
+            pass
+
+    def work_one(self, timeout: float | None = None) -> Key | None | type[ShutDown]:
+        """One worker step: take a key, reconcile it, hand it back; each of the three beats ``workqueue``.
+
+        Returns the key (None when ``timeout`` seconds passed without one; :class:`ShutDown`
+        once the queue is shut down). A reconcile in flight is a ``Heartbeats.busy`` entry:
+        stuck after ``stuck_after_s``.
+        """
+        try:
+            key = self.queue.get(timeout)
+        except ShutDown:
+            return ShutDown
+        if key is None:
+            return None
+        self.heartbeats.beat("workqueue")  # progress: a key taken
+        try:
+            kind, ns, name = key
+            with self.heartbeats.busy(f"reconcile {kind} {ns}/{name}", max_s=self.settings.stuck_after_s):
                 self._reconcile(key)
-            finally:
-                self.queue.done(key)
+        finally:
+            self.queue.done(key)
+            self.heartbeats.beat("workqueue")  # progress: a key finished
+            if self.metrics is not None:
+                self.metrics.record_key(*key)
+        return key
 
     def _reconcile(self, key: Key) -> None:
         kind, ns, name = key
@@ -307,57 +357,62 @@ class Controller:
             self._trim.reconciled()
 
     def _tick_loop(self) -> None:
-        period = self.settings.resync_s
         previous = self.clock()
-        next_sweep = previous + self.settings.sweep_s
         while not self._stop.wait(TICK_S):
             now = self.clock()
-            try:
-                self._resync_due(previous, now, period)
-                self._flag_stale()
-                self._catalog_changes()
-                if now >= next_sweep:
-                    next_sweep = now + self.settings.sweep_s
-                    for watched in WATCHED:
-                        self.sync_kind(watched)
-                self._poll_unwatched(now)
-            except Exception as e:  # noqa: BLE001 - the ticker must keep ticking
-                log.warning("control loop tick: %s", e, exc_info=not _is_api_error(e))
-            self.heartbeats.beat("resync")
-            stats = self.queue.stats()
-            if stats.oldest_age_s < self.settings.stuck_after_s:
-                self.heartbeats.beat("workqueue")
-            with self._resync_lock:
-                trim = self._trim.due(now=now, idle=stats.depth == 0 and stats.processing == 0)
-            if trim:  # a burst ended: give what it freed back to the OS (heap.py)
-                log.debug("reconcile burst over: heap trimmed (%s)", "released" if trim_heap() else "nothing to release")
-            if self.metrics is not None:
-                self.metrics.record_queue(stats, resync_pass_s=self._last_pass_s, resync_lag_s=self._last_lag_s)
-                self.metrics.record_cache({w.kind: self.cache.count(w.api_version, w.kind) for w in WATCHED})
+            self.tick(previous, now)
             previous = now
 
+    def tick(self, previous: float, now: float) -> None:
+        """One tick of the loop's timer thread (every :data:`TICK_S`): the resync slots due in
+        (previous, now], stale SLO figures, the catalog, kinds that appeared, liveness and metrics.
+
+        Liveness means stuck, not busy: ``workqueue`` beats whenever a worker takes or
+        finishes a key (:meth:`work_one`) and here when no key waits; a backlog however old
+        stays healthy while workers make progress, and a reconcile in flight past
+        ``stuck_after_s`` is named by ``/healthz`` (``liveness.py``).
+        """
+        try:
+            self._resync_due(previous, now, self.settings.resync_s)
+            self._flag_stale()
+            self._catalog_changes()
+            self._poll_unwatched(now)
+        except Exception as e:  # noqa: BLE001 - the ticker must keep ticking
+            log.warning("control loop tick: %s", e, exc_info=not _is_api_error(e))
+        self.heartbeats.beat("resync")
+        stats = self.queue.stats()
+        if stats.depth == 0:
+            self.heartbeats.beat("workqueue")  # nothing waits: idle is not stuck
+        with self._resync_lock:
+            trim = self._trim.due(now=now, idle=stats.depth == 0 and stats.processing == 0)
+        if trim:  # a burst ended: give what it freed back to the OS (heap.py)
+            log.debug("reconcile burst over: heap trimmed (%s)", "released" if trim_heap() else "nothing to release")
+        if self.metrics is not None:
+            longest = self.heartbeats.longest_busy("reconcile ")
+            self.metrics.record_queue(stats, resync_pass_s=self._last_pass_s, resync_lag_s=self._last_lag_s,
+                                      longest_running_s=longest)
+            self.metrics.record_cache({w.kind: self.cache.count(w.api_version, w.kind) for w in WATCHED})
+
     def _poll_unwatched(self, now: float) -> None:
-        """LIST, every :data:`UNWATCHED_POLL_S`, each optional kind served now but not when the loop
-        started: kopf scans resources once at start (resource scanning is off, it needs CRD
-        list/watch the chart does not grant), so no watch reports their changes. A polled
-        change queues its PDDeployment as a watch event would, a few seconds later; the
-        first poll of a kind that appeared queues every PDDeployment (one may have waited
-        for it).
+        """Every :data:`UNWATCHED_POLL_S`, look for optional kinds served now but not when the loop started
+        (a LeaderWorkerSet installed later): LIST and WATCH each one found, and queue every
+        PDDeployment (one may have waited for it: LeaderWorkerSetMissing).
         """
         if now < self._next_poll:
             return
         self._next_poll = now + UNWATCHED_POLL_S
         for watched in WATCHED:
             if watched.optional and watched.kind not in self._watched_optional and self.served(watched):
-                appeared = not self.cache.synced(watched.api_version, watched.kind)
-                if appeared:
-                    log.warning("%s are served since the operator started: polled every %.0fs instead of watched; "
-                                "restart the operator to watch them", watched.plural, UNWATCHED_POLL_S)
-                self.sync_kind(watched)
-                if appeared:  # a PDDeployment that waited for the kind (LeaderWorkerSetMissing) goes on now
-                    for key in self._all_keys():
-                        if key[0] == PDDEPLOYMENT:
-                            self.queue.add(key)
+                log.info("%s are served since the operator started: listing and watching them", watched.plural)
+                self.sync_kind(watched, reason="appeared")
+                self._watched_optional.add(watched.kind)
+                if self._started:
+                    for reflector in self._reflectors:
+                        if reflector.watched == watched:
+                            reflector.start()
+                for key in self._all_keys():
+                    if key[0] == PDDEPLOYMENT:
+                        self.queue.add(key)
 
     def _resync_due(self, previous: float, now: float, period: float) -> None:
         """Queue the keys whose offset in the resync period falls in (previous, now].
@@ -416,7 +471,8 @@ class Controller:
             namespaces=namespaces,
             prometheus=self.settings.prometheus,
         )
-        self.runtime.health_max_age_s = max(self.runtime.health_max_age_s, 4 * self.settings.slo_interval_s)
+        store = self.runtime.health_store
+        store.max_age_s = max(store.max_age_s, 4 * self.settings.slo_interval_s)
 
         async def main() -> None:
             self._scraper_loop = asyncio.get_running_loop()

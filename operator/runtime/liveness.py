@@ -6,13 +6,16 @@ answers as long as its thread runs. Neither says the operator works. Here each l
 that must keep moving registers a :class:`Heartbeats` entry and beats it as it goes:
 
 - ``event-loop``: a ticker task on kopf's asyncio loop (a blocked loop stops it);
-- ``resync``: the resync loop, once per PDDeployment it reconciles and once per sleep;
-- ``kernelbuild-resync``: the KernelBuild resync loop, likewise;
+- ``resync``: the control loop's timer thread, every tick;
+- ``workqueue``: progress, not an empty queue: a worker took or finished a key, or no key
+  waits (``controller.Controller.work_one`` and ``tick``); a backlog of any age stays
+  healthy while the workers get through it, and turns red only when they stop;
 - ``slo-scraper``: the SLO scraper, once per pass (failed passes count: it moves);
 - ``leader-election``: every read of the Lease, leader or follower;
 
 and each reconcile in flight is a :meth:`Heartbeats.busy` entry, stuck once it has run
-longer than its bound. :meth:`Heartbeats.problems` names every stale beat and stuck
+longer than its bound (the longest one is the metric
+``sglang_pd_operator_reconcile_longest_running_seconds``). :meth:`Heartbeats.problems` names every stale beat and stuck
 call; ``/healthz`` (served on the metrics port by ``metrics.operator_metrics``, where
 the chart's liveness probe looks) answers 503 with those names, else 200. A replica
 that waits for the Lease has registered no work beats yet and is healthy.
@@ -84,6 +87,13 @@ class Heartbeats:
         finally:
             with self._guard:
                 self._busy.pop(token, None)
+
+    def longest_busy(self, prefix: str = "") -> float:
+        """Seconds the longest call in flight whose name starts with ``prefix`` has run (0.0 when none)."""
+        now = self.clock()
+        with self._guard:
+            return max((now - started for what, started, _ in self._busy.values() if what.startswith(prefix)),
+                       default=0.0)
 
     def problems(self) -> list[str]:
         """One line per stale heartbeat or stuck call, oldest first; empty when healthy."""

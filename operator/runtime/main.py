@@ -6,15 +6,16 @@ schema before anything reconciles; with leader election (``leader``) kopf, and w
 every handler and the control loop (``controller.py``), starts only in the replica
 holding the Lease. kopf's resource scanning is off: it would list and watch every CRD and
 namespace, which the chart's least-privilege RBAC does not grant (the CRD check makes
-sure ours exists). Each child kind is watched with a server-side label selector
-(:func:`kopf_settings`), so unrelated objects never reach the process.
+sure ours exists). Each child kind is watched by the loop's own reflectors
+(``informer.py``) with a server-side label selector, so unrelated objects never reach
+the process; the watches have an API client of their own (own connection pool).
 
 Configuration reaches the handlers through kopf's ``memo`` (``memo.controller``), not
 module globals.
 
 Every API call has a timeout: our client's through ``reconcilers.kube.with_timeouts``,
-kopf's through :func:`kopf_settings` (connect, request and watch timeouts; a watch
-stream silent for longer than kopf's inactivity timeout is reconnected).
+kopf's through :func:`kopf_settings`; a watch stream silent for longer than
+``informer.WATCH_READ_S`` is dropped and resumed.
 
 Kept apart from ``cli`` so that importing the command line does not import kopf's
 handlers (``check`` and ``render`` must work without a cluster).
@@ -39,14 +40,11 @@ from ..reconcilers.sglang_gate import OracleClient, OracleSettings, VerdictBook
 from . import kopf_glue  # noqa: F401  (registers the kopf handlers)
 from .cache import WATCHED, ObjectCache
 from .controller import PDDEPLOYMENT, Controller, LoopSettings
+from .informer import WATCH_SERVER_TIMEOUT_S
 from .leader import LeaderSettings, default_identity, refuse_if_led, run_when_leading
 from .liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
 
 log = logging.getLogger(__name__)
-
-#: Seconds the API server keeps one watch request open (kopf asks for it; it then reconnects).
-WATCH_SERVER_TIMEOUT_S = 300
-
 
 def _metrics_hooks(metrics: OperatorMetrics, port: int, heartbeats: Heartbeats) -> Hooks:
     """Serve ``/metrics`` and ``/healthz`` on ``port`` (0: no server) and return the hooks that feed the metrics."""
@@ -55,50 +53,17 @@ def _metrics_hooks(metrics: OperatorMetrics, port: int, heartbeats: Heartbeats) 
     return Hooks(on_write=metrics.record_write, on_reconcile=metrics.record_reconcile)
 
 
-class NoDiffBase(kopf.DiffBaseStorage):
-    """kopf's diff base for an operator with event handlers only: no essence is kept or built.
-
-    kopf builds each event's "essence" (a deep copy of the object without its status and
-    most metadata) and diffs it against the stored one for every event of every watched
-    kind, even when only ``@kopf.on.event`` handlers exist, which never read it: at 300
-    PDDeployments being applied that was 56 of the event loop's 89 CPU-seconds
-    (benchmarks/bench_scale.py, docs/scale.md). The diff base serves create/update/resume
-    handlers only; ``kopf_glue.py`` has none (they would add finalizers and annotations to
-    the user's object), and ``tests/unit/test_operator_main.py`` fails if one appears.
-    """
-
-    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
-        """An empty essence (nothing to compare)."""
-        return {}
-
-    def fetch(self, *, body: Any) -> Any:
-        """No stored essence."""
-        return None
-
-    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
-        """Nothing is stored (and nothing written to the object)."""
-
-
 def kopf_settings(timeouts: ApiTimeouts) -> kopf.OperatorSettings:
-    """kopf's settings: no resource scanning, server-side label selectors, a timeout on every request kopf sends.
+    """kopf's settings: no resource scanning, no events of its own, a timeout on every request kopf sends.
 
-    - each watched child kind (``cache.WATCHED``) is listed and watched with its
-      label selector (``app.kubernetes.io/managed-by=sglang-pd-operator``): the API server
-      filters, so a cluster's other pods, Jobs and Deployments cost the operator nothing;
-    - ``networking.connect_timeout`` = ``timeouts.connect`` (TCP and TLS handshake) and
-      ``request_timeout`` = 60 s for a whole request (the API server's own limit);
-    - no diff base (:class:`NoDiffBase`: event handlers never read it);
-    - watch streams: the server ends each after ``WATCH_SERVER_TIMEOUT_S``; the client
-      gives up 30 s after that (``watching.client_timeout``), and kopf reconnects a stream
-      with no event and no bookmark for ``watching.inactivity_timeout`` (70 s; the server
-      sends a bookmark every minute), so a stalled watch is replaced within about a minute.
+    kopf watches nothing (``kopf_glue.py``: the loop's reflectors do, ``informer.py``); what
+    kopf would send still has ``networking.connect_timeout`` = ``timeouts.connect`` and
+    ``request_timeout`` = 60 s (the API server's own limit), and watch timeouts bounded
+    like the reflectors' (``informer.WATCH_SERVER_TIMEOUT_S``).
     """
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = True
-    settings.persistence.diffbase_storage = NoDiffBase()
-    for watched in WATCHED:
-        if watched.label_selector:
-            settings.watching.label_selectors[(watched.group, watched.plural)] = watched.label_selector
+    settings.posting.enabled = False
     settings.networking.connect_timeout = timeouts.connect
     settings.networking.request_timeout = 60
     settings.watching.connect_timeout = timeouts.connect
@@ -165,13 +130,16 @@ def run_operator(
     ensure_crds(kube=kube, policy=crd_policy)
     book = VerdictBook(client=OracleClient(oracle_url)) if oracle_url else None
     runtime = Runtime(kube=kube, operator_namespace=operator_namespace, hooks=hooks,
-                      heartbeats=heartbeats, stuck_after_s=stuck_after,
                       oracle=OracleSettings(book=book, default_policy=oracle_policy,
                                             default_max_wait_s=oracle_max_wait_s) if book else None)
     kernelbuilds = KernelBuildRuntime(
         kube=kube, catalog=runtime.catalog,
         in_use=lambda ns: runtime.builds_in_use(ns, _deployments_in(kube.cache, ns)))
+    # the watches' own client: a pool with a connection per long-lived stream, apart from the reconciles'
+    watch_client = api_client_from_env(kubeconfig, timeouts=timeouts,
+                                       pool_maxsize=len(WATCHED) * max(1, len(namespaces or [])) + 2)
     controller = Controller(
+        watch_client=watch_client,
         runtime=runtime, kernelbuilds=kernelbuilds, kube=kube, metrics=metrics, heartbeats=heartbeats,
         settings=LoopSettings(workers=workers, resync_s=resync, slo_interval_s=slo_interval,
                               slo_status_period_s=slo_status_period, stuck_after_s=stuck_after,

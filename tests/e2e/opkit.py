@@ -113,3 +113,21 @@ def operator_metrics(op) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
     text = urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5).read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def reconciles(op, kind: str, namespace: str, name: str) -> float:
+    """How many reconciles of one object the operator process finished (its ``sglang_pd_operator_reconciles_total``)."""
+    return operator_metrics(op).get(("sglang_pd_operator_reconciles_total",
+                                     (("kind", kind), ("name", name), ("namespace", namespace))), 0.0)
+
+
+def looked(op, kind: str, namespace: str, name: str, *, more: int = 2, timeout: float = 60) -> float:
+    """Wait until the operator has finished ``more`` reconciles of the object beyond those done so far; returns the count.
+
+    What every "nothing happened" assertion waits on first: proof from the operator's
+    own metrics that it looked at the object again (a stalled operator fails here; a
+    fixed sleep would have passed).
+    """
+    start = reconciles(op, kind, namespace, name)
+    return wait_for(lambda: (n := reconciles(op, kind, namespace, name)) >= start + more and n, timeout=timeout,
+                    interval=0.2, what=f"{more} more reconciles of {kind} {namespace}/{name} (from {start:.0f})")

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import EXAMPLES
-from opkit import OperatorProcess, condition, kapply, kget, pods, wait_for
+from opkit import OperatorProcess, condition, kapply, kget, looked, pods, wait_for
 from simkit import (
     KWOK_READY,
     LOADGEN,
@@ -389,7 +389,7 @@ def test_handing_a_serving_role_to_its_pdrolescale_keeps_its_count(cluster, op, 
     kapply(cluster, doc)
     wait_for(lambda: _count(cluster, ns, name, "decode") is not None, timeout=30, what="the decode PDRoleScale")
     assert _count(cluster, ns, name, "decode") == 3, "the PDRoleScale must start at the serving count"
-    time.sleep(3)  # a few reconciles: nothing scales down
+    looked(op, "PDDeployment", ns, name, more=3)  # three more reconciles: nothing scales down
     assert kget(cluster, "deployment", f"{name}-{key[:6]}-decode", "-n", ns)["spec"]["replicas"] == 3
     after = {p["metadata"]["uid"] for p in pods(cluster, ns, f"{LBL}/deployment={name},{LBL}/role=decode")}
     assert after == before, "a decode pod was deleted by the handover"

@@ -78,7 +78,7 @@ def test_unrelated_objects_never_reach_the_operator_and_rest_writes_nothing(clus
     writes = sum(v for (n, _), v in operator_metrics(operator).items() if n == "sglang_pd_operator_api_writes_total")
     cluster.kubectl("delete", "pods", "-n", ns, "-l", "app=unrelated", "--wait=false")
     kapply(cluster, [_unrelated_pod(ns, 100 + i, node) for i in range(20)])
-    time.sleep(8)
+    time.sleep(8)  # resync 300 s here: no reconcile of the key is due to wait for (a poke would itself write)
     after = sum(v for (n, _), v in operator_metrics(operator).items() if n == "sglang_pd_operator_api_writes_total")
     assert after == writes, f"{after - writes} writes at rest"
     assert views_match()

@@ -49,7 +49,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import GB300_EXAMPLE, ROOT, load_example
-from opkit import OperatorProcess, cache_pv, condition, kapply, kget, model_store, pods, wait_for
+from opkit import OperatorProcess, cache_pv, condition, kapply, kget, looked, model_store, pods, wait_for
 
 from sglang_pd_operator.api.load import parse_pddeployment
 from sglang_pd_operator.catalog import builtin_catalog
@@ -297,7 +297,7 @@ def test_operator_as_chart_sa_runs_the_main_scenario_with_one_leader(kc, release
     assert others and all(m.get("subresource") == "status" for m in others), others  # the operator: status only
 
     # only the leader reconciled
-    time.sleep(3)
+    looked(a, "PDDeployment", app_ns, NAME, more=2)
     assert a.metric("sglang_pd_operator_api_writes_total") > 0
     assert b.metric("sglang_pd_operator_api_writes_total") == 0
     assert b.metric("sglang_pd_operator_reconcile_duration_seconds_count") == 0
@@ -470,7 +470,7 @@ def test_watch_namespaces_release_serves_its_namespace_with_roles_only(kc, relea
         kapply(kc, [example(team, decode={"replicas": 1, "parallelism": {"tp": 4}}),
                     example(other, decode={"replicas": 1, "parallelism": {"tp": 4}})])
         wait_for(lambda: ready(kc, team), timeout=90, what=f"Ready in {team}")
-        time.sleep(4)
+        looked(op, "PDDeployment", team, NAME, more=2)
         assert not (kget(kc, "pdd", NAME, "-n", other) or {}).get("status"), "the scoped operator touched team-b"
         assert not deployments(kc, other)
         denied = kc.kubectl("--kubeconfig", str(kubeconfig), "get", "pdd", "-n", other, check=False)

@@ -21,7 +21,7 @@ import time
 
 import pytest
 from helpers import EXAMPLES, load_example
-from opkit import condition, kapply, kget, pods, wait_for
+from opkit import condition, kapply, kget, looked, pods, wait_for
 from simkit import (
     KWOK_READY,
     Prober,
@@ -142,7 +142,7 @@ def test_change_sglang_ignores_restarts_no_engine(cluster, operator, ns):
     obj = wait_for(lambda: (o := _ready(cluster, ns)) and o["metadata"]["generation"] > 1 and o,
                    timeout=60, what="the new generation Ready")
     assert any(p["field"] == "spec.kvLayout.compressed" and p["severity"] == "warning" for p in obj["status"]["problems"])
-    time.sleep(3)  # a restart would show by now: the operator applied the generation above
+    looked(operator, "PDDeployment", ns, NAME, more=2)  # a restart would show by now
     after = {d["metadata"]["name"]: d["metadata"]["generation"]
              for d in kget(cluster, "deployments", "-n", ns, "-l", f"{LBL}/deployment={NAME}")["items"]}
     assert after == deps, "an engine Deployment changed for a setting SGLang ignores"

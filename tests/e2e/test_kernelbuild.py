@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from helpers import load_example
-from opkit import OperatorProcess, cache_pv, condition, kapply, kget, pods, wait_for
+from opkit import OperatorProcess, cache_pv, condition, kapply, kget, looked, pods, wait_for
 
 from sglang_pd_operator.api.kernelbuild import parse_kernelbuild
 from sglang_pd_operator.api.load import parse_pddeployment
@@ -180,7 +180,7 @@ def test_build_job_runs_on_gb300_and_status_records_the_digest(cluster, operator
 
     # equal inputs: applying it again (or a spec edit outside the inputs) reuses the finished build
     kapply(cluster, {**obj, "spec": {**obj["spec"], "retry": {"maxAttempts": 5}}})
-    time.sleep(3 * operator.resync)
+    looked(operator, "KernelBuild", ns, name, more=3)
     assert len(kget(cluster, "jobs", "-n", ns, "-l", f"{LBL}/kernelbuild={name}")["items"]) == 1
     assert _status(cluster, ns, name)["digest"] == result["digest"]
 
@@ -213,7 +213,7 @@ def test_failed_build_is_failed_with_retry_then_recovers_after_a_fix(cluster, op
     events = kget(cluster, "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
     reasons = {e["reason"] for e in events}
     assert {"BuildFailed", "Retrying", "RetriesExhausted"} <= reasons, reasons
-    time.sleep(3 * operator.resync)
+    looked(operator, "KernelBuild", ns, name, more=3)
     jobs = kget(cluster, "jobs", "-n", ns, "-l", f"{LBL}/kernelbuild={name}")["items"]
     assert sorted(int(j["metadata"]["labels"][f"{LBL}/attempt"]) for j in jobs) == [1, 2], "no third attempt"
 

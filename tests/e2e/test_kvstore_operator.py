@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from helpers import load_example
 from simkit import master_binary
-from opkit import OperatorProcess, condition, free_port, kapply, kget, pods, wait_for
+from opkit import OperatorProcess, condition, free_port, kapply, kget, looked, pods, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -198,9 +198,9 @@ def test_operator_runs_probes_and_reports_the_mooncake_master(cluster, ns, binar
         assert not _events(cluster, ns, "KVStoreNotReady")
 
         # nothing changes, nothing is written (status, children, events) over three intervals
-        time.sleep(INTERVAL)
+        looked(op, "PDDeployment", ns, NAME, more=1)
         before = _writes(op)
-        time.sleep(3 * INTERVAL)
+        looked(op, "PDDeployment", ns, NAME, more=3)
         assert _writes(op) == before, "the operator wrote while nothing changed"
 
         # 3. SIGKILL: False within two intervals, one Warning event

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers import load_example
-from opkit import OperatorProcess, condition, kapply, kget, model_store, wait_for
+from opkit import OperatorProcess, condition, kapply, kget, looked, model_store, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -57,7 +57,7 @@ def test_monitoring_objects_follow_the_prometheus_operator_crds(cluster, ns, tmp
         kapply(cluster, doc)
         obj = wait_for(lambda: (o := kget(cluster, "pddeployment", NAME, "-n", ns))
                        and (c := condition(o, "Ready")) and c["status"] == "True" and o, timeout=90, what="Ready")
-        time.sleep(3)  # more than one resync: still nothing of the monitoring kinds
+        looked(op, "PDDeployment", ns, NAME, more=2)  # still nothing of the monitoring kinds
         assert cluster.kubectl("get", "podmonitors", "-n", ns, check=False).returncode != 0  # kind unknown
         writes = _writes(op)
         assert 'kind="Deployment"' in writes and "PodMonitor" not in writes and "PrometheusRule" not in writes
@@ -81,7 +81,7 @@ def test_monitoring_objects_follow_the_prometheus_operator_crds(cluster, ns, tmp
         assert {"sglang_pd:ttft_seconds:p90", "sglang_pd:itl_seconds:p90"} <= records
         # unchanged: applied once, not every resync
         before = _writes(op)
-        time.sleep(5)
+        looked(op, "PDDeployment", ns, NAME, more=2)
         assert _writes(op) == before
 
         # spec.slo removed: the rule goes, the PodMonitor stays

@@ -163,9 +163,9 @@ def test_without_lws_nothing_is_created_until_it_is_installed(bare_cluster, tmp_
         # no LWS controller here: the group never gets pods, so the PDDeployment is not Ready
         assert condition(obj, "Ready")["status"] == "False"
         assert obj["status"]["decode"]["replicas"] == "0/1" and obj["status"]["decode"]["pods"] == "0/16"
-        # kopf could not watch the kind it did not find at start: the loop polls it instead, and says so
+        # the kind it did not find at start: the loop found it, lists and watches it, and says so
         wait_for(lambda: "leaderworkersets are served since the operator started" in op.log_tail(400), timeout=30,
-                 what="the operator to poll leaderworkersets")
+                 what="the operator to watch leaderworkersets")
     finally:
         op.stop()
         c.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -19,6 +19,7 @@ from opkit import (
     condition,
     kapply,
     kget,
+    looked,
     model_store,
     pods,
     ready_now,
@@ -212,7 +213,7 @@ def test_cross_field_problem_is_refused_by_the_operator_without_children(cluster
     assert any(p["field"] == "spec.decode.parallelism" for p in obj["status"]["problems"])
     events = kget(cluster, "events", "-n", ns, "--field-selector", f"involvedObject.name={NAME},type=Warning")
     assert any(e["reason"] == "InvalidSpec" for e in events["items"])
-    time.sleep(3)  # more than one resync interval
+    looked(operator, "PDDeployment", ns, NAME, more=2)
     assert not any(children(cluster, ns, NAME).values())
 
 
@@ -237,7 +238,7 @@ def test_invalid_update_leaves_the_serving_group_untouched_and_fixing_it_recover
     assert ready["status"] == "False" and ready["reason"] == "InvalidSpec" and ready["observedGeneration"] > gen
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
     assert f"of generation {gen} still serves" in ready["message"], ready["message"]
-    time.sleep(3)
+    looked(operator, "PDDeployment", ns, NAME, more=2)
     after = {n: (d["metadata"]["resourceVersion"], d["metadata"]["generation"]) for n, d in _deployments(cluster, ns).items()}
     assert after == before
     assert sorted(p["metadata"]["uid"] for p in pods(cluster, ns, f"{LBL}/deployment={NAME}")) == pod_uids

@@ -20,19 +20,15 @@ Each test fails on 468abb0 (leader election off by default; no timeout on any ca
 from __future__ import annotations
 
 import re
-import select
 import signal
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
-import yaml
 from helpers import load_example
-from opkit import OperatorProcess, condition, kapply, kget, wait_for
+from netkit import StallingProxy, proxied_kubeconfig
+from opkit import OperatorProcess, condition, kapply, kget, looked, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -105,7 +101,7 @@ def test_two_default_operators_one_reconciles_the_log_says_who_and_the_other_tak
         assert _holder(cluster) == ident_a
         kapply(cluster, _spec(ns, decode=1))
         wait_for(lambda: _ready(cluster, ns), timeout=90, what="Ready")
-        time.sleep(6)  # three resync periods of op-b's, had it been reconciling
+        looked(a, "PDDeployment", ns, NAME, more=3)  # three of op-a's reconciles: op-b's resync is as short
         writes_a, reconciles_a = _work(a)
         assert writes_a > 0 and reconciles_a > 0, (writes_a, reconciles_a)
         assert _work(b) == (0, 0), f"the follower reconciled: {_work(b)}\n{b.log_tail()}"
@@ -132,95 +128,6 @@ def test_two_default_operators_one_reconciles_the_log_says_who_and_the_other_tak
 
 
 # ---------------------------------------------------------------- 2. a hung API connection
-
-
-class StallingProxy:
-    """A loopback TCP proxy in front of the API server that can freeze connections.
-
-    ``stall()``: every established connection stops forwarding in both directions and is
-    never closed (a half-open connection: the peer is gone, no FIN, no RST).
-    ``blackhole(True)``: new connections are accepted and never answered (not even the
-    TLS handshake); ``blackhole(False)``: new connections are forwarded again. Frozen and
-    blackholed sockets stay open until :meth:`close`.
-    """
-
-    def __init__(self, upstream: tuple[str, int]):
-        self.upstream = upstream
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self._holed = False
-        self._generation = 0  # connections of an older generation are frozen
-        self._held: list[socket.socket] = []
-        self._guard = threading.Lock()
-        self._closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def stall(self) -> None:
-        with self._guard:
-            self._generation += 1
-
-    def blackhole(self, on: bool) -> None:
-        with self._guard:
-            self._holed = on
-            self._generation += 1
-
-    def _accept(self) -> None:
-        self.server.settimeout(0.2)
-        while not self._closed.is_set():
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                continue
-            with self._guard:
-                self._held.append(client)
-                holed, gen = self._holed, self._generation
-            if not holed:
-                threading.Thread(target=self._pump, args=(client, gen), daemon=True).start()
-
-    def _pump(self, client: socket.socket, gen: int) -> None:
-        try:
-            upstream = socket.create_connection(self.upstream, timeout=5)
-        except OSError:
-            client.close()
-            return
-        with self._guard:
-            self._held.append(upstream)
-        peers = {client: upstream, upstream: client}
-        while not self._closed.is_set():
-            with self._guard:
-                frozen = gen != self._generation
-            if frozen:  # hold both sockets open, forward nothing, forever
-                self._closed.wait()
-                return
-            ready, _, _ = select.select(list(peers), [], [], 0.2)
-            for sock in ready:
-                try:
-                    data = sock.recv(65536)
-                except OSError:
-                    data = b""
-                if not data:
-                    for s in peers:
-                        s.close()
-                    return
-                peers[sock].sendall(data)
-
-    def close(self) -> None:
-        self._closed.set()
-        self.server.close()
-        with self._guard:
-            for s in self._held:
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-
-def _proxied_kubeconfig(cluster, proxy: StallingProxy, path: Path) -> Path:
-    cfg = yaml.safe_load(Path(cluster.kubeconfig).read_text())
-    for c in cfg["clusters"]:
-        c["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"  # the serving certificate covers 127.0.0.1
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 class Kubelet:
@@ -275,7 +182,7 @@ class Kubelet:
 def test_hung_api_connection_the_operator_recovers_or_is_restarted_never_freezes(cluster, crds, ns, tmp_path):
     host, port = re.match(r"https://([\d.]+):(\d+)", cluster.server).groups()
     proxy = StallingProxy((host, int(port)))
-    op = OperatorProcess(kubeconfig=_proxied_kubeconfig(cluster, proxy, tmp_path / "kubeconfig"),
+    op = OperatorProcess(kubeconfig=proxied_kubeconfig(cluster, proxy, tmp_path / "kubeconfig"),
                          log_path=tmp_path / "operator.log")
     kubelet = Kubelet(op)
     try:

@@ -31,7 +31,7 @@ import pytest
 from helpers import load_example, with_fields
 from kubernetes import client as k8s
 from kubernetes import watch
-from opkit import OperatorProcess, condition, kapply, kget, operator_process, pods, ready_now, wait_for
+from opkit import OperatorProcess, condition, kapply, kget, looked, operator_process, pods, ready_now, wait_for
 
 from sglang_pd_operator.api.v1alpha1 import GROUP, VERSION
 
@@ -130,8 +130,8 @@ def test_invalid_update_turns_ready_false_for_the_refused_generation(cluster, op
     assert progressing["status"] == "False" and progressing["reason"] == "InvalidSpec"
     assert _printed_ready(cluster, ns) == "False"
     assert obj["status"]["rollout"]["servingKey"] == key
-    # the serving pods are untouched
-    time.sleep(3)
+    # the serving pods are untouched after the operator looked at it twice more
+    looked(operator, "PDDeployment", ns, NAME, more=2)
     assert sorted(p["metadata"]["uid"] for p in pods(cluster, ns, f"{LBL}/deployment={NAME}")) == uids
 
     kapply(cluster, _spec(ns))  # fixed: Ready again for the newest generation
@@ -196,7 +196,7 @@ def test_an_admission_denial_becomes_a_condition_and_one_warning_event(cluster, 
         assert condition(obj, "Progressing")["status"] == "False"
         events = wait_for(lambda: _events(cluster, ns, "ReconcileError"), timeout=10, what="Warning event")
         assert events[0]["type"] == "Warning" and "no inference engines" in events[0]["message"]
-        time.sleep(8)  # four resyncs (2 s) retry and fail the same way
+        looked(operator, "PDDeployment", ns, NAME, more=4)  # four more reconciles retry and fail the same way
         assert len(_events(cluster, ns, "ReconcileError")) == 1, [e["message"] for e in _events(cluster, ns, "ReconcileError")]
         assert "reconcile failed (AdmissionDenied)" in operator.log_path.read_text(errors="replace")
     finally:
@@ -215,7 +215,7 @@ def test_every_written_status_is_one_consistent_set_during_an_in_place_change(cl
         kapply(cluster, _spec(ns, **{"decode.replicas": 2}))  # same compat key: the decode Deployment scales in place
         obj = wait_for(lambda: (o := _ready(cluster, ns)) and o["status"]["decode"]["replicas"] == "2/2" and o,
                        timeout=90, what="decode 2/2")
-        time.sleep(2)
+        looked(operator, "PDDeployment", ns, NAME, more=2)  # whatever it writes after 2/2 is seen too
     assert obj["status"]["compatKey"] == key
     written = list(seen.conditions())
     assert len(written) >= 2, seen.versions
@@ -249,7 +249,7 @@ def test_a_recovering_pod_fires_no_rollout_complete(cluster, operator, ns):
         wait_for(lambda: (p := pods(cluster, ns, f"{LBL}/deployment={NAME},{LBL}/role=decode"))
                  and p[0]["metadata"]["uid"] != decode["metadata"]["uid"], timeout=30, what="a new decode pod")
         wait_for(lambda: _ready(cluster, ns), timeout=60, what="Ready again")
-        time.sleep(4)  # two resyncs
+        looked(operator, "PDDeployment", ns, NAME, more=2)
     events = _events(cluster, ns, "RolloutComplete")
     assert len(events) == before, [e["message"] for e in events]
 
@@ -269,7 +269,7 @@ def test_a_role_scaled_to_zero_reads_scaled_to_zero_not_a_surge_that_never_ends(
     assert conds["Ready"]["status"] == "False" and "decode scaled to 0 replicas" in conds["Ready"]["message"]
     assert (conds["Progressing"]["status"], conds["Progressing"]["reason"]) == ("False", "Complete")
     assert pods(cluster, ns, f"{LBL}/deployment={NAME},{LBL}/role=prefill"), "prefill was not asked to stop"
-    time.sleep(3)  # resyncs: it stays so (no surge, no deadline)
+    looked(operator, "PDDeployment", ns, NAME, more=2)  # it stays so (no surge, no deadline)
     assert (_pdd(cluster, ns)["status"]["rollout"]["phase"]) == "Complete"
     kapply(cluster, _spec(ns))
     wait_for(lambda: _ready(cluster, ns), timeout=60, what="Ready again at decode 1")

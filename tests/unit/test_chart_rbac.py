@@ -15,10 +15,11 @@ with the rules ``helm template`` renders (cluster-wide and with ``watchNamespace
    patch (a patch that creates is authorized as create too), and get when the applier
    reads first (``fetch``, no ``live`` given). Every ``kube.apply`` call site (module and
    line) must have been reached by that run, so a new apply site cannot hide;
-3. what kopf watches: every handler in kopf's registry after importing ``runtime.kopf_glue`` (which
-   imports the KernelBuild handlers) needs list and watch; there must be no
-   change/timer/daemon handlers (they would patch finalizers and annotations onto the
-   user's object);
+3. what is watched: the control loop's reflectors (``runtime/informer.py``) LIST and WATCH
+   every kind of ``runtime.cache.WATCHED`` (``Controller.start`` makes one per kind), and
+   any handler in kopf's registry after importing ``runtime.kopf_glue`` would need list and
+   watch too; there must be no change/timer/daemon handlers (they would patch finalizers
+   and annotations onto the user's object);
 4. what RBAC itself demands: the operator creates a Role for the gateway and may grant
    only what it holds (escalation check), and children carry ``blockOwnerDeletion``
    owner references (update on the owner's ``finalizers`` where
@@ -133,7 +134,7 @@ def kube_calls() -> list[KubeCall]:
     """Calls ``<...>kube.<method>(...)`` (or ``<...>kube.uncached().<method>(...)``) outside the door itself.
 
     ``kube.list_kind`` (the control loop's LIST of each watched kind) is not among them:
-    it lists exactly the kinds kopf watches, which point 3 derives (checked in
+    it lists exactly the kinds the reflectors watch, which point 3 derives (checked in
     ``test_derivation_sees_the_known_calls``).
     """
     out = []
@@ -258,7 +259,7 @@ class RecordingKube:
         self.calls.append(("delete", api_version, kind))
         return False
 
-    def patch_status(self, api_version, kind, name, namespace, status):
+    def patch_status(self, api_version, kind, name, namespace, status, resource_version=None):
         self.calls.append(("patch_status", api_version, kind))
         self.total_writes += 1
 
@@ -362,7 +363,9 @@ def kopf_permissions() -> set[Perm]:
             plural = sel.plural or sel.any_name  # kopf.on.event(group, version, "<plural>")
             assert plural and plural == plural.lower() and plural.endswith("s"), f"kopf selector {sel}: use the plural"
             perms |= {(sel.group or "", plural, v) for v in ("list", "watch")}
-    return perms
+    from sglang_pd_operator.runtime.cache import WATCHED
+
+    return perms | {(w.group, w.plural, v) for w in WATCHED for v in ("list", "watch")}
 
 
 def rbac_imposed_permissions(recorded: RecordingKube) -> set[Perm]:
@@ -476,7 +479,7 @@ def test_derivation_sees_the_known_calls(recorded):
     assert ("", "events", "create") in workload
     assert ("rbac.authorization.k8s.io", "roles", "create") in applied_permissions(recorded)
     assert ("pd.sglang-operator.io", "pddeployments", "watch") in kopf_permissions()
-    # KernelBuilds: the reconciler, the kopf handlers, and what kernels.cache: auto creates
+    # KernelBuilds: the reconciler, the watches, and what kernels.cache: auto creates
     assert {("pd.sglang-operator.io", "kernelbuilds/status", "patch"), ("pd.sglang-operator.io", "kernelbuilds", "delete"),
             ("batch", "jobs", "list"), ("batch", "jobs", "delete"), ("", "persistentvolumeclaims", "get")} <= workload
     assert {("pd.sglang-operator.io", "kernelbuilds", "create"), ("batch", "jobs", "create"),

@@ -76,7 +76,7 @@ def test_a_spec_change_queues_its_deployment_but_a_status_echo_does_not():
 def test_the_echo_of_the_operators_own_write_queues_nothing():
     c = controller()
     w = watched_kind("apps/v1", "Deployment")
-    c.cache.upsert(child("Deployment", "d-abc-prefill", "7"))  # the API server's answer to our apply
+    c.cache.record_write(child("Deployment", "d-abc-prefill", "7"))  # the API server's answer to our apply
     assert c.observe(w, event(child("Deployment", "d-abc-prefill", "7"), "ADDED")) == []
     ready = child("Deployment", "d-abc-prefill", "8", status={"readyReplicas": 1})
     assert c.observe(w, event(ready)) == [(PDDEPLOYMENT, "ns", "d")]
@@ -101,8 +101,8 @@ def test_a_pod_event_concerns_the_reconcile_only_when_its_scheduling_state_moves
 
 def test_kernelbuild_children_queue_the_build_and_a_build_that_moves_queues_its_users():
     c = controller()
-    c.runtime._uses[("ns", "d")] = ("kb1",)
-    c.runtime._uses[("ns", "other")] = ()
+    c.runtime.uses.record("ns", "d", ("kb1",))
+    c.runtime.uses.record("ns", "other", ())
     assert c.observe(watched_kind("batch/v1", "Job"), event(child("Job", "kb1-1", "1", owner="kb1"), "ADDED")) == \
         [(KERNELBUILD, "ns", "kb1")]
     kb = {"apiVersion": GROUP, "kind": "KernelBuild",
@@ -122,7 +122,7 @@ def test_a_deleted_deployment_is_forgotten_and_not_reconciled():
     c = controller()
     w = watched_kind(GROUP, "PDDeployment")
     c.observe(w, event(pdd("d", "1"), "ADDED"))
-    c.runtime._uses[("ns", "d")] = ("kb1",)
+    c.runtime.uses.record("ns", "d", ("kb1",))
     assert c.observe(w, event(pdd("d", "2"), "DELETED")) == []
     assert c.runtime.kernelbuild_users("ns", "kb1") == []
     assert c.cache.get(GROUP, "PDDeployment", "d", "ns") is None
@@ -199,7 +199,7 @@ def test_a_move_of_what_the_planner_reads_queues_a_planned_deployment_at_once():
     clock.t += 15
     c.on_health(health(0.31))
     assert drain(c) == []               # not planned: a figure that moved waits for the period
-    c.runtime.mark_planned("ns", "d", True)
+    c.runtime.planner.mark("ns", "d", True)
     clock.t += 15
     c.on_health(health(0.32))
     assert drain(c) == [key]            # planned: the planner's first reading
@@ -210,7 +210,7 @@ def test_a_move_of_what_the_planner_reads_queues_a_planned_deployment_at_once():
     c.on_health(health(0.78))           # within 20% of the target: still hold without a queue
     c.on_health(health(1.2))            # missed: prefill under pressure
     assert drain(c) == [key]
-    c.runtime.mark_planned("ns", "d", False)
+    c.runtime.planner.mark("ns", "d", False)
     assert not c.runtime.planner_moved(health(0.3))
 
 

@@ -72,7 +72,7 @@ class RefusingKube:
         self.deleted.append(f"{kind} {name}")
         return self.objects.pop((kind, name), None) is not None
 
-    def patch_status(self, api_version, kind, name, namespace, status):
+    def patch_status(self, api_version, kind, name, namespace, status, resource_version=None):
         self.status.append(status)
 
     def event(self, involved, *, type_, reason, message):

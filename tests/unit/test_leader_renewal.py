@@ -7,6 +7,7 @@ a fake clock; the e2e test (tests/e2e/test_resilience.py) runs two real processe
 
 from __future__ import annotations
 
+import threading
 import time
 
 from sglang_pd_operator.runtime.leader import LeaderSettings, RenewWatchdog, default_identity, default_lease_namespace
@@ -29,18 +30,28 @@ def test_watchdog_fires_once_when_no_renewal_was_sent_within_the_deadline():
 
 
 def test_watchdog_thread_ends_leadership_while_renewals_hang_and_not_after_a_stop():
-    fired = []
-    dog = RenewWatchdog(deadline=0.3, on_expired=lambda: fired.append(True), tick=0.05)
-    dog.renewed(time.monotonic())
+    """The thread on a fake clock: it fires once the clock passes the deadline, and a stopped
+    watchdog never fires however far the clock moves (its thread has ended)."""
+    now = {"t": 0.0}
+    fired = threading.Event()
+    dog = RenewWatchdog(deadline=10, on_expired=fired.set, tick=0.01, clock=lambda: now["t"])
+    dog.renewed(0.0)
     dog.start()
-    time.sleep(0.6)  # no renewal: as when every Lease call hangs
-    assert fired == [True]
-    stopped = RenewWatchdog(deadline=0.2, on_expired=lambda: fired.append("late"), tick=0.05)
-    stopped.renewed(time.monotonic())
+    now["t"] = 9.0
+    assert not dog.check() and not fired.is_set()  # within the deadline
+    now["t"] = 10.5  # no renewal: as when every Lease call hangs
+    assert fired.wait(5)
+    dog.stop()
+    late = threading.Event()
+    stopped = RenewWatchdog(deadline=10, on_expired=late.set, tick=0.01, clock=lambda: now["t"])
+    stopped.renewed(now["t"])
+    before = set(threading.enumerate())
     stopped.start()
+    (thread,) = set(threading.enumerate()) - before
     stopped.stop()  # a graceful release
-    time.sleep(0.4)
-    assert fired == [True]
+    thread.join(5)
+    now["t"] += 100
+    assert not thread.is_alive() and not late.is_set()
 
 
 def test_the_stop_comes_before_a_follower_can_take_over():

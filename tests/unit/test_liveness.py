@@ -82,29 +82,71 @@ def test_metrics_port_serves_metrics_and_healthz_that_fails_when_a_loop_is_stuck
     assert err.value.code == 503 and b"resync: no heartbeat for 11s" in err.value.read()
 
 
-def test_a_reconcile_is_in_flight_while_it_runs_and_stuck_past_the_bound(monkeypatch):
-    """Runtime marks each reconcile busy in its heartbeats (what /healthz reads)."""
-    from sglang_pd_operator.reconcilers import runtime as R
+def _loop(clock: Clock):
+    from sglang_pd_operator.metrics.operator_metrics import OperatorMetrics
+    from sglang_pd_operator.reconcilers.kube import Kube
+    from sglang_pd_operator.reconcilers.runtime import KernelBuildRuntime, Runtime
+    from sglang_pd_operator.runtime.cache import ObjectCache
+    from sglang_pd_operator.runtime.controller import Controller, LoopSettings
 
+    kube = Kube(api_client=None, cache=ObjectCache(clock=clock))  # type: ignore[arg-type]
+    runtime = Runtime(kube=kube)
+    kbs = KernelBuildRuntime(kube=kube, catalog=runtime.catalog, in_use=lambda ns: None)
+    c = Controller(runtime=runtime, kernelbuilds=kbs, kube=kube, clock=clock, metrics=OperatorMetrics(),
+                   heartbeats=Heartbeats(clock=clock), settings=LoopSettings(stuck_after_s=180, resync_s=3600))
+    c.heartbeats.register("workqueue", max_age_s=180)  # as Controller.start does
+    c.heartbeats.register("resync", max_age_s=180)
+    runtime.catalog = lambda: None
+    runtime.kinds_served = lambda api_version: frozenset()  # no API server behind: nothing optional served
+    return c
+
+
+def test_a_ten_minute_backlog_stays_healthy_while_workers_progress_and_a_hung_worker_turns_it_red(monkeypatch):
+    """Liveness means stuck, not busy (issue 29, item 2). A catalog change queues every
+    PDDeployment: 3,000 keys, one worker finishing one every second. After ten minutes the
+    oldest key has waited 600 s (more than the 180 s bound the old check used) and /healthz
+    is green at every tick. Then a reconcile hangs: red, naming it, while it is in flight."""
     clock = Clock()
-    hb = Heartbeats(clock=clock)
+    c = _loop(clock)
+    reconciled = []
+    monkeypatch.setattr(c.runtime, "reconcile_key", lambda ns, name: reconciled.append(name))
+    for i in range(3000):
+        c.queue.add(("PDDeployment", "ns", f"d{i:04d}"))
+    previous = clock.t
+    for _ in range(600):  # ten minutes: a key per second
+        clock.t += 1.0
+        assert c.work_one(timeout=0) is not None
+        c.tick(previous, clock.t)
+        previous = clock.t
+        assert healthz(c.heartbeats)[0] == 200, healthz(c.heartbeats)
+    stats = c.queue.stats()
+    assert len(reconciled) == 600 and stats.depth == 2400 and stats.oldest_age_s >= 600
+    assert c.metrics.queue_oldest_age._value.get() >= 600
+    assert c.metrics.reconcile_longest_running._value.get() == 0
+
     seen = []
 
-    def slow_reconcile(**_):
-        clock.t += 200  # a reconcile that took 200 s
-        seen.append(hb.problems())
-        return R.Outcome(valid=True)
+    def hang(ns, name):  # a worker stuck in one reconcile for 200 s (past the 180 s bound)
+        for _ in range(200):
+            clock.t += 1.0
+            c.tick(clock.t - 1.0, clock.t)
+        seen.append((healthz(c.heartbeats), c.metrics.reconcile_longest_running._value.get()))
 
-    class NoKube:
-        api_client = None
-        cache = None
+    monkeypatch.setattr(c.runtime, "reconcile_key", hang)
+    c.work_one(timeout=0)
+    (code, body), longest = seen[0]
+    assert code == 503 and "reconcile PDDeployment ns/d0600: in flight for 200s (bound 180s)" in body, body
+    assert "workqueue: no heartbeat for 200s" in body  # keys wait and no worker moved
+    assert longest == 200.0  # the gauge as of the last tick inside the hang
+    monkeypatch.setattr(c.runtime, "reconcile_key", lambda ns, name: None)
+    c.work_one(timeout=0)  # the worker came back and took the next key
+    assert healthz(c.heartbeats)[0] == 200
 
-    monkeypatch.setattr(R, "reconcile", slow_reconcile)
-    rt = R.Runtime(kube=NoKube(), heartbeats=hb, stuck_after_s=180)
-    rt.monitoring_available = lambda: False
-    rt.lws_available = lambda: False
-    rt.compute_domains_available = lambda: False
-    rt.catalog = lambda: None
-    rt.reconcile_body({"metadata": {"namespace": "ns", "name": "d"}})
-    assert seen == [["reconcile ns/d: in flight for 200s (bound 180s)"]]
-    assert hb.problems() == []  # it returned
+
+def test_an_idle_loop_is_healthy_however_long_nothing_happens():
+    clock = Clock()
+    c = _loop(clock)
+    for _ in range(10):
+        clock.t += 100
+        c.tick(clock.t - 100, clock.t)
+    assert healthz(c.heartbeats)[0] == 200

@@ -9,7 +9,7 @@ import time
 
 from kubernetes.client import ApiException
 
-from sglang_pd_operator.reconcilers import runtime as R
+from sglang_pd_operator.reconcilers import process_state as R
 from sglang_pd_operator.reconcilers.runtime import Runtime
 
 
@@ -35,6 +35,6 @@ def test_concurrent_workers_share_one_discovery_request(monkeypatch):
     for t in threads:
         t.join()
     assert _Discovery.calls == 1 and answers == [False] * 8
-    rt.monitoring_check_ttl_s = 0.0  # due again: asked again
+    rt.served.ttl_s = 0.0  # due again: asked again
     rt.monitoring_available()
     assert _Discovery.calls == 2

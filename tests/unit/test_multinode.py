@@ -305,14 +305,14 @@ def test_the_loop_lists_an_optional_kind_only_while_it_is_served(monkeypatch):
     c, kube, runtime = _controller()
     watched = watched_kind(lws.API_VERSION, lws.KIND)
     assert watched is not None and watched.optional
-    listed = []
-    monkeypatch.setattr(kube, "list_kind", lambda w, ns: listed.append(w.kind) or [])
+    watched_lists = []
+    monkeypatch.setattr(kube, "list_kind", lambda w, ns, listed=None: watched_lists.append(w.kind) or [])
     monkeypatch.setattr(runtime, "kinds_served", lambda av: frozenset())
-    assert c.sync_kind(watched) == [] and listed == []
+    assert c.sync_kind(watched) == [] and watched_lists == []
     assert not kube.cache.synced(lws.API_VERSION, lws.KIND)
     monkeypatch.setattr(runtime, "kinds_served", lambda av: frozenset({lws.KIND}))
     c.sync_kind(watched)
-    assert listed == [lws.KIND] and kube.cache.synced(lws.API_VERSION, lws.KIND)
+    assert watched_lists == [lws.KIND] and kube.cache.synced(lws.API_VERSION, lws.KIND)
 
 
 @pytest.mark.parametrize("path", [WIDE_EP, MULTI_NODE], ids=["wide-ep", "multi-node"])
@@ -333,11 +333,11 @@ def test_a_leader_worker_set_event_queues_its_pddeployment(catalog):
     assert c.observe(watched, {"type": "MODIFIED", "object": obj}) == [("PDDeployment", "inference", plan.name)]
 
 
-def test_a_kind_that_appears_after_start_is_polled_and_every_pddeployment_queued(monkeypatch):
+def test_a_kind_that_appears_after_start_is_listed_and_watched_and_every_pddeployment_queued(monkeypatch):
     c, kube, runtime = _controller()
     served = frozenset()
     monkeypatch.setattr(runtime, "kinds_served", lambda av: served)
-    monkeypatch.setattr(kube, "list_kind", lambda w, ns: [])
+    monkeypatch.setattr(kube, "list_kind", lambda w, ns, listed=None: [])
     c.cache.upsert({"apiVersion": "pd.sglang-operator.io/v1alpha1", "kind": "PDDeployment",
                     "metadata": {"name": "d", "namespace": "ns", "uid": "u", "resourceVersion": "1"}})
     c._poll_unwatched(now=100.0)

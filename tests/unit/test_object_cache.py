@@ -1,8 +1,9 @@
-"""The operator's object cache: newest version wins, tombstones, re-list sweeps, trimmed pods, indexed lists."""
+"""The operator's object cache: watch order wins with opaque resourceVersions, the operator's writes read back
+at once, tombstones, a re-list that reports deletions (client-go's Replace), trimmed pods, indexed lists."""
 
 from __future__ import annotations
 
-from sglang_pd_operator.runtime.cache import ObjectCache, matches, newer, parse_selector, trim
+from sglang_pd_operator.runtime.cache import PENDING_S, ObjectCache, matches, parse_selector, trim
 
 OWNER = "pd.sglang-operator.io/deployment"
 
@@ -22,40 +23,91 @@ class Clock:
         return self.t
 
 
-def test_an_older_or_equal_version_never_replaces_a_newer_one():
+def test_resource_versions_are_opaque_the_watch_order_wins():
+    """No ordering of resourceVersions: a watch event replaces what is stored whatever its
+    version says (here a "smaller" one, as an API server not backed by etcd may issue)."""
     cache = ObjectCache()
     assert cache.upsert(dep("a", "10")).stored
-    assert not cache.upsert(dep("a", "9")).stored  # a late watch event
-    assert not cache.upsert(dep("a", "10")).stored  # the echo of our own write
-    assert cache.upsert(dep("a", "11", status={"readyReplicas": 1})).stored
+    assert not cache.upsert(dep("a", "10")).stored  # the same version again: nothing changed
+    assert cache.upsert(dep("a", "9", status={"readyReplicas": 1})).stored
     assert cache.get("apps/v1", "Deployment", "a", "ns")["status"] == {"readyReplicas": 1}
+    assert cache.upsert(dep("a", "zz-not-a-number")).stored
 
 
-def test_a_deleted_object_is_not_brought_back_by_a_late_answer_until_its_tombstone_expires():
+def test_the_operators_write_is_read_back_at_once_and_older_watch_events_do_not_undo_it():
     clock = Clock()
     cache = ObjectCache(clock=clock)
     cache.upsert(dep("a", "10"))
+    written = dep("a", "12", spec={"replicas": 3})
+    assert cache.record_write(written, before="10").stored
+    # the watch still delivers an event from before the write: skipped, the write stays visible
+    assert not cache.upsert(dep("a", "11", spec={"replicas": 1})).stored
+    assert cache.get("apps/v1", "Deployment", "a", "ns")["spec"] == {"replicas": 3}
+    assert not cache.upsert(dep("a", "12", spec={"replicas": 3})).stored  # the write's own echo
+    assert cache.upsert(dep("a", "13", spec={"replicas": 4})).stored  # and what came after it
+    # a write that changed nothing (the answer carries the version read before it) stores nothing
+    assert not cache.record_write(dep("a", "13", spec={"replicas": 4}), before="13").stored
+    # an echo that never comes: after PENDING_S the watch wins again
+    cache.record_write(dep("a", "20", spec={"replicas": 5}), before="13")
+    clock.t += PENDING_S + 1
+    assert cache.upsert(dep("a", "21", spec={"replicas": 6})).stored
+
+
+def test_a_late_answer_never_brings_back_an_older_version_or_a_deleted_object():
+    clock = Clock()
+    cache = ObjectCache(clock=clock)
+    cache.upsert(dep("a", "10"))
+    cache.upsert(dep("a", "11", spec={"replicas": 2}))
+    # the answer to a write the watch already delivered (its version, or the one before the stored one)
+    assert not cache.record_write(dep("a", "11", spec={"replicas": 2})).stored
+    assert not cache.record_write(dep("a", "10")).stored
+    assert cache.get("apps/v1", "Deployment", "a", "ns")["spec"] == {"replicas": 2}
     assert cache.remove(dep("a", "12")).stored
-    assert not cache.upsert(dep("a", "11")).stored  # an answer to a write made before the deletion
+    assert not cache.record_write(dep("a", "13")).stored  # same uid: that object is gone
+    assert not cache.upsert(dep("a", "11")).stored  # a late event about it too
     assert cache.get("apps/v1", "Deployment", "a", "ns") is None
-    assert cache.upsert(dep("a", "13")).stored  # recreated afterwards
-    cache.remove(dep("a", "14"))
-    clock.t += 301
-    assert cache.upsert(dep("a", "5")).stored  # tombstone expired (a new object with a reset name)
+    again = dep("a", "14")
+    again["metadata"]["uid"] = "u-a-2"
+    assert cache.upsert(again).stored  # a new object of that name
 
 
-def test_a_relist_removes_what_a_watch_never_reported_deleted_but_keeps_newer_objects():
+def test_the_operator_recreating_an_object_keeps_it_through_the_old_objects_delete_event():
+    cache = ObjectCache()
+    cache.upsert(dep("a", "10"))
+    cache.forget("apps/v1", "Deployment", "a", "ns")  # the operator deleted it
+    assert cache.get("apps/v1", "Deployment", "a", "ns") is None
+    assert not cache.upsert(dep("a", "11")).stored  # a late MODIFIED of the deleted uid
+    new = dep("a", "15")
+    new["metadata"]["uid"] = "u-a-2"
+    assert cache.record_write(new).stored  # created again
+    assert not cache.remove(dep("a", "12")).stored  # the old uid's DELETED: not the new object
+    assert cache.get("apps/v1", "Deployment", "a", "ns")["metadata"]["uid"] == "u-a-2"
+
+
+def test_a_relist_reports_deletions_a_watch_never_delivered_and_keeps_writes_made_after_it():
     cache = ObjectCache()
     cache.upsert(dep("gone", "5"))
     cache.upsert(dep("kept", "6"))
-    cache.upsert(dep("created-after-the-list", "50"))
     cache.upsert(dep("other-ns", "7", ns="elsewhere"))
-    changes = cache.replace_kind("apps/v1", "Deployment", [dep("kept", "6"), dep("new", "20")], namespaces=["ns"])
+    cache.record_write(dep("written-before-the-list", "8"))
+    since = cache.write_seq()
+    cache.record_write(dep("created-after-the-list", "50"))
+    changes = cache.replace_kind("apps/v1", "Deployment", [dep("kept", "6"), dep("new", "20")],
+                                 namespaces=["ns"], listed_after=since)
     names = sorted(o["metadata"]["name"] for o in cache.list("apps/v1", "Deployment", None))
     assert names == ["created-after-the-list", "kept", "new", "other-ns"]
-    assert sorted(ref for ref, _ in changes) == [("ns", "gone"), ("ns", "new")]
-    assert [c.new is None for ref, c in sorted(changes)] == [True, False]
+    assert sorted(ref for ref, _ in changes) == [("ns", "gone"), ("ns", "new"), ("ns", "written-before-the-list")]
+    assert [c.new is None for ref, c in sorted(changes)] == [True, False, True]
     assert cache.synced("apps/v1", "Deployment") and not cache.synced("v1", "Pod")
+
+
+def test_a_relist_item_wins_over_a_write_made_before_the_list():
+    cache = ObjectCache()
+    cache.record_write(dep("a", "8", spec={"replicas": 2}))
+    since = cache.write_seq()
+    cache.replace_kind("apps/v1", "Deployment", [dep("a", "9", spec={"replicas": 7})], listed_after=since)
+    assert cache.get("apps/v1", "Deployment", "a", "ns")["spec"] == {"replicas": 7}
+    assert cache.upsert(dep("a", "10", spec={"replicas": 8})).stored  # no pending write holds the watch back
 
 
 def test_lists_by_owner_label_use_the_index_and_still_apply_every_requirement():
@@ -103,12 +155,11 @@ def test_a_pod_keeps_only_what_the_operator_reads():
     assert "managedFields" not in t["metadata"] and "qosClass" not in t["status"]
 
 
-def test_selectors_and_resource_versions():
+def test_selectors():
     req = parse_selector("a=1,b!=2,c,!d,e==5")
     assert matches({"a": "1", "c": "", "e": "5"}, req)
     assert not matches({"a": "1", "b": "2", "c": "", "e": "5"}, req)
     assert not matches({"a": "1", "c": "", "d": "x", "e": "5"}, req)
-    assert newer("10", "9") and not newer("9", "10") and newer(None, "3") and newer("x", "y")
 
 
 def test_a_relist_stores_each_item_as_it_comes_without_holding_the_list():

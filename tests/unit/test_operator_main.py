@@ -17,7 +17,7 @@ def test_kopf_logs_in_with_the_kubeconfig_option(monkeypatch, tmp_path):
         seen["memo"] = kwargs.get("memo")
 
     monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.setattr(operator_main, "api_client_from_env", lambda path, timeouts=None: object())
+    monkeypatch.setattr(operator_main, "api_client_from_env", lambda path, timeouts=None, pool_maxsize=None: object())
     monkeypatch.setattr(operator_main, "ensure_crds", lambda **kwargs: None)
     monkeypatch.setattr(operator_main.kopf, "operator", fake_kopf_operator)
     path = str(tmp_path / "kubeconfig")
@@ -30,27 +30,43 @@ def test_kopf_logs_in_with_the_kubeconfig_option(monkeypatch, tmp_path):
     assert dict(vars(operator_main.kopf_glue)) == before
 
 
-def test_child_kinds_are_watched_with_a_server_side_label_selector():
-    """kopf asks the API server for the operator's children only: unrelated pods, Jobs and
-    Deployments of the cluster never reach the process (issue 15, item 1)."""
-    from kopf._cogs.structs.references import Resource
+def test_child_kinds_are_watched_with_a_server_side_label_selector_and_bookmarks():
+    """The reflectors ask the API server for the operator's children only: unrelated pods, Jobs
+    and Deployments of the cluster never reach the process (issue 15, item 1); every watch
+    asks for bookmarks and resumes from the version it was given."""
+    from sglang_pd_operator.runtime.cache import WATCHED, ObjectCache
+    from sglang_pd_operator.runtime.informer import Reflector
 
-    from sglang_pd_operator.runtime.cache import WATCHED
-    from sglang_pd_operator.reconcilers.kube import ApiTimeouts
+    class Resource:
+        def path(self, namespace=None):
+            return "/apis/x" if namespace is None else f"/apis/x/ns/{namespace}"
 
-    settings = operator_main.kopf_settings(ApiTimeouts())
+    class Client:
+        def param_serialize(self, method, path, query_params, **_):
+            self.query = dict(query_params)
+            raise StopIteration  # enough: the request is built
+
+    class FakeKube:
+        api_client = Client()
+
+        def _resource(self, av, kind):
+            return Resource()
+
     for watched in WATCHED:
-        resource = Resource(group=watched.group, version=watched.version, plural=watched.plural,
-                            kind=watched.kind, namespaced=True)
-        got = settings.watching.label_selectors.collect(resource)
+        r = Reflector(watched, None, kube=FakeKube(), cache=ObjectCache(), on_listed=None, on_event=None)
+        try:
+            r._request(resource_version="42", timeout_seconds=300)
+        except StopIteration:
+            pass
+        q = FakeKube.api_client.query
+        assert q["watch"] == "true" and q["allowWatchBookmarks"] == "true" and q["resourceVersion"] == "42"
         if watched.kind in ("PDDeployment", "KernelBuild"):
-            assert got == [], watched
+            assert "labelSelector" not in q, watched
         else:
-            assert got == ["app.kubernetes.io/managed-by=sglang-pd-operator"], watched
+            assert q["labelSelector"] == "app.kubernetes.io/managed-by=sglang-pd-operator", watched
 
 
-
-def test_every_kopf_request_and_watch_has_a_connect_and_an_overall_timeout():
+def test_every_kopf_request_has_a_connect_and_an_overall_timeout():
     """kopf's defaults leave connect and watch-client timeouts unset (wait forever)."""
     from sglang_pd_operator.reconcilers.kube import ApiTimeouts
 
@@ -59,21 +75,15 @@ def test_every_kopf_request_and_watch_has_a_connect_and_an_overall_timeout():
     assert settings.networking.connect_timeout == 3 and settings.networking.request_timeout == 60
     assert settings.watching.connect_timeout == 3
     assert settings.watching.server_timeout < settings.watching.client_timeout < float("inf")
-    assert settings.watching.inactivity_timeout <= 90  # a silent stream is replaced (kopf's bookmark watchdog)
 
 
-def test_kopf_keeps_no_diff_base_because_only_event_handlers_exist():
-    """kopf's diff base (a deep copy of every event's object) serves create/update/resume
-    handlers; the operator registers event handlers only, so it keeps none (NoDiffBase).
-    A changing or spawning handler added to kopf_glue.py would need the real one back."""
+def test_kopf_watches_nothing_and_has_no_changing_handler():
+    """The loop's reflectors watch (``informer.py``); kopf only hosts the process. A changing or
+    spawning handler would make kopf add finalizers and annotations to the user's object, and
+    a watching one would LIST and watch a kind a second time."""
     import kopf
 
-    from sglang_pd_operator.reconcilers.kube import ApiTimeouts
-
     registry = kopf.get_default_registry()
-    assert registry._watching.get_all_handlers()
+    assert not registry._watching.get_all_handlers()
     assert not registry._changing.get_all_handlers() and not registry._spawning.get_all_handlers()
-    storage = operator_main.kopf_settings(ApiTimeouts()).persistence.diffbase_storage
-    assert isinstance(storage, operator_main.NoDiffBase)
-    body = kopf.Body({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"x": [1] * 1000}})
-    assert storage.build(body=body) == {} and storage.fetch(body=body) is None
+    assert registry._activities.get_all_handlers()  # startup and cleanup

@@ -17,6 +17,7 @@ from sglang_pd_operator.reconcilers import pddeployment as P
 from sglang_pd_operator.reconcilers import status as S
 from sglang_pd_operator.reconcilers.drift import merge_patch
 from sglang_pd_operator.reconcilers.observe import Observed, ObservedGroup, WorkloadState
+from sglang_pd_operator.reconcilers.process_state import HealthStore
 from sglang_pd_operator.reconcilers.runtime import Runtime
 
 KEY = "abc123def456"
@@ -171,7 +172,7 @@ def test_stale_health_turns_slo_met_unknown_after_the_bound_and_drops_the_figure
     health = feed.health()
     fresh = status({}, health)
     assert cond(fresh, "SLOMet")["status"] == "True" and fresh["slo"] and fresh["scrape"]
-    rt = Runtime(kube=None, health_max_age_s=60.0, started_at=health.evaluated_at - 5)  # type: ignore[arg-type]
+    rt = Runtime(kube=None, health_store=HealthStore(max_age_s=60.0, started_at=health.evaluated_at - 5))  # type: ignore[arg-type]
     assert rt.health_stale("ns", "d", now=health.evaluated_at + 30) is None  # nothing yet, within the bound
     rt.set_health(health)
     assert rt.health_stale("ns", "d", now=health.evaluated_at + 59) is None
@@ -186,7 +187,7 @@ def test_stale_health_turns_slo_met_unknown_after_the_bound_and_drops_the_figure
     assert stale["slo"] is None and stale["scrape"] is None
     assert cond(stale, "Ready")["status"] == "True"
     # never any health: counted from the runtime's start (scraper off)
-    idle = Runtime(kube=None, health_max_age_s=60.0, started_at=0.0)  # type: ignore[arg-type]
+    idle = Runtime(kube=None, health_store=HealthStore(max_age_s=60.0, started_at=0.0))  # type: ignore[arg-type]
     assert "since it started" in idle.health_stale("ns", "other", now=61.0)
 
 

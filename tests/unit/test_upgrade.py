@@ -78,7 +78,7 @@ class MemoryKube:
     def delete(self, api_version, kind, name, namespace):
         return self.objects.pop((kind, name), None) is not None
 
-    def patch_status(self, api_version, kind, name, namespace, status):
+    def patch_status(self, api_version, kind, name, namespace, status, resource_version=None):
         self.status.append(status)
         self.total_writes += 1
 
