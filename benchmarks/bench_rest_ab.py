@@ -102,6 +102,7 @@ def main() -> None:
     p.add_argument("--a-label", default="after")
     p.add_argument("--b", default=None, help="operator B's command (none: A only)")
     p.add_argument("--b-label", default="before")
+    p.add_argument("--crds", type=Path, default=B.REPO / "crds", help="the CRDs both operators accept")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix=f"bench-rest-{a.n}-"))
@@ -110,7 +111,7 @@ def main() -> None:
     try:
         B.prepare_namespaces(cluster, B.namespaces_for(a.n, a.per_namespace))
         B.add_unrelated_pods(cluster, a.unrelated, print, 4)
-        cluster.kubectl("apply", "--server-side", "-f", str(B.REPO / "crds"))
+        cluster.kubectl("apply", "--server-side", "-f", str(a.crds))
         cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         kubeconfig = B.operator_kubeconfig(cluster, work)
         applied = B.run_parallel(cluster, [docs[i::4] for i in range(4)])
