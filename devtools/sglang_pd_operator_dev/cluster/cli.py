@@ -56,16 +56,21 @@ def cluster() -> None:
 
 
 @cluster.command("build")
-def build_cmd() -> None:
+@click.option("--kueue", "with_kueue", is_flag=True,
+              help="Also build (or find) Kueue's controller, an optional component with its own cache.")
+def build_cmd(with_kueue: bool) -> None:
     """Build (or find in the cache) the eight binaries (control plane and LWS controller)."""
     try:
-        bins = build.ensure_binaries(log=_echo)
+        built = [build.ensure_binaries(log=_echo)]
+        if with_kueue:
+            built.append(build.ensure_kueue(log=_echo))
     except (build.BuildError, gomod.GoModuleDownloadError, gomod.GoToolMissing) as err:
         raise click.ClickException(str(err)) from err
-    if bins.build_seconds is not None:
-        _echo(f"build took {bins.build_seconds:.0f}s ({bins.packages_compiled} packages compiled; "
-              f"0 means Go's build cache was warm and only linking ran)")
-    _echo(str(bins.dir))
+    for bins in built:
+        if bins.build_seconds is not None:
+            _echo(f"build took {bins.build_seconds:.0f}s ({bins.packages_compiled} packages compiled; "
+                  f"0 means Go's build cache was warm and only linking ran)")
+        _echo(str(bins.dir))
 
 
 @cluster.command()
@@ -73,13 +78,15 @@ def build_cmd() -> None:
 @click.option("--detach", is_flag=True, help="Return once ready; stop later with `down`.")
 @click.option("--no-lws", is_flag=True,
               help="Leave the LeaderWorkerSet controller, its CRDs and webhooks out.")
-def up(run_dir: Path | None, detach: bool, no_lws: bool) -> None:
+@click.option("--kueue", "with_kueue", is_flag=True,
+              help="Also run Kueue (gang admission of LeaderWorkerSet groups; built on first use).")
+def up(run_dir: Path | None, detach: bool, no_lws: bool, with_kueue: bool) -> None:
     """Start the cluster; print the `export KUBECONFIG=...` and `export PATH=...` lines to use it."""
     run_dir = run_dir or paths.default_run_dir()
     if not detach:
         _stop_on_signals()
     try:
-        running = start_cluster(run_dir=run_dir, detach=detach, log=_echo, lws=not no_lws)
+        running = start_cluster(run_dir=run_dir, detach=detach, log=_echo, lws=not no_lws, kueue_queue=with_kueue)
     except (ClusterError, build.BuildError, gomod.GoModuleDownloadError,
             gomod.GoToolMissing) as err:
         raise click.ClickException(str(err)) from err
