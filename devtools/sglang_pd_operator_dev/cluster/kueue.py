@@ -227,15 +227,21 @@ def webhook_paths(configs: list[dict], crd_list: list[dict] = ()) -> list[str]:
     return sorted({urlsplit(u).path for u in urls})
 
 
+#: Resources an engine pod requests besides GPUs, with an ample quota: a ClusterQueue must cover every
+#: resource a Workload requests (Kueue refuses the Workload otherwise); the pods' RDMA NICs are ``rdma/hca``.
+AMPLE: dict[str, str] = {"cpu": "100000", "memory": "1000Ti", "rdma/hca": "10000"}
+
+
 def queue_objects(*, name: str, namespace: str, node_labels: dict[str, str], gpus: int,
                   gpu_resource: str = "nvidia.com/gpu", levels: tuple[str, ...] = (CLIQUE_LABEL, HOSTNAME_LABEL),
-                  cpu: str = "100000", memory: str = "1000Ti") -> list[dict]:
+                  ample: dict[str, str] | None = None) -> list[dict]:
     """A Topology (``levels``), a ResourceFlavor of the nodes with ``node_labels`` on it, a ClusterQueue with
-    ``gpus`` GPUs of quota (cpu and memory ample), and a LocalQueue ``name`` in ``namespace`` pointing at it.
+    ``gpus`` GPUs of quota (and :data:`AMPLE` quota of the rest), and a LocalQueue ``name`` in ``namespace``.
 
     Cluster-scoped names are ``name``; the shapes are Kueue's v1beta2 API
     (apis/kueue/v1beta2: topology_types.go, resourceflavor_types.go, clusterqueue_types.go).
     """
+    rest = dict(AMPLE if ample is None else ample)
     return [
         {"apiVersion": API_VERSION, "kind": "Topology", "metadata": {"name": name},
          "spec": {"levels": [{"nodeLabel": level} for level in levels]}},
@@ -243,9 +249,9 @@ def queue_objects(*, name: str, namespace: str, node_labels: dict[str, str], gpu
          "spec": {"nodeLabels": dict(node_labels), "topologyName": name}},
         {"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": {"name": name},
          "spec": {"namespaceSelector": {}, "resourceGroups": [{
-             "coveredResources": ["cpu", "memory", gpu_resource],
+             "coveredResources": [*rest, gpu_resource],
              "flavors": [{"name": name, "resources": [
-                 {"name": "cpu", "nominalQuota": cpu}, {"name": "memory", "nominalQuota": memory},
+                 *({"name": r, "nominalQuota": q} for r, q in rest.items()),
                  {"name": gpu_resource, "nominalQuota": gpus}]}]}]}},
         {"apiVersion": API_VERSION, "kind": "LocalQueue", "metadata": {"name": name, "namespace": namespace},
          "spec": {"clusterQueue": name}},
