@@ -267,7 +267,7 @@ def test_operator_as_chart_sa_runs_the_main_scenario_with_one_leader(kc, release
     cluster_log(f"GB300 example Ready after {time.monotonic() - start:.1f}s (operator as {SA})")
     printed = kc.kubectl("get", "pdd", "-n", app_ns).stdout
     cluster_log("kubectl get pdd:\n" + printed)
-    assert re.search(rf"{NAME}\s+True\s+1/1\s+2/2\s+3/3\s+v41,c1:v41_fp4,c2:v41_fp4", printed), printed  # PODS 3/3
+    assert re.search(rf"{NAME}\s+True\s+Valid\s+1/1\s+2/2\s+3/3\s+v41,c1:v41_fp4,c2:v41_fp4", printed), printed  # PODS 3/3
     key = obj["status"]["compatKey"]
     assert set(deployments(kc, app_ns)) == {f"{NAME}-{key[:6]}-{r}" for r in ("prefill", "decode", "gateway")}
     # with the Prometheus Operator's CRDs the operator applies a PodMonitor and a PrometheusRule too

@@ -16,7 +16,12 @@
 10. ``_start_imex``       NVIDIA's ComputeDomain API (CRD), the IMEX channel DeviceClass and
                           one ResourceSlice per clique-labelled node, and the STAND-IN
                           ComputeDomain controller (``imex``; the driver cannot be built here)
-11. ``_start_kueue``      optional (``kueue_queue=True``, or later ``start_kueue``): Kueue's CRDs,
+11. ``_spawn_oracle``     (``oracle=True``, what ``dev cluster up`` asks for) the SGLang oracle
+                          service, ``sglang-pd-operator oracle serve`` from this venv, as a
+                          process of the run (spawned right after the API is up, waited for
+                          last: it imports SGLang meanwhile); its URL is the handle's
+                          ``oracle_url`` and ``shell_exports`` sets SGLANG_PD_ORACLE_URL
+12. ``_start_kueue``      optional (``kueue_queue=True``, or later ``start_kueue``): Kueue's CRDs,
                           ClusterRole, the controller, then its webhook configurations (``kueue``)
 
 Every started process is recorded in the state file at once (``state``), so whatever
@@ -42,9 +47,9 @@ import yaml
 
 from sglang_pd_operator_dev.cluster import (build, components, imex, kubeconfig, kueue, lws, netalloc,
                                            nodes, paths, pki, procs, rest, state, teardown)
-from sglang_pd_operator_dev.cluster.handle import (Cluster, ClusterAlreadyRunning,
+from sglang_pd_operator_dev.cluster.handle import (ORACLE_COMPONENT, Cluster, ClusterAlreadyRunning,
                                                   ClusterError, ComponentFailed, Log,
-                                                  ToolFailed)
+                                                  ToolFailed, oracle_url)
 from sglang_pd_operator_dev.cluster.teardown import stop_run, sweep_stale_runs
 
 __all__ = ["Cluster", "ClusterAlreadyRunning", "ClusterError", "ComponentFailed",
@@ -60,12 +65,15 @@ LWS_TIMEOUT_S = 90.0
 LWS_COMPONENT = "lws-controller"
 #: Name of Kueue's process record (and log file).
 KUEUE_COMPONENT = "kueue-controller"
+#: Seconds allowed for the oracle service's /readyz (its warm workers import SGLang: ~20 s on an idle machine).
+ORACLE_TIMEOUT_S = 300.0
 _PORT_RETRIES = 3
 
 
 def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
                   node_pools: Path | None = None, lws: bool = True,
                   apiserver_args: Sequence[str] = (), imex_channels: bool = True,
+                  oracle: bool = False, oracle_warm: Sequence[str] = ("gb300",),
                   kueue_queue: bool = False) -> Cluster:
     """Start a cluster in ``run_dir`` and return once it is usable.
 
@@ -82,8 +90,12 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
     ``node_pools``: another node-pools.yaml (default hack/cluster/node-pools.yaml);
     ``apiserver_args``: extra kube-apiserver flags (benchmarks/bench_scale.py adds an audit log).
     ``imex_channels=False`` leaves the ComputeDomain API and its stand-in out (a cluster
-    without NVIDIA's DRA driver). ``kueue_queue=True`` also runs Kueue (``start_kueue``: built
-    on first use, about 15 minutes cold). On any error,
+    without NVIDIA's DRA driver). ``oracle=True`` also runs the SGLang oracle service from this
+    venv (``oracle serve --warm`` ``oracle_warm``) as a process of the run and waits for its
+    /readyz: the handle's ``oracle_url`` is what ``run --oracle-url`` takes; when this venv has
+    no sglang 0.5.23 it logs why and the cluster comes up without it (``oracle_url`` None).
+    ``kueue_queue=True`` also runs Kueue (``start_kueue``: built on first use, 4 to 6 minutes
+    cold on an idle 2-core machine). On any error,
     or Ctrl-C, everything started so far is stopped before the exception propagates.
     """
     begin = time.monotonic()
@@ -111,6 +123,8 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
         api = _start_api(layout=layout, bins=bins, holder=holder, log=log,
                          die_with_parent=die_with_parent, extra_args=apiserver_args)
         readyz_s = time.monotonic() - started
+        oracle_proc = _spawn_oracle(layout=layout, holder=holder, warm=oracle_warm, log=log,
+                                    die_with_parent=die_with_parent) if oracle else None
         cached = "binaries cached" if bins.cached else f"binaries built in {bins.build_seconds:.0f}s"
         log(f"cluster: reached /readyz in {readyz_s:.1f}s ({cached})")
         _start_controllers(layout=layout, bins=bins, holder=holder, network=network,
@@ -127,6 +141,8 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
                         die_with_parent=die_with_parent)
         if kueue_bins is not None:
             _start_kueue(layout=layout, bins=kueue_bins, holder=holder, api=api, die_with_parent=die_with_parent)
+        if oracle_proc is not None:
+            _wait_oracle(proc=oracle_proc, holder=holder, layout=layout, log=log)
         ready_s = time.monotonic() - started
         holder.update(phase="ready")
     except BaseException:
@@ -149,7 +165,8 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
     log(f"cluster: kubeconfig {layout.kubeconfig}")
     log(f"cluster: run dir    {run_dir} (logs in {layout.logs})")
     return Cluster(run_dir=run_dir, kubeconfig=layout.kubeconfig, bin_dir=bins.dir,
-                   server=holder.state.server, pod_network=str(network), timings=timings)
+                   server=holder.state.server, pod_network=str(network), timings=timings,
+                   oracle_url=oracle_url(holder.state))
 
 
 # --- steps -----------------------------------------------------------------------------
@@ -462,6 +479,51 @@ def _start_imex(*, layout: components.Layout, holder: _StateHolder, api: rest.Ap
                              client_cert=p.client_cert("admin"), client_key=p.client_key("admin"),
                              clique_label=label or "nvidia.com/gpu.clique")
     _spawn(name=imex.COMPONENT, argv=argv, layout=layout, holder=holder, die_with_parent=die_with_parent)
+
+
+def oracle_argv(*, python: str, port: int, warm: Sequence[str]) -> list[str]:
+    """``sglang-pd-operator oracle serve`` on 127.0.0.1:``port`` through ``python -m`` (so the
+    process record's argv[0] is the interpreter the kernel shows, never a script's shebang)."""
+    return [python, "-P", "-m", "sglang_pd_operator.cli", "oracle", "serve", "--host", "127.0.0.1",
+            "--port", str(port), "--warm", ",".join(warm)]
+
+
+def _spawn_oracle(*, layout: components.Layout, holder: _StateHolder, warm: Sequence[str], log: Log,
+                  die_with_parent: bool) -> subprocess.Popen | None:
+    """Start the oracle service (recorded, so ``down`` stops it); None, said why, when this venv has no sglang."""
+    from sglang_pd_operator.oracle import unavailable
+
+    why = unavailable()
+    if why:
+        log(f"cluster: no SGLang oracle service: {why}; `sglang-pd-operator run` decides Valid with its own "
+            f"rules alone (`sglang-pd-operator sglang install` adds sglang 0.5.23 to this venv)")
+        return None
+    (port,) = netalloc.free_ports(1)
+    holder.update(ports={**holder.state.ports, ORACLE_COMPONENT: port})
+    argv = oracle_argv(python=sys.executable, port=port, warm=warm)
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    proc, record = procs.spawn(name=ORACLE_COMPONENT, argv=argv, log_path=layout.log(ORACLE_COMPONENT), env=env,
+                               cwd=Path("/"), die_with_parent=die_with_parent)
+    holder.add(record)
+    return proc
+
+
+def _wait_oracle(*, proc: subprocess.Popen, holder: _StateHolder, layout: components.Layout, log: Log) -> None:
+    """Wait for the oracle service's /readyz; raises ComponentFailed when it exits or is not ready in time."""
+    url = oracle_url(holder.state)
+    started = time.monotonic()
+    while True:
+        if proc.poll() is not None:
+            raise ComponentFailed(component=ORACLE_COMPONENT, problem=f"exited with code {proc.returncode}",
+                                  st=holder.state)
+        if rest.http_status(f"{url}/readyz") == 200:
+            break
+        if time.monotonic() - started > ORACLE_TIMEOUT_S:
+            raise ComponentFailed(component=ORACLE_COMPONENT, problem=f"/readyz not 200 within {ORACLE_TIMEOUT_S:.0f}s",
+                                  st=holder.state)
+        time.sleep(0.3)
+    log(f"cluster: SGLang oracle service ready at {url} {time.monotonic() - started:.1f}s after the API "
+        f"(`sglang-pd-operator run` reads SGLANG_PD_ORACLE_URL; log {layout.log(ORACLE_COMPONENT)})")
 
 
 def stop_lws_controller(run_dir: Path) -> bool:

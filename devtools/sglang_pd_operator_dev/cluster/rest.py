@@ -39,6 +39,20 @@ def https_status(url: str, *, ca_cert: Path, timeout_s: float = 2.0) -> int:
         conn.close()
 
 
+def http_status(url: str, *, timeout_s: float = 2.0) -> int:
+    """HTTP status of a plain-HTTP GET of ``url`` (how the oracle service's /readyz is probed);
+    0 when nothing answered. Never raises."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+    try:
+        conn.request("GET", parts.path or "/")
+        return conn.getresponse().status
+    except (OSError, http.client.HTTPException):
+        return 0
+    finally:
+        conn.close()
+
+
 @dataclass(frozen=True)
 class Api:
     """Talks to ``server`` ("https://127.0.0.1:<port>") as the client cert's identity."""
