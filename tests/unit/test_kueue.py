@@ -225,8 +225,15 @@ def test_the_controller_config_serves_on_loopback_with_the_lws_integration_only(
     assert config["internalCertManagement"] == {"enable": False}
     assert config["integrations"]["frameworks"] == ["leaderworkerset.x-k8s.io/leaderworkerset"]
     assert config["manageJobsWithoutQueueName"] is False
-    argv = dev_kueue.controller_argv(binary=Path("/b/kueue-controller"), kubeconfig=Path("/k"), config_file=Path("/c"))
+    argv = dev_kueue.controller_argv(binary=Path("/b/kueue-controller"), kubeconfig=Path("/k"), config_file=Path("/c"),
+                                     etc_upper=Path("/r/up"), etc_work=Path("/r/work"), as_root=False)
     assert "--feature-gates=VisibilityOnDemand=false" in argv
+    # its own mount namespace: /etc overlaid from the run dir, then exec (the same pid) of the controller
+    assert argv[:5] == ["unshare", "--mount", "--propagation", "private", "--map-root-user"]
+    assert argv[argv.index("/b/kueue-controller") - 2:argv.index("/b/kueue-controller")] == ["/r/up", "/r/work"]
+    root = dev_kueue.controller_argv(binary=Path("/b/kueue-controller"), kubeconfig=Path("/k"), config_file=Path("/c"),
+                                     etc_upper=Path("/r/up"), etc_work=Path("/r/work"), as_root=True)
+    assert "--map-root-user" not in root
 
 
 def test_queue_objects_name_the_clique_level_and_a_gpu_quota():
@@ -265,9 +272,12 @@ def test_the_real_kueue_manifests_install_scoped_webhooks_crds_and_role():
     assert "topologies.kueue.x-k8s.io" in crds
     paths = dev_kueue.webhook_paths(configs, list(crds.values()))
     assert "/convert" in paths and "/mutate--v1-pod" in paths
-    role, binding = dev_kueue.rbac(config_dir, user="kueue-controller-manager")
+    role, binding, secrets, secrets_binding = dev_kueue.rbac(config_dir, user="kueue-controller-manager")
     assert role["metadata"]["name"] == "kueue-manager-role" and binding["roleRef"]["name"] == role["metadata"]["name"]
     assert any("workloads" in r.get("resources", []) for r in role["rules"])
+    assert (secrets["kind"], secrets["metadata"]) == ("Role", {"name": "kueue-manager-secrets-role",
+                                                               "namespace": "kueue-system"})
+    assert secrets_binding["kind"] == "RoleBinding" and secrets_binding["metadata"]["namespace"] == "kueue-system"
 
 
 def test_a_pod_webhook_left_unscoped_is_refused():

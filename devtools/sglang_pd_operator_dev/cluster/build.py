@@ -69,6 +69,7 @@ KUEUE_CONFIG_FILES: dict[str, str] = {
     "crd/kustomization.yaml": "config/components/crd/kustomization.yaml",
     "webhook": "config/components/webhook",
     "rbac/role.yaml": "config/components/rbac/role.yaml",
+    "rbac/manager_secrets_role.yaml": "config/components/rbac/manager_secrets_role.yaml",
 }
 #: How often a running build prints a "still building" line, in seconds.
 PROGRESS_EVERY_S = 20.0
@@ -129,8 +130,9 @@ class KueueBinaries:
 
 
 def kueue_module_hash(source: Path) -> str:
-    """sha256 (hex) of ``source``'s ``kueue/`` module: go.mod, go.sum and its Go files (the build's inputs)."""
-    digest = hashlib.sha256()
+    """sha256 (hex) of ``source``'s ``kueue/`` module (go.mod, go.sum, its Go files) and of what the build
+    produces from it (KUEUE_TARGETS, KUEUE_CONFIG_FILES): a change of either builds a new directory."""
+    digest = hashlib.sha256(json.dumps([KUEUE_TARGETS, KUEUE_CONFIG_FILES], sort_keys=True).encode())
     kueue = source / "kueue"
     for file in [kueue / "go.mod", kueue / "go.sum", *sorted(kueue.glob("*.go"))]:
         digest.update(str(file.relative_to(source)).encode() + b"\0")

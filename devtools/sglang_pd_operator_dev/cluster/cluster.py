@@ -590,17 +590,25 @@ def _start_kueue(*, layout: components.Layout, bins: build.KueueBinaries, holder
                                                             live.get("metadata", {}).get("resourceVersion")}})
             if status // 100 != 2:
                 raise ClusterError(f"could not update CRD {name}: HTTP {status}: {text[:300]}")
-    role, binding = kueue.rbac(bins.config, user=pki.CLIENTS[KUEUE_COMPONENT][0])
-    api.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
-    api.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+    for obj in kueue.rbac(bins.config, user=pki.CLIENTS[KUEUE_COMPONENT][0]):
+        plural = obj["kind"].lower() + "s"
+        where = f"namespaces/{obj['metadata']['namespace']}/" if "namespace" in obj["metadata"] else ""
+        api.create(f"/apis/rbac.authorization.k8s.io/v1/{where}{plural}", obj)
     deadline = time.monotonic() + LWS_TIMEOUT_S
     while not all(_crd_served(api, c["metadata"]["name"]) for c in crds):
         if time.monotonic() > deadline:
             raise ClusterError(f"Kueue's CRDs not served within {LWS_TIMEOUT_S:.0f}s")
         time.sleep(0.2)
     configs = kueue.webhook_configurations(bins.config, port=webhook_port, ca_cert=ca)
+    upper, work = kueue.etc_overlay_dirs(config_file.parent)
+    certs = upper / kueue.METRICS_CERT_DIR.relative_to("/etc")
+    certs.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("tls.crt", "tls.key"):  # any valid pair: metrics are off, Kueue only loads it
+        shutil.copyfile(cert_dir / name, certs / name)
     argv = kueue.controller_argv(binary=bins.path(KUEUE_COMPONENT),
-                                 kubeconfig=layout.component_kubeconfig(KUEUE_COMPONENT), config_file=config_file)
+                                 kubeconfig=layout.component_kubeconfig(KUEUE_COMPONENT), config_file=config_file,
+                                 etc_upper=upper, etc_work=work, as_root=os.geteuid() == 0)
     proc = _spawn(name=KUEUE_COMPONENT, argv=argv, layout=layout, holder=holder, die_with_parent=die_with_parent)
     pending = kueue.webhook_paths(configs, crds)
     while pending:

@@ -21,6 +21,10 @@ Differences from Kueue's release manifests, and why:
 - ``VisibilityOnDemand`` off (an aggregated API server the dev cluster does not route to),
   metrics off, no leader election (one replica). Topology-aware scheduling is on (Kueue's
   default since v0.14).
+- Kueue v0.17.0 with internal cert management off insists on a metrics certificate at the
+  fixed path /etc/kueue/metrics/certs (even with metrics off). The controller runs in its own
+  mount namespace whose /etc is an overlay adding that folder from the run directory
+  (:func:`controller_argv`); the machine's /etc is not touched.
 
 :func:`queue_objects` makes the Topology, ResourceFlavor, ClusterQueue and LocalQueue the
 e2e tests and the docs use: levels = the NVLink clique label and the node name.
@@ -80,11 +84,32 @@ def controller_config(*, webhook_port: int, health_port: int, cert_dir: Path) ->
     }
 
 
-def controller_argv(*, binary: Path, kubeconfig: Path, config_file: Path) -> list[str]:
+#: Where Kueue v0.17.0 reads its metrics serving certificate when internal cert management is off: a fixed
+#: path (cmd/kueue/main.go, "Initializing metrics certificate watcher"), read at start even with metrics off.
+METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+#: Mounts an overlay on /etc (lower: the machine's /etc, upper: $1, work: $2) in the process's own mount
+#: namespace, then execs the rest of the command line: the same pid, nothing changed outside the process.
+_OVERLAY_ETC = 'mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1,workdir=$2" /etc && shift 2 && exec "$@"'
+
+
+def etc_overlay_dirs(run_kueue_dir: Path) -> tuple[Path, Path]:
+    """(upper, work) directories of the controller's /etc overlay under the run's ``kueue/`` folder; the
+    harness puts a certificate and key at ``upper/kueue/metrics/certs/tls.crt|tls.key``."""
+    return run_kueue_dir / "etc-upper", run_kueue_dir / "etc-work"
+
+
+def controller_argv(*, binary: Path, kubeconfig: Path, config_file: Path, etc_upper: Path, etc_work: Path,
+                    as_root: bool) -> list[str]:
     """Command line of the controller (flags: sigs.k8s.io/kueue cmd/kueue/main.go, controller-runtime's
-    ``--kubeconfig``, zap's flags)."""
-    return [str(binary), f"--kubeconfig={kubeconfig}", f"--config={config_file}",
-            f"--feature-gates={FEATURE_GATES}", "--zap-devel=false", "--zap-encoder=console"]
+    ``--kubeconfig``, zap's flags), run in a private mount namespace (``unshare``, util-linux) whose /etc is
+    an overlay adding METRICS_CERT_DIR from ``etc_upper``: Kueue refuses to start without a certificate
+    there, and the harness writes nothing outside the run directory. ``as_root``: the harness runs as
+    root (else ``--map-root-user``: an unprivileged user namespace, where the overlay mount is allowed).
+    """
+    kueue = [str(binary), f"--kubeconfig={kubeconfig}", f"--config={config_file}",
+             f"--feature-gates={FEATURE_GATES}", "--zap-devel=false", "--zap-encoder=console"]
+    unshare = ["unshare", "--mount", "--propagation", "private", *([] if as_root else ["--map-root-user"])]
+    return [*unshare, "sh", "-c", _OVERLAY_ETC, "kueue-etc-overlay", str(etc_upper), str(etc_work), *kueue]
 
 
 def _docs(path: Path) -> list[dict]:
@@ -119,17 +144,22 @@ def crds(config_dir: Path, *, port: int, ca_cert: bytes) -> list[dict]:
 
 
 def rbac(config_dir: Path, *, user: str) -> list[dict]:
-    """The module's manager ClusterRole (``rbac/role.yaml``, renamed with NAME_PREFIX) and a binding of it to ``user``."""
+    """The module's manager ClusterRole (``rbac/role.yaml``) and its Role on Secrets in NAMESPACE
+    (``rbac/manager_secrets_role.yaml``: the manager watches its namespace's Secrets and waits for that cache
+    before starting most controllers), renamed with NAME_PREFIX, each bound to ``user``."""
     (role,) = [d for d in _docs(config_dir / "rbac" / "role.yaml") if d.get("kind") == "ClusterRole"]
-    name = NAME_PREFIX + role["metadata"]["name"]
-    role = {**role, "metadata": {**role["metadata"], "name": name}}
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": f"{name}-binding"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }
-    return [role, binding]
+    (secrets,) = [d for d in _docs(config_dir / "rbac" / "manager_secrets_role.yaml") if d.get("kind") == "Role"]
+    subject = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+    out = []
+    for obj, binding_kind in ((role, "ClusterRoleBinding"), (secrets, "RoleBinding")):
+        name = NAME_PREFIX + obj["metadata"]["name"]
+        meta = {"name": name, **({"namespace": NAMESPACE} if obj["kind"] == "Role" else {})}
+        out.append({**obj, "metadata": meta})
+        out.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": binding_kind,
+                    "metadata": {**meta, "name": f"{name}-binding"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": obj["kind"], "name": name},
+                    "subjects": subject})
+    return out
 
 
 def _kustomized_webhooks(webhook_dir: Path) -> list[dict]:
