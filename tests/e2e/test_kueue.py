@@ -17,6 +17,8 @@ operator labels each LeaderWorkerSet with it and asks Kueue for one clique per r
 2. Two decode replicas (two LWS groups of 16) on all three racks: Kueue gives each group
    its own clique (the kube-scheduler's leader-first affinity alone could start both leaders
    in one rack, docs/multi-node.md); both Ready, one ComputeDomain with 32 Ready nodes.
+3. A group whose queue offers only the 4-tray partial rack never fits: all 16 pods stay
+   gated, none bound, and the PDDeployment says WaitingForCapacity with Kueue's reason.
 
 Real: kube-apiserver, kube-scheduler (binds Kueue's assignments, allocates the IMEX claims),
 kube-controller-manager, Kueue, LWS, the operator. Stand-ins: kwok's pods and nodes, the
@@ -29,7 +31,7 @@ import time
 
 import pytest
 from helpers import load_example
-from opkit import condition, kapply, kget, ready_now, wait_for
+from opkit import condition, kapply, kget, looked, ready_now, wait_for
 from test_multinode import WIDE_EP, _engine_pods, chart_operator, lws_cluster  # noqa: F401 (fixtures)
 
 from sglang_pd_operator.api import kueue, lws
@@ -207,3 +209,41 @@ def test_two_replicas_fill_two_cliques(kueue_cluster, chart_operator, ns):
         c.kubectl("delete", "pdd", name, "-n", ns, "--wait=false", check=False)
         c.kubectl("delete", "localqueue", "all-racks", "-n", ns, "--wait=false", check=False)
         _drop_queue(c, "all-racks")
+
+
+def test_a_group_that_fits_no_clique_waits_whole_and_says_why(kueue_cluster, chart_operator, ns):
+    """The queue's only flavor is the partial rack (4 trays): a 16-rank group never fits. Kueue keeps all 16
+    pods gated (none bound, ever: unlike the kube-scheduler alone, whose leader takes a tray while it waits,
+    tests/e2e/test_nvlink.py), and the PDDeployment says WaitingForCapacity with Kueue's reason."""
+    c = kueue_cluster
+    partial = _clique(c, PREFILL_RACK[0])
+    _queue(c, ns, "partial", node_labels={CLIQUE: partial})
+    name = "wide-ep-too-big"
+    try:
+        kapply(c, _doc(ns, name, queue="partial", prefill_clique=partial))
+
+        def waiting():
+            st = kget(c, "pdd", name, "-n", ns)
+            ready = condition(st, "Ready") or {}
+            pods = _engine_pods(c, ns, name, "decode")
+            return (st, pods) if ready.get("reason") == "WaitingForCapacity" and len(pods) == 16 else None
+
+        st, pods = wait_for(waiting, timeout=180, what="the too-big group WaitingForCapacity with its 16 pods")
+        [workload] = _workloads(c, ns)
+        assert not kueue.admitted(workload)
+        reason = kueue.waiting_reason(workload)
+        message = condition(st, "Ready")["message"]
+        assert reason in message and "decode group 0" in message, (message, reason)
+        # still none bound, and still waiting, after the operator looked again (its reconcile counter)
+        c.kubectl("annotate", "pdd", name, "-n", ns, "e2e/poke=1", "--overwrite")
+        looked(chart_operator, "PDDeployment", ns, name, more=1)
+        assert (condition(kget(c, "pdd", name, "-n", ns), "Ready") or {}).get("reason") == "WaitingForCapacity"
+        pods = _engine_pods(c, ns, name, "decode")
+        assert len(pods) == 16 and not _bound(pods), [p["spec"].get("nodeName") for p in pods]
+        assert not ready_now(kget(c, "pdd", name, "-n", ns))
+        print(f"\nKueue, a DEP64 group whose queue has only the 4-tray partial rack: 16 pods gated, 0 bound; "
+              f"Ready=False WaitingForCapacity: {message}")
+    finally:
+        c.kubectl("delete", "pdd", name, "-n", ns, "--wait=false", check=False)
+        c.kubectl("delete", "localqueue", "partial", "-n", ns, "--wait=false", check=False)
+        _drop_queue(c, "partial")
