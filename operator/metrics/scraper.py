@@ -8,8 +8,9 @@ reconcile workers wait for it. Every ``interval`` seconds it:
    functions the operator hands in (the process's object cache: no API call; this
    module never imports the reconcilers), and groups the pods by deployment once
    (:func:`pods_by_deployment`: a pass is linear in pods);
-2. picks, per PDDeployment, the *serving* group's ready pods (``status.rollout.
-   servingKey``) with a pod IP: prefill and decode on the SGLang port (30000), the gateway
+2. picks, per PDDeployment, the *serving* group's ready pods (the compat key its
+   user-facing Service selects, ``serving_key_of``: the operator's cache, not status)
+   with a pod IP: prefill and decode on the SGLang port (30000), the gateway
    on smg's ``--prometheus-port`` (29000) — :func:`deployment_targets`, pure;
 3. GETs ``http://<podIP>:<port>/metrics`` (:meth:`Scraper.fetch`), at most
    ``concurrency`` requests in flight, each with ``timeout`` seconds; a pod that does not
@@ -154,10 +155,10 @@ def _pod_ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
-def serving_key(body: Mapping[str, Any]) -> str | None:
-    """The compat key the PDDeployment serves from, as its last reconcile wrote it."""
-    status = body.get("status") or {}
-    return (status.get("rollout") or {}).get("servingKey") or status.get("compatKey")
+#: ``(namespace, name) -> compat key`` of the group a PDDeployment serves from: the selector of its
+#: user-facing Service, read from the operator's cache (None: no Service yet). Both SLO sources take
+#: one, so neither reads the serving group back out of the PDDeployment's status.
+ServingKeyOf = Callable[[str, str], "str | None"]
 
 
 def slo_spec_of(body: Mapping[str, Any]) -> SLOSpec | None:
@@ -251,17 +252,19 @@ def pods_by_deployment(pods_by_namespace: Mapping[str, Sequence[Mapping[str, Any
 
 
 def deployment_targets(
-    body: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, ports: Mapping[str, int] = METRICS_PORTS
+    body: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, serving_key: str | None,
+    ports: Mapping[str, int] = METRICS_PORTS,
 ) -> DeploymentTargets:
     """The pods to scrape for the PDDeployment ``body`` among ``pods`` (of its namespace), pure.
 
-    Only the serving group's pods (labels ``deployment`` = its name, ``compat-key`` = the
-    serving key, ``role`` prefill | decode | gateway) that are Running, Ready and have an
-    IP; ``ports``: the ``/metrics`` port per role.
+    Only the serving group's pods (labels ``deployment`` = its name, ``compat-key`` =
+    ``serving_key``, the key its user-facing Service selects; ``role`` prefill | decode |
+    gateway) that are Running, Ready and have an IP; ``ports``: the ``/metrics`` port per
+    role. ``serving_key`` None (no Service yet): no pods.
     """
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
-    key = serving_key(body)
+    key = serving_key
     targets: list[PodTarget] = []
     ready = {r: 0 for r in SCRAPED_ROLES}
     if key:
@@ -308,8 +311,9 @@ async def probe_master(session: aiohttp.ClientSession, t: DeploymentTargets, *, 
 class Scraper:
     """The scrape loop (see the module docstring).
 
-    ``list_deployments()`` -> PDDeployment bodies; ``list_pods(namespace)`` -> the pods the
-    operator made in ``namespace`` (both blocking, run in a worker thread).
+    ``list_deployments()`` -> PDDeployment bodies; ``serving_key_of(namespace, name)`` -> the
+    compat key its user-facing Service selects (:data:`ServingKeyOf`); ``list_pods(namespace)``
+    -> the pods the operator made in ``namespace`` (all blocking, run in a worker thread).
     ``on_health(health)`` (plain or async) receives each evaluated deployment;
     ``on_forget(key)`` is called for a deployment that disappeared. ``interval``,
     ``timeout`` (default ``min(5, 0.8 * interval)``) in seconds; ``concurrency``: most
@@ -321,6 +325,7 @@ class Scraper:
         self,
         *,
         list_deployments: Callable[[], list[dict[str, Any]]],
+        serving_key_of: ServingKeyOf,
         list_pods: Callable[[str], list[dict[str, Any]]],
         on_health: HealthCallback | None = None,
         on_forget: Callable[[str], None] | None = None,
@@ -336,6 +341,7 @@ class Scraper:
         if interval <= 0:
             raise ValueError("interval must be > 0")
         self.list_deployments = list_deployments
+        self.serving_key_of = serving_key_of
         self.list_pods = list_pods
         self.on_health = on_health
         self.on_forget = on_forget
@@ -367,12 +373,7 @@ class Scraper:
     async def scrape_once(self) -> list[Health]:
         """One pass over every PDDeployment; returns the healths handed to ``on_health``."""
         started = time.perf_counter()
-        bodies = await asyncio.to_thread(self.list_deployments)
-        namespaces = sorted({b["metadata"]["namespace"] for b in bodies})
-        pod_lists = await asyncio.gather(*(asyncio.to_thread(self.list_pods, ns) for ns in namespaces))
-        owned = pods_by_deployment(dict(zip(namespaces, pod_lists)))
-        targets = [deployment_targets(b, owned.get((b["metadata"]["namespace"], b["metadata"]["name"]), ()),
-                                      ports=self.ports) for b in bodies]
+        targets = await asyncio.to_thread(self.targets)
         self._semaphore = asyncio.Semaphore(self.concurrency)
         connector = aiohttp.TCPConnector(limit=self.concurrency, force_close=True)
         async with aiohttp.ClientSession(connector=connector,
@@ -385,6 +386,19 @@ class Scraper:
         log.debug("SLO scrape pass: %d deployments, %d pods in %.3fs", len(targets),
                   sum(len(t.pods) for t in targets), time.perf_counter() - started)
         return published
+
+    def targets(self) -> list[DeploymentTargets]:
+        """Every PDDeployment's targets for this pass: the bodies, their serving keys and the pods of
+        their namespaces (one ``list_pods`` per namespace, grouped once: linear in pods). Blocking."""
+        bodies = self.list_deployments()
+        namespaces = sorted({b["metadata"]["namespace"] for b in bodies})
+        owned = pods_by_deployment({ns: self.list_pods(ns) for ns in namespaces})
+        out = []
+        for b in bodies:
+            ns, name = b["metadata"]["namespace"], b["metadata"]["name"]
+            out.append(deployment_targets(b, owned.get((ns, name), ()), serving_key=self.serving_key_of(ns, name),
+                                          ports=self.ports))
+        return out
 
     def _forget_gone(self, present: set[str]) -> None:
         for key in list(self._passes):

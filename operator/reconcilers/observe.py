@@ -229,6 +229,14 @@ def imex_ready_groups(domain: dict[str, Any] | None, group_nodes: dict[str, list
                if len(nodes) >= size and all(n and cd.node_ready(status, n) for n in nodes))
 
 
+def service_serving_key(service: dict[str, Any] | None) -> str | None:
+    """The compat key the user-facing Service selects (its ``spec.selector``), None without one:
+    the group that serves, for the rollout decision, status and both SLO sources."""
+    if service is None:
+        return None
+    return (service.get("spec", {}).get("selector") or {}).get(L.LABEL_COMPAT_KEY)
+
+
 def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, cd_served: bool = False) -> Observed:
     """List the PDDeployment's workloads and Pods, group them by compat key, read the Service's key.
 
@@ -293,9 +301,7 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, 
                 w = replace(w, ready=min(w.ready, ok), available=min(w.available, ok))
             g["workloads"][component] = w
     service = kube.get("v1", "Service", name, namespace)
-    serving = None
-    if service is not None:
-        serving = (service.get("spec", {}).get("selector") or {}).get(L.LABEL_COMPAT_KEY)
+    serving = service_serving_key(service)
     return Observed(
         groups={
             k: ObservedGroup(

@@ -36,6 +36,7 @@ from ..planning.plan import RuleMemo
 from ..render.labels import MANAGED_BY
 from . import kernelbuild as kernelbuild_reconciler
 from .kube import ApiTimeouts, Kube, with_timeouts
+from .observe import service_serving_key
 from .pddeployment import Outcome, reconcile
 from .process_state import (CATALOG_CONFIGMAP, AutoscalerCache, CatalogSource, HealthChange, HealthStore,
                             KernelBuildUses, ObjectLocks, PlannerViews, ServedKinds)
@@ -275,6 +276,11 @@ class Runtime:
         for ns in namespaces or [None]:
             out.extend(self.kube.list(API_VERSION, "PDDeployment", ns, ""))
         return out
+
+    def serving_key_of(self, namespace: str, name: str) -> str | None:
+        """The compat key the PDDeployment ``namespace/name`` serves from: its user-facing Service's
+        selector, from the cache (no API call); None before the Service exists."""
+        return service_serving_key(self.kube.get("v1", "Service", name, namespace))
 
     def list_managed_pods(self, namespace: str) -> list[dict[str, Any]]:
         """Pods the operator made in ``namespace`` (engine and gateway pods of every PDDeployment)."""

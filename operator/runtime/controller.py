@@ -462,6 +462,7 @@ class Controller:
         scraper = make_slo_source(
             self.settings.slo_source,
             list_deployments=lambda: self.runtime.list_bodies(namespaces),
+            serving_key_of=self.runtime.serving_key_of,
             list_pods=self.runtime.list_managed_pods,
             on_health=self.on_health,
             on_forget=self.on_forget,
