@@ -87,33 +87,25 @@ def test_paired_rollout_and_a_deleted_gateway_pod_lose_no_request(cluster, crds,
                 table = ChangeTable(load, kubelet, rows)
                 baseline = list(load.results)
 
-                victim: list[str] = []
+                gone: list[str] = []
 
-                def delete_gateway():
+                def delete_gateway(crash: bool):
                     (gw, *_) = _group_pods(cluster, ns, old, "gateway")
-                    victim.append(gw["metadata"]["name"])
-                    cluster.kubectl("delete", "pod", victim[0], "-n", ns, "--wait=false")
+                    gone.append(gw["metadata"]["name"])
+                    if crash:
+                        kubelet.crash(gone[-1])
+                    cluster.kubectl("delete", "pod", gone[-1], "-n", ns, "--wait=false")
 
-                table.change("deleted gateway pod", delete_gateway,
-                             lambda: (victim and victim[0] not in {p["metadata"]["name"] for p in pods(
-                                 cluster, ns, f"{LBL}/deployment={NAME},{LBL}/role=gateway")}
-                                      and len(svc.endpoints) == 2 and _registered(cluster, ns, old)))
+                def replaced():
+                    names = {p["metadata"]["name"] for p in pods(cluster, ns, f"{LBL}/deployment={NAME},{LBL}/role=gateway")}
+                    return gone[-1] not in names and len(svc.endpoints) == 2 and _registered(cluster, ns, old)
 
+                table.change("deleted gateway pod", lambda: delete_gateway(False), replaced)
                 # the control: a gateway whose smg dies first (SIGKILL), then its pod is deleted (no preStop):
                 # what it had in flight, and what the Service sent it before the deletion, fails
                 kubelet.drain = False
-                killed: list[str] = []
-
-                def kill_gateway():
-                    (gw, *_) = _group_pods(cluster, ns, old, "gateway")
-                    killed.append(gw["metadata"]["name"])
-                    kubelet.crash(killed[0])
-                    cluster.kubectl("delete", "pod", killed[0], "-n", ns, "--wait=false")
-
-                table.change("gateway smg killed, then its pod deleted (control, no drain)", kill_gateway,
-                             lambda: (killed and killed[0] not in {p["metadata"]["name"] for p in pods(
-                                 cluster, ns, f"{LBL}/deployment={NAME},{LBL}/role=gateway")}
-                                      and len(svc.endpoints) == 2 and _registered(cluster, ns, old)))
+                table.change("gateway smg killed, then its pod deleted (control, no drain)",
+                             lambda: delete_gateway(True), replaced)
                 kubelet.drain = True
 
                 changed = _doc(ns)
@@ -150,7 +142,7 @@ def test_paired_rollout_and_a_deleted_gateway_pod_lose_no_request(cluster, crds,
             assert row["failed"] == 0, row
     assert control_row["failed"] >= 1, f"the control lost nothing: the harness cannot see a lost request {control_row}"
     # the deleted gateway ran its preStop (a number of seconds, not "no preStop")
-    assert isinstance(gateway_row["drain_s"].get(victim[0]), float), gateway_row
+    assert isinstance(gateway_row["drain_s"].get(gone[0]), float), gateway_row
     # every pod of the old group drained through its preStop: 2 gateways (one the replacement), prefill, decode
     old_pods = {p: s for p, s in rollout_row["drain_s"].items() if p.startswith(f"{NAME}-{old[:6]}-")}
     assert len(old_pods) == 4 and all(isinstance(s, float) for s in old_pods.values()), rollout_row
