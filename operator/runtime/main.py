@@ -41,7 +41,7 @@ from . import kopf_glue  # noqa: F401  (registers the kopf handlers)
 from .cache import WATCHED, ObjectCache
 from .controller import PDDEPLOYMENT, Controller, LoopSettings
 from .informer import WATCH_SERVER_TIMEOUT_S
-from .leader import LeaderSettings, refuse_if_led, run_when_leading
+from .leader import LeaderSettings, default_identity, refuse_if_led, run_when_leading
 from .liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,10 @@ def run_operator(
                 clusterwide=namespaces is None,
                 namespaces=namespaces or [],
                 standalone=True,
+                # kopf would name itself after getpass.getuser(), which raises KeyError for a
+                # uid without a passwd entry: the image runs as 65532, which has none
+                # (found by `hack/images.sh smoke operator`, issue 28)
+                identity=leader.identity if leader else default_identity(),  # kopf: Identity = NewType(str)
                 settings=settings,
                 memo=kopf.Memo(controller=controller),
                 liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,

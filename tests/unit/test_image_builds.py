@@ -1,0 +1,142 @@
+"""The two builds of the operator image install the same packages at the same versions.
+
+images/operator/Dockerfile is the build for machines with Docker; ``hack/images.sh build``
+(hack/images/images.py: mmdebstrap + umoci) is the build here. Both take the Debian
+packages from images/base/debian.yaml (the Dockerfile's final stage pins every one of
+them; mmdebstrap installs exactly that list and the build fails if dpkg reports anything
+else), the Python packages from requirements/lock.txt (the build fails when the image
+holds a distribution the lock does not pin at that version), the same pip to install them,
+the same sources, and the user, entrypoint, command and environment the Dockerfile declares.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+
+import pytest
+import yaml
+from helpers import ROOT
+
+
+def _load_images():
+    """hack/images/images.py as a module (registered first: its dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location("images_build", ROOT / "hack" / "images" / "images.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+images = _load_images()
+VALUES = ROOT / "charts" / "sglang-pd-operator" / "values.yaml"
+
+
+def test_dockerfile_pins_every_debian_package_of_the_mmdebstrap_build():
+    base = images.Base.load()
+    assert len(base.packages) > 50, "debian.yaml holds the whole resolved set, not only the roots"
+    for root in base.roots:
+        assert root in base.packages, f"the root {root} is not in the resolved set"
+    assert images.dockerfile_apt_pins() == base.packages, "run `hack/images.sh lock-base`"
+    text = images.OPERATOR_DOCKERFILE.read_text()
+    assert images.dockerfile_with_pins(text, base) == text, "the Dockerfile's pin block is stale: run `hack/images.sh lock-base`"
+    # the Docker build starts from the same suite
+    (arg,) = [a for op, a in images.dockerfile_instructions() if op == "ARG" and a.startswith("DEBIAN_IMAGE=")]
+    assert arg.endswith(f":{base.suite}-slim"), arg
+
+
+def test_a_changed_pin_is_seen():
+    base = images.Base.load()
+    name = sorted(base.packages)[0]
+    changed = images.Base(**{**base.__dict__, "packages": {**base.packages, name: "0:0-changed"}})
+    text = images.OPERATOR_DOCKERFILE.read_text()
+    assert images.dockerfile_with_pins(text, changed) != text
+    assert f"{name}=0:0-changed \\" in images.render_pin_block(changed)
+
+
+def test_same_pip_same_sources_same_lock():
+    base = images.Base.load()
+    ins = images.dockerfile_instructions()
+    runs = [arg for op, arg in ins if op == "RUN"]
+    assert [r for r in runs if f"pip=={base.pip}" in r], "the Dockerfile downloads another pip than debian.yaml's"
+    assert [r for r in runs if f"pip-{base.pip}-py3-none-any.whl/pip install" in r]
+    wheel = [r for r in runs if "pip wheel" in r]
+    assert wheel and "-c requirements/lock.txt" in wheel[0]
+    # the build stage's COPY sources are the ones hack/images.sh copies
+    first = next(i for i, (op, _) in enumerate(ins) if op == "FROM")
+    last = max(i for i, (op, _) in enumerate(ins) if op == "FROM")
+    copied = [p.rstrip("/") for op, arg in ins[first:last] if op == "COPY" for p in arg.split()[:-1]]
+    assert sorted(copied) == sorted(images.SOURCE_PATHS)
+    commands = images.wheel_commands("python", "operator", ROOT / "w", ROOT / "s")
+    assert len(commands) == 1 and commands[0][commands[0].index("-c") + 1].endswith("requirements/lock.txt")
+
+
+def test_image_config_is_the_dockerfiles_and_the_charts():
+    config = images.dockerfile_config()
+    values = yaml.safe_load(VALUES.read_text())["podSecurityContext"]
+    assert config.user == f"{values['runAsUser']}:{values['runAsGroup']}" == "65532:65532"
+    assert config.entrypoint == ["sglang-pd-operator"] and config.cmd == ["run"]
+    assert config.env["PYTHONDONTWRITEBYTECODE"] == "1" and config.env["PYTHONSAFEPATH"] == "1"
+
+
+def test_python_packages_outside_the_lock_are_named():
+    lock = images.locked_versions(images.LOCK.read_text())
+    assert lock["pydantic"] and lock["kopf"]
+    project = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    installed = {"kopf": lock["kopf"], "pydantic": lock["pydantic"], "sglang-pd-operator": project}
+    assert images.unlocked_python_packages(installed, image="operator") == []
+    assert images.unlocked_python_packages({**installed, "kopf": "0.0.1"}, image="operator") == ["kopf==0.0.1"]
+    assert images.unlocked_python_packages({"left-pad": "1.0"}, image="operator") == ["left-pad==1.0"]
+    nodeps = images.locked_versions((images.ORACLE_REQUIREMENTS / "sglang-nodeps.txt").read_text())
+    assert images.unlocked_python_packages({"torch": nodeps["torch"]}, image="oracle") == []
+
+
+def test_the_pin_block_must_exist():
+    with pytest.raises(images.ImageError, match="pin"):
+        images.dockerfile_with_pins("FROM x\n", images.Base.load())
+
+
+def _fake_rootfs(tmp_path, *, script=True, interpreter=True, module=True):
+    root = tmp_path / "rootfs"
+    (root / "usr/local/bin").mkdir(parents=True)
+    (root / "usr/bin").mkdir(parents=True)
+    site = root / "usr/local/lib/python3.11/dist-packages/sglang_pd_operator"
+    site.mkdir(parents=True)
+    if script:
+        (root / "usr/local/bin/sglang-pd-operator").write_text(
+            "#!/usr/bin/python3\nimport sys\nfrom sglang_pd_operator.cli import main\nsys.exit(main())\n")
+    if interpreter:
+        (root / "usr/bin/python3").write_text("")
+    if module:
+        (site / "cli.py").write_text("")
+    return root
+
+
+def test_smoke_names_what_the_entrypoint_lacks(tmp_path):
+    """A missing entrypoint, interpreter or module fails the smoke run before runc, by name."""
+    env = ["PATH=/usr/local/bin:/usr/bin"]
+    assert images.entrypoint_problems(_fake_rootfs(tmp_path / "ok"), ["sglang-pd-operator", "run"], env) == []
+    (problem,) = images.entrypoint_problems(_fake_rootfs(tmp_path / "a", script=False), ["sglang-pd-operator"], env)
+    assert "sglang-pd-operator (the entrypoint) is not on the image's PATH" in problem
+    (problem,) = images.entrypoint_problems(_fake_rootfs(tmp_path / "b", interpreter=False), ["sglang-pd-operator"], env)
+    assert "interpreter /usr/bin/python3 is missing" in problem
+    (problem,) = images.entrypoint_problems(_fake_rootfs(tmp_path / "c", module=False), ["sglang-pd-operator"], env)
+    assert "imports sglang_pd_operator.cli, which is not installed" in problem
+
+
+def test_runtime_spec_is_the_charts_pod():
+    """umoci's spec made read-only, uid 65532, /tmp a tmpfs, host network, binds read-only."""
+    spec = {"process": {"args": ["x"], "terminal": True, "user": {"uid": 0, "gid": 0}, "env": ["PATH=/usr/bin"]},
+            "root": {"path": "rootfs", "readonly": False},
+            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "mount"}]}}
+    out = images.runtime_spec(spec, args=["sglang-pd-operator", "run"], env={"POD_NAME": "p"},
+                              binds=[(ROOT, images.SA_DIR)])
+    assert out["root"]["readonly"] is True and out["process"]["user"] == {"uid": 65532, "gid": 65532}
+    assert out["process"]["terminal"] is False and out["process"]["args"] == ["sglang-pd-operator", "run"]
+    assert "POD_NAME=p" in out["process"]["env"] and "PATH=/usr/bin" in out["process"]["env"]
+    assert {n["type"] for n in out["linux"]["namespaces"]} == {"pid", "mount"}
+    mounts = {m["destination"]: m for m in out["mounts"]}
+    assert mounts["/tmp"]["type"] == "tmpfs" and "ro" in mounts[images.SA_DIR]["options"]
+    assert spec["root"]["readonly"] is False  # the input is not changed
