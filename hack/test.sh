@@ -13,6 +13,7 @@ export SGLANG_PD_OPERATOR_STRICT=1   # a skipped test fails here: CI installs ev
 .venv/bin/python hack/promtool/build_promtool.py >/dev/null         # cold: ~5 min
 .venv/bin/python hack/promtool/build_prometheus.py >/dev/null       # the server, same module (e2e)
 .venv/bin/python hack/kubeconform/build_kubeconform.py >/dev/null   # cold: ~1 min
+.venv/bin/python hack/imageref/build_imageref.py >/dev/null         # cold: ~13 s CPU (distribution/reference)
 if [ $# -eq 0 ]; then
   # SGLang's own verdict on every example, per role and for the pair (the SGLang oracle).
   .venv/bin/sglang-pd-operator check --sglang examples/*.yaml | grep -E "^examples/|SGLang 0.5.23|^    (prefill|decode|pair)"
