@@ -861,14 +861,17 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 
 def registry_binary() -> Path:
-    """The Distribution registry built from hack/images/registry/go.mod (cached; hack/gotool.py)."""
-    sys.path.insert(0, str(ROOT / "hack"))
-    from gotool import GoTool, GoToolBuildError
+    """The Distribution registry built from hack/images/registry/go.mod (cached; hack/gotool.py):
+    build_registry.py's REGISTRY. Raises ImageError when ``go`` is missing or the build fails."""
+    import importlib.util
 
-    tool = GoTool(name="registry", package="github.com/distribution/distribution/v3/cmd/registry",
-                  module_dir=ROOT / "hack" / "images" / "registry", env_override="REGISTRY_BIN")
+    spec = importlib.util.spec_from_file_location("build_registry", ROOT / "hack" / "images" / "registry" / "build_registry.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)                  # puts hack/ on sys.path for gotool
+    from gotool import GoToolBuildError
+
     try:
-        return tool.ensure(log=log)
+        return module.REGISTRY.ensure(log=log)
     except GoToolBuildError as err:
         raise ImageError(str(err)) from err
 

@@ -11,25 +11,14 @@ the same sources, and the user, entrypoint, command and environment the Dockerfi
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 
 import pytest
 import yaml
-from helpers import ROOT
+from helpers import ROOT, images_build
 
 
-def _load_images():
-    """hack/images/images.py as a module (registered first: its dataclasses look their module up)."""
-    spec = importlib.util.spec_from_file_location("images_build", ROOT / "hack" / "images" / "images.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-images = _load_images()
+images = images_build()
 VALUES = ROOT / "charts" / "sglang-pd-operator" / "values.yaml"
 
 
