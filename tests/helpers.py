@@ -63,6 +63,10 @@ class MemoryKube:
         self.events: list[tuple[str, str]] = []
         self.total_writes = 0
 
+    def uncached(self):
+        """The same objects: this Kube has no cache."""
+        return self
+
     def get(self, api_version, kind, name, namespace=None):
         return copy.deepcopy(self.objects.get((kind, name)))
 
