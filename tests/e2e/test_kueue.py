@@ -32,6 +32,7 @@ import time
 import pytest
 from helpers import load_example
 from opkit import condition, kapply, kget, looked, ready_now, wait_for
+from opkit import pods as list_pods
 from test_multinode import WIDE_EP, _engine_pods, chart_operator, lws_cluster  # noqa: F401 (fixtures)
 
 from sglang_pd_operator.api import kueue, lws
@@ -115,7 +116,9 @@ def _compete(c, ns: str, rack0: str, *, prefill_clique: str) -> None:
 
     def one_admitted():
         nonlocal samples, first
-        a, b = _engine_pods(c, ns, "wide-ep-a", "decode"), _engine_pods(c, ns, "wide-ep-b", "decode")
+        both = list_pods(c, ns, "pd.sglang-operator.io/deployment in (wide-ep-a,wide-ep-b),pd.sglang-operator.io/role=decode")
+        a = [p for p in both if p["metadata"]["labels"]["pd.sglang-operator.io/deployment"] == "wide-ep-a"]
+        b = [p for p in both if p["metadata"]["labels"]["pd.sglang-operator.io/deployment"] == "wide-ep-b"]
         bound = {"wide-ep-a": len(_bound(a)), "wide-ep-b": len(_bound(b))}
         samples += 1
         # never half each: at any moment at most one group has a bound pod
@@ -128,7 +131,7 @@ def _compete(c, ns: str, rack0: str, *, prefill_clique: str) -> None:
         return False
 
     started = time.monotonic()
-    wait_for(one_admitted, timeout=300, interval=0.5, what="one group admitted whole and Ready")
+    wait_for(one_admitted, timeout=300, interval=0.2, what="one group admitted whole and Ready")
     second = "wide-ep-b" if first == "wide-ep-a" else "wide-ep-a"
     held = _engine_pods(c, ns, first, "decode")
     placement = sorted((int(p["metadata"]["labels"][lws.LABEL_WORKER_INDEX]), p["spec"]["nodeName"]) for p in held)
@@ -152,8 +155,9 @@ def _compete(c, ns: str, rack0: str, *, prefill_clique: str) -> None:
     events = c.kubectl("get", "events", "-n", ns, "--field-selector",
                        f"involvedObject.name={second},reason=WaitingForCapacity", "-o", "name").stdout
     assert events.strip(), "a WaitingForCapacity event on the waiting PDDeployment"
+    took = time.monotonic() - started
     print(f"\nKueue, one rack (clique {rack0}) for two DEP64 groups: {first} admitted whole and Ready "
-          f"{time.monotonic() - started:.1f}s after apply ({samples} samples, never both bound)")
+          f"{took:.1f}s after apply ({samples} samples of both groups' pods, one LIST each, never both bound)")
     for rank, node in placement:
         print(f"  {first} decode rank {rank:2d} -> {node} -> clique {rack0}")
     print(f"  {second}: 16 pods gated, 0 bound; Ready=False WaitingForCapacity: {message}")
