@@ -252,6 +252,21 @@ def openmetrics(n_pods: int, pods_per_deployment: int, spec: SLOSpec, end: float
     yield from hist(ex.KV_TRANSFER_LATENCY_MS, "prefill", kv_b, 30, 0.6, ranks)
     for name in (ex.TRANSFER_FAILED, ex.BOOTSTRAP_FAILED):
         yield from counter(name.removesuffix("_total"), "prefill", 0.1, ranks)
+    # what each deployment's PrometheusRule records (the Prometheus source reads these, not the raw
+    # histograms: promql.recorded_slo); values as a rule evaluated every sample interval would write
+    from sglang_pd_operator.api.v1alpha1 import parse_duration
+    from sglang_pd_operator.metrics import promql
+    from sglang_pd_operator.metrics.slo import PERCENTILES, burn_windows
+
+    window_s = parse_duration(spec.window)
+    records = [promql.recorded_name(m, p) for m in promql.RECORDED_METRICS if (t := getattr(spec, m)) is not None
+               for p in PERCENTILES if getattr(t, p) is not None]
+    records += [promql.ATTAINMENT_RECORD, *(promql.burn_rate_record(bw.seconds) for bw in burn_windows(window_s))]
+    for name in records:
+        yield f"# TYPE {name} gauge"
+        for dep in range(n_pods // pods_per_deployment):
+            for t in times:
+                yield f'{name}{{namespace="bench",deployment="dep-{dep}"}} 0.5 {t:.0f}'
     yield "# TYPE up gauge"
     for _, labels, _ in pods:
         for t in times:
@@ -259,15 +274,15 @@ def openmetrics(n_pods: int, pods_per_deployment: int, spec: SLOSpec, end: float
     yield "# EOF"
 
 
-def _bodies(n_deployments: int, pods_per_deployment: int, spec: SLOSpec) -> list[dict]:
-    """PDDeployment bodies as the Prometheus source lists them (serving group ``key-<i>``)."""
-    p = _prefill_pods(pods_per_deployment)
-    d = pods_per_deployment - p
-    return [{"metadata": {"name": f"dep-{i}", "namespace": "bench"},
-             "spec": {"slo": spec.model_dump(exclude_none=True)},
-             "status": {"rollout": {"servingKey": f"key-{i}", "groups": [
-                 {"key": f"key-{i}", "prefill": f"{p}/{p}", "decode": f"{d}/{d}", "gateway": "1/1"}]}}}
+def _bodies(n_deployments: int, spec: SLOSpec) -> list[dict]:
+    """PDDeployment bodies as the Prometheus source lists them (serving group ``key-<i>``: _serving_key)."""
+    return [{"metadata": {"name": f"dep-{i}", "namespace": "bench"}, "spec": {"slo": spec.model_dump(exclude_none=True)}}
             for i in range(n_deployments)]
+
+
+def _serving_key(namespace: str, name: str) -> str:
+    """The compat key dep-<i>'s Service selects (what the operator reads from its cache)."""
+    return "key-" + name.removeprefix("dep-")
 
 
 def _proc_cpu(pid: int) -> float:
@@ -316,8 +331,9 @@ def measure_prometheus(n_pods: int, pods_per_deployment: int, spec: SLOSpec, pas
                     raise
                 time.sleep(0.3)
         n_dep = n_pods // pods_per_deployment
-        bodies = _bodies(n_dep, pods_per_deployment, spec)
-        source = PrometheusSource(list_deployments=lambda: bodies, prometheus=PrometheusSettings(url=url),
+        bodies = _bodies(n_dep, spec)
+        source = PrometheusSource(list_deployments=lambda: bodies, serving_key_of=_serving_key,
+                                  list_pods=lambda ns: [], prometheus=PrometheusSettings(url=url),
                                   interval=INTERVAL_S, timeout=60, clock=lambda: end)
         cpu, wall, prom_cpu = [], [], []
         healths = []

@@ -1,6 +1,7 @@
 """Build one Go command from a pinned Go module, once, into a cache keyed by go.mod + go.sum.
 
-Shared by hack/promtool/build_promtool.py and hack/kubeconform/build_kubeconform.py.
+Shared by hack/promtool/build_promtool.py, hack/kubeconform/build_kubeconform.py and
+hack/imageref/build_imageref.py.
 The binary lands in ``${XDG_CACHE_HOME:-~/.cache}/sglang-pd-operator/<name>/<hash>/<name>``
 where ``<hash>`` is the sha256 of go.mod and go.sum: a second call finds it and builds
 nothing. The build writes into a temporary sibling directory and renames it into place,
@@ -31,18 +32,21 @@ class GoToolBuildError(RuntimeError):
 class GoTool:
     """One command to build: ``name`` (binary and cache folder), the Go ``package``, the
     ``module_dir`` holding go.mod/go.sum, the ``env_override`` naming a prebuilt binary, and
-    ``ldflags`` (e.g. ``-X`` version stamps) computed from the module directory."""
+    ``ldflags`` (e.g. ``-X`` version stamps) computed from the module directory, and
+    ``sources``: files of the module directory that are inputs too (a command of our own,
+    e.g. ``main.go``), hashed with go.mod and go.sum."""
 
     name: str
     package: str
     module_dir: Path
     env_override: str
     ldflags: Callable[[Path], str] = lambda module_dir: ""
+    sources: tuple[str, ...] = ()
 
     def module_hash(self) -> str:
-        """sha256 (hex) of go.mod and go.sum: the only inputs of the build."""
+        """sha256 (hex) of go.mod, go.sum and ``sources``: the only inputs of the build."""
         digest = hashlib.sha256()
-        for name in ("go.mod", "go.sum"):
+        for name in ("go.mod", "go.sum", *self.sources):
             digest.update(name.encode() + b"\0" + (self.module_dir / name).read_bytes() + b"\0")
         return digest.hexdigest()
 

@@ -51,11 +51,13 @@ def _path(loc: Iterable[Any]) -> str:
 
 
 def as_api_server_reads(value: Any) -> Any:
-    """``value`` as the API server holds it after decoding: null fields dropped (the CRD
-    declares no field nullable, so the API server prunes them) and whole floats as
-    integers (JSON has one number type: ``tp: 8.0`` is the integer 8). Returns a copy."""
+    """``value`` as the API server holds it after decoding: whole floats as integers (JSON
+    has one number type: ``tp: 8.0`` is the integer 8). Nulls stay: the CRD declares no
+    field nullable, and a server-side apply (``kubectl apply --server-side``) of a field
+    set to null is refused ("must be of type boolean"), so ``check`` refuses them too
+    (``api/structural.py``). Returns a copy."""
     if isinstance(value, dict):
-        return {k: as_api_server_reads(v) for k, v in value.items() if v is not None}
+        return {k: as_api_server_reads(v) for k, v in value.items()}
     if isinstance(value, list):
         return [as_api_server_reads(v) for v in value]
     if isinstance(value, float) and value.is_integer():
@@ -243,6 +245,9 @@ def _field_error(err: dict[str, Any]) -> FieldError:
     if err["type"] == "missing":
         return FieldError(path, "required field is missing", f"add {path} (see {explain})")
     got = err.get("input")
+    if got is None and "input" in err:
+        return FieldError(path, "must not be null (kubectl apply --server-side refuses a null field)",
+                          "remove the field or give it a value")
     shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
     if err["type"] == "string_pattern_mismatch" and loc and loc[0] == "spec":
         return FieldError(path, f"{got!r} is not of the form this field takes", _pattern_fix(loc, err, explain))

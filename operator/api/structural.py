@@ -101,8 +101,8 @@ def _walk(schema: dict[str, Any], value: Any, path: str) -> Iterator[StructuralE
         return
     expected = schema.get("type")
     if value is None:
-        yield StructuralError(path, f"must be of type {expected or 'value'}, got null",
-                              "remove the field or give it a value (null is not a value here)")
+        yield StructuralError(path, "must not be null (kubectl apply --server-side refuses a null field)",
+                              "remove the field or give it a value")
         return
     if expected and not _type_ok(expected, value):
         if expected == "integer" and isinstance(value, int) and not isinstance(value, bool):
@@ -183,8 +183,8 @@ def structural_errors(obj: dict[str, Any], *, kind: str = "PDDeployment") -> lis
     """Every keyword of ``kind``'s generated CRD schema that ``obj`` breaks, in document order.
 
     ``obj`` is the whole object (``apiVersion``, ``metadata``, ``spec``) as the API server
-    holds it after decoding (``load.as_api_server_reads``: nulls of fields pruned, whole
-    floats as integers); ``status`` is skipped (a subresource). Field paths start at the
+    holds it after decoding (``load.as_api_server_reads``: whole floats as integers; nulls
+    kept, and refused, as a server-side apply refuses them); ``status`` is skipped (a subresource). Field paths start at the
     root (``spec.decode.nodeSelector``). Unknown fields and CEL rules are not reported
     here (pydantic and ``api/cel.py`` do). Source of the semantics:
     k8s.io/kube-openapi/pkg/validation/validate (type, string, number, object and slice

@@ -739,6 +739,16 @@ class Toleration(_Model):
             "x-kubernetes-validations": [
                 cel(f"!has(self.key) || self.key == '' || ({cel_is_label_key('self.key')})",
                     f"key: a taint key must be {KEY_RULE_TEXT}; fix the key", field_path=".key"),
+                # core/v1 ValidateTolerations: the Pod template the operator renders is refused otherwise
+                cel("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+                    "operator: a toleration without a key matches every taint and must say operator: Exists; "
+                    "set operator: Exists or give a key", field_path=".operator"),
+                cel("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                    "value: a toleration with operator Exists takes no value; remove the value or use operator: Equal",
+                    field_path=".value"),
+                cel("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                    "tolerationSeconds: only a NoExecute toleration has tolerationSeconds; set effect: NoExecute "
+                    "or remove tolerationSeconds", field_path=".tolerationSeconds"),
             ]
         }
     )
@@ -895,6 +905,11 @@ class PercentileTargets(_Model):
     p99: Duration | None = Field(default=None, description="Target at the 99th percentile.")
 
 
+#: Highest per-user speed target (tokens/s): far above any engine, and a bound the API server
+#: and check's CEL evaluator share (an unbounded 1e300 broke cel-python's rules; issue 26).
+MAX_SPEED = 100000
+
+
 class SpeedTargets(_Model):
     """Per-user generation speed targets in output tokens per second (higher is better)."""
 
@@ -906,9 +921,9 @@ class SpeedTargets(_Model):
         }
     )
 
-    p50: float | None = Field(default=None, gt=0, description="Tokens/s that at least 50% of requests reach.")
-    p90: float | None = Field(default=None, gt=0, description="Tokens/s that at least 90% of requests reach.")
-    p99: float | None = Field(default=None, gt=0, description="Tokens/s that at least 99% of requests reach.")
+    p50: float | None = Field(default=None, gt=0, le=MAX_SPEED, description="Tokens/s that at least 50% of requests reach.")
+    p90: float | None = Field(default=None, gt=0, le=MAX_SPEED, description="Tokens/s that at least 90% of requests reach.")
+    p99: float | None = Field(default=None, gt=0, le=MAX_SPEED, description="Tokens/s that at least 99% of requests reach.")
 
 
 #: Longest ``spec.slo.window``: the evaluator keeps outcomes for 72 windows (the ticket
@@ -1046,6 +1061,26 @@ class PlacementSpec(_Model):
         description=(
             "preferred: the prefill and decode pods of one group prefer the same NVLink clique (KV moves inside "
             "the rack); none (default): no preference."
+        ),
+    )
+
+
+class SchedulingSpec(_Model):
+    """Gang admission of multi-node replicas through Kueue (sigs.k8s.io/kueue), optional.
+
+    With ``queueName`` every LeaderWorkerSet of the deployment (a role whose replicas span
+    nodes) carries Kueue's ``kueue.x-k8s.io/queue-name`` label: Kueue's LeaderWorkerSet
+    integration admits each group (one replica: leader and workers) whole or keeps all its
+    pods gated, and with NVLink placement its topology-aware scheduling finds one clique for
+    the whole group first. docs/multi-node.md "Gang admission with Kueue".
+    """
+
+    queueName: DNSLabel | None = Field(
+        default=None,
+        description=(
+            "Kueue LocalQueue (in the PDDeployment's namespace) that admits each multi-node replica whole; "
+            "unset: no label from the operator (a LocalQueue named default, Kueue's own defaulting, still "
+            "applies). Kueue refuses to change it on a running LeaderWorkerSet."
         ),
     )
 
@@ -1224,6 +1259,10 @@ class PDDeploymentSpec(_Model):
     placement: PlacementSpec = Field(
         default_factory=PlacementSpec,
         description="NVLink placement of multi-node replicas (clique affinity, ComputeDomain); docs/multi-node.md.",
+    )
+    scheduling: SchedulingSpec = Field(
+        default_factory=SchedulingSpec,
+        description="Gang admission of multi-node replicas through Kueue (queueName); docs/multi-node.md.",
     )
     autoscaling: AutoscalingSpec | None = Field(
         default=None,

@@ -37,14 +37,8 @@ from sglang_pd_operator.metrics.slo import (
 )
 
 MONITORING_API_VERSION = "monitoring.coreos.com/v1"
-RECORD_PREFIX = "sglang_pd"
-
-_SLO_METRICS = {  # spec field -> recorded name part (the expressions: promql.py)
-    "ttft": "ttft_seconds",
-    "itl": "itl_seconds",
-    "e2e": "e2e_seconds",
-    "perUserSpeed": "per_user_speed_tokens_per_second",
-}
+RECORD_PREFIX = promql.RECORD_PREFIX
+_SLO_METRICS = promql.RECORDED_METRICS  # spec field -> recorded name part (the expressions: promql.py)
 
 
 def _label_to_meta(key: str) -> str:
@@ -52,9 +46,7 @@ def _label_to_meta(key: str) -> str:
     return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
-def recorded_name(metric: str, percentile: str) -> str:
-    """Recording-rule name of one target, e.g. ``sglang_pd:ttft_seconds:p90``."""
-    return f"{RECORD_PREFIX}:{_SLO_METRICS[metric]}:{percentile}"
+recorded_name = promql.recorded_name
 
 
 def render_monitoring(
@@ -155,7 +147,7 @@ def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec, load: 
                 bad_terms.append(f"({rec}{{{dsel}}} < bool {float(raw):g})")
             else:
                 bad_terms.append(f"({rec}{{{dsel}}} > bool {parse_duration(raw):g})")
-    bad = f"{RECORD_PREFIX}:slo_window_bad"
+    bad = promql.WINDOW_BAD_RECORD
     budget = 1.0 - slo_spec.objective
     if bad_terms:
         records.append({
@@ -163,9 +155,11 @@ def prometheus_rule_spec(*, name: str, namespace: str, slo_spec: SLOSpec, load: 
             "expr": (f"clamp_max({' + '.join(bad_terms)}, 1) and on (namespace, deployment) "
                      f"({promql.traffic(window_s, dsel)})"),
         })
+        # good evaluations / evaluations with traffic over the window (the scraper's attainment)
+        records.append({"record": promql.ATTAINMENT_RECORD, "expr": f"1 - avg_over_time({bad}{{{dsel}}}[{w}])"})
         for bw in burn_windows(window_s):
             records.append({
-                "record": f"{RECORD_PREFIX}:slo_error_budget_burn_rate:{format_duration(bw.seconds)}",
+                "record": promql.burn_rate_record(bw.seconds),
                 "expr": f"avg_over_time({bad}{{{dsel}}}[{format_duration(bw.seconds)}]) / {budget:g}",
             })
     # one count per DP shard, transfer and bootstrap failures as label failure=... (promql.kv_failures)

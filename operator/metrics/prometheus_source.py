@@ -10,30 +10,38 @@ fields from it as from the scraper (``reconcilers/status.py``).
 
 Each pass (every ``interval`` seconds):
 
-1. lists the PDDeployments (``list_deployments``, run in a worker thread);
-2. builds ONE batched set of instant queries (``promql.window_queries`` per distinct SLO
-   window, plus ``promql.targets_up`` and ``promql.newest_sample``), each grouped by
-   ``namespace, deployment`` over every deployment at once: the number of queries grows
-   with the distinct (window, target percentile) pairs, never with pods or deployments.
-   They are the expressions the PrometheusRule records (``monitoring.prometheus_rule_spec``
-   renders them from the same builders), all evaluated at one instant (``time=``);
-3. per deployment: the target percentiles and their verdicts (``slo.target_result``),
-   attainment and burn rates (``SLOEvaluator.record_interval``: one rule for both
-   sources), KV transfer latency and failures, and per role how many of the serving
-   group's targets answered Prometheus' latest scrape (``up``; ``ready`` comes from the
-   PDDeployment's own ``status.rollout.groups``);
+1. lists the PDDeployments (``list_deployments``), the compat key each one serves from
+   (``serving_key_of``: the user-facing Service's selector in the process's cache) and,
+   per namespace, the operator's pods (``list_pods``, the cache too): the serving group's
+   ready pods per role are counted as the scraper counts them
+   (``scraper.deployment_targets``), never read back out of status;
+2. builds ONE batched set of instant queries, each over every deployment at once: the SLO
+   figures the PrometheusRules record (``promql.recorded_slo``: every target percentile,
+   the attainment and the four burn rates, one query), and the raw expressions nothing
+   records for every deployment (``promql.window_queries`` per distinct SLO window:
+   observations per targeted metric, KV transfer latency, failures and transfers, decode's
+   finished requests; ``promql.targets_up`` and ``promql.newest_sample``), all evaluated
+   at one instant (``time=``). The number of queries grows with the distinct windows and
+   targeted metrics, never with pods or deployments;
+3. per deployment: the recorded percentiles and their verdicts (``slo.target_result``),
+   the recorded attainment and burn rates (the rule is their one implementation; nothing
+   is recounted in memory), KV transfer latency and failures, and per role how many of
+   the serving group's targets answered Prometheus' latest scrape (``up``);
 4. hands each deployment's Health (``source="prometheus"``) to ``on_health``.
 
 Never stale True: when a query fails (Prometheus unreachable, an HTTP or PromQL error,
 a timeout) every deployment gets a Health with ``problem=("PrometheusUnavailable", why)``;
-a deployment whose serving group has no ``up`` series gets ``("NoSeries", ...)`` and one
-whose newest sample is older than ``max_data_age_s`` gets ``("StaleSeries", ...)``. Such
+a deployment whose serving group has no ``up`` series gets ``("NoSeries", ...)``, one
+whose newest sample is older than ``max_data_age_s`` gets ``("StaleSeries", ...)``, and one
+with requests in its window but none of its recorded percentiles (its PrometheusRule is not
+loaded by this Prometheus, or its group has not been evaluated since traffic began) gets
+``("NoRecordedSeries", ...)``. Such
 a Health carries no SLO result and no reachable pods; the status shows ``SLOMet``
 Unknown with that reason.
 
 With ``kvCache.hicache.storage.backend: mooncake`` the Mooncake master is still probed
-directly (one request per such deployment, ``scraper.probe_master``), when a
-``list_pods(namespace)`` callable is given.
+directly (one request per such deployment, ``scraper.probe_master``), found among the
+pods ``list_pods`` gave.
 
 Authentication: an optional bearer token file (read every pass, so a rotated token is
 picked up) and TLS (CA bundle, client certificate and key), e.g. from a mounted Secret
@@ -63,13 +71,12 @@ from . import exposition as ex
 from .scraper import (
     NO_SLO,
     SCRAPED_ROLES,
+    DeploymentTargets,
     HealthCallback,
-    autoscaled,
+    ServingKeyOf,
     deployment_targets,
-    mooncake_storage_of,
+    pods_by_deployment,
     probe_master,
-    serving_key,
-    slo_spec_of,
 )
 from .slo import (
     PERCENTILES,
@@ -77,11 +84,12 @@ from .slo import (
     ROLE_PREFILL,
     SLO_METRICS,
     SOURCES,
+    BurnRate,
     KVTransferResult,
     RoleSummary,
-    SLOEvaluator,
     SLOResult,
     TargetResult,
+    burn_windows,
     format_duration,
     target_result,
 )
@@ -91,6 +99,7 @@ log = logging.getLogger(__name__)
 SOURCE = "prometheus"
 #: Reasons of an Unknown ``SLOMet`` from this source.
 UNAVAILABLE, NO_SERIES, STALE_SERIES = "PrometheusUnavailable", "NoSeries", "StaleSeries"
+NO_RECORDS = "NoRecordedSeries"
 #: Queries in flight at once.
 DEFAULT_CONCURRENCY = 8
 NO_KV_TRANSFER = KVTransferResult(latency_seconds={p: None for p in PERCENTILES}, transfers=0.0,
@@ -184,35 +193,39 @@ async def instant_query(session: aiohttp.ClientSession, settings: PrometheusSett
 
 @dataclass(frozen=True)
 class _Deployment:
-    """What one pass needs of a PDDeployment body."""
+    """What one pass needs of a PDDeployment: its targets as the scraper picks them (serving key, spec,
+    the serving group's ready pods per role, the Mooncake master) and its SLO window in seconds."""
 
-    namespace: str
-    name: str
-    serving_key: str
-    slo_spec: SLOSpec | None
+    targets: DeploymentTargets
     window_s: float
-    ready: Mapping[str, int]
-    body: Mapping[str, Any]
-    load: bool = False
+
+    @property
+    def namespace(self) -> str:
+        return self.targets.namespace
+
+    @property
+    def name(self) -> str:
+        return self.targets.name
+
+    @property
+    def serving_key(self) -> str:
+        return self.targets.serving_key or ""
+
+    @property
+    def slo_spec(self) -> SLOSpec | None:
+        return self.targets.slo_spec
+
+    @property
+    def ready(self) -> Mapping[str, int]:
+        return self.targets.ready
+
+    @property
+    def load(self) -> bool:
+        return self.targets.load
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-def serving_ready(body: Mapping[str, Any], key: str) -> dict[str, int]:
-    """Ready pods per role of the group ``key``, from the body's ``status.rollout.groups``
-    (``"ready/desired"`` per role, written by the reconcile from the Deployments' status)."""
-    out = {r: 0 for r in SCRAPED_ROLES}
-    for g in ((body.get("status") or {}).get("rollout") or {}).get("groups") or []:
-        if g.get("key") != key:
-            continue
-        for role in SCRAPED_ROLES:
-            try:
-                out[role] = int(str(g.get(role) or "0/0").split("/")[0])
-            except ValueError:
-                pass
-    return out
+        return self.targets.key
 
 
 def _finite(value: float | None) -> float | None:
@@ -222,20 +235,24 @@ def _finite(value: float | None) -> float | None:
 class PrometheusSource:
     """The Prometheus query loop (see the module docstring).
 
-    ``list_deployments()`` -> PDDeployment bodies (blocking, run in a worker thread).
+    ``list_deployments()`` -> PDDeployment bodies; ``serving_key_of(namespace, name)`` -> the
+    compat key its user-facing Service selects (None: not served yet; the deployment is
+    skipped); ``list_pods(namespace)`` -> the operator's pods there (all three blocking, run
+    in a worker thread; the operator hands in readers of its cache).
     ``prometheus``: :class:`PrometheusSettings`. ``on_health(health)`` (plain or async)
     receives each deployment's figures; ``on_forget(key)`` a deployment that disappeared;
     ``on_pass()`` is called after every pass. ``namespaces``: the namespaces the operator
     watches (None: all; a matcher on every query). ``interval``, ``timeout`` (default
     ``min(10, 0.8 * interval)``), ``max_data_age_s`` (default ``max(60, 4 * interval)``, the
-    runtime's bound on a Health's age) in seconds. ``list_pods(namespace)``: optional, to
-    probe Mooncake masters. ``clock``: Unix time source.
+    runtime's bound on a Health's age) in seconds. ``clock``: Unix time source.
     """
 
     def __init__(
         self,
         *,
         list_deployments: Callable[[], list[dict[str, Any]]],
+        serving_key_of: ServingKeyOf,
+        list_pods: Callable[[str], list[dict[str, Any]]],
         prometheus: PrometheusSettings,
         on_health: HealthCallback | None = None,
         on_forget: Callable[[str], None] | None = None,
@@ -246,12 +263,12 @@ class PrometheusSource:
         timeout: float | None = None,
         max_data_age_s: float | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
-        list_pods: Callable[[str], list[dict[str, Any]]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if interval <= 0:
             raise ValueError("interval must be > 0")
         self.list_deployments = list_deployments
+        self.serving_key_of = serving_key_of
         self.prometheus = prometheus
         self.on_health = on_health
         self.on_forget = on_forget
@@ -264,8 +281,6 @@ class PrometheusSource:
         self.concurrency = concurrency
         self.list_pods = list_pods
         self.clock = clock
-        # attainment and burn rates: the evaluator's own per-interval bookkeeping
-        self.evaluator = SLOEvaluator(resolution_s=min(5.0, interval / 2))
         self._known: set[str] = set()
         #: figures of the last pass: queries sent and seconds until the last answer
         self.last_queries = 0
@@ -279,24 +294,22 @@ class PrometheusSource:
     def queries(self, deployments: Sequence[_Deployment]) -> dict[tuple[float | None, str], str]:
         """The batched queries for ``deployments``: (window seconds or None, name) -> PromQL.
 
-        One :func:`promql.window_queries` set per distinct window (with the percentiles any
-        deployment of that window targets), plus the reachability and freshness queries.
+        One :func:`promql.window_queries` set per distinct window (with the metrics any
+        deployment of that window targets), the recorded SLO figures
+        (:func:`promql.recorded_slo`, when a deployment has ``spec.slo``), and the
+        reachability and freshness queries.
         """
         sel = promql.selector(namespaces=self.namespaces)
-        targets: dict[float, dict[str, set[float]]] = defaultdict(lambda: defaultdict(set))
+        targets: dict[float, set[str]] = defaultdict(set)
         for d in deployments:
             per_window = targets[d.window_s]
-            for metric in SLO_METRICS:
-                spec_targets = getattr(d.slo_spec, metric) if d.slo_spec is not None else None
-                if spec_targets is None:
-                    continue
-                for pname, q in PERCENTILES.items():
-                    if getattr(spec_targets, pname) is not None:
-                        per_window[metric].add(q)
+            per_window.update(m for m in SLO_METRICS if d.slo_spec is not None and getattr(d.slo_spec, m) is not None)
         out: dict[tuple[float | None, str], str] = {}
-        for window_s, per_window in sorted(targets.items()):
-            for name, expr in promql.window_queries(window_s, per_window, sel).items():
+        for window_s, metrics in sorted(targets.items()):
+            for name, expr in promql.window_queries(window_s, metrics, sel).items():
                 out[(window_s, name)] = expr
+        if any(d.slo_spec is not None for d in deployments):
+            out[(None, "recorded")] = promql.recorded_slo(sel)
         if deployments:
             out[(None, "up")] = promql.targets_up(sel)
             out[(None, "newest")] = promql.newest_sample(sel)
@@ -307,17 +320,7 @@ class PrometheusSource:
 
     async def query_once(self) -> list[Health]:
         """One pass over every PDDeployment; returns the healths handed to ``on_health``."""
-        bodies = await asyncio.to_thread(self.list_deployments)
-        deployments = []
-        for b in bodies:
-            key = serving_key(b)
-            if not key:
-                continue
-            spec = slo_spec_of(b)
-            window_s = parse_duration((spec or NO_SLO).window)
-            deployments.append(_Deployment(namespace=b["metadata"]["namespace"], name=b["metadata"]["name"],
-                                           serving_key=key, slo_spec=spec, window_s=window_s,
-                                           ready=serving_ready(b, key), body=b, load=autoscaled(b)))
+        deployments = await asyncio.to_thread(self.deployments)
         queries = self.queries(deployments)
         now = self.clock()
         started = time.perf_counter()
@@ -345,25 +348,36 @@ class PrometheusSource:
                 await deliver(self.on_health, h)
         return healths
 
+    def deployments(self) -> list[_Deployment]:
+        """This pass's deployments with a serving group, their targets picked from the pods of their
+        namespaces (one ``list_pods`` per namespace, grouped once: linear in pods). Blocking."""
+        bodies = self.list_deployments()
+        keyed = [(b, self.serving_key_of(b["metadata"]["namespace"], b["metadata"]["name"])) for b in bodies]
+        keyed = [(b, k) for b, k in keyed if k]
+        namespaces = sorted({b["metadata"]["namespace"] for b, _ in keyed})
+        grouped = pods_by_deployment({ns: self.list_pods(ns) for ns in namespaces})
+        out = []
+        for b, key in keyed:
+            meta = b["metadata"]
+            t = deployment_targets(b, grouped.get((meta["namespace"], meta["name"]), []), serving_key=key)
+            out.append(_Deployment(targets=t, window_s=parse_duration((t.slo_spec or NO_SLO).window)))
+        return out
+
     async def _probe_masters(self, session: aiohttp.ClientSession,
                              deployments: Sequence[_Deployment]) -> dict[str, Any]:
-        """Mooncake master health of each deployment that uses it (needs ``list_pods``)."""
-        wanted = [d for d in deployments if mooncake_storage_of(d.body) is not None]
-        if not wanted or self.list_pods is None:
+        """Mooncake master health of each deployment that uses it (found among the pods listed)."""
+        wanted = [d for d in deployments if d.targets.master is not None]
+        if not wanted:
             return {}
-        namespaces = sorted({d.namespace for d in wanted})
-        pod_lists = await asyncio.gather(*(asyncio.to_thread(self.list_pods, ns) for ns in namespaces))
-        pods = dict(zip(namespaces, pod_lists))
         timeout = min(5.0, 0.8 * self.interval)
 
         async def one(d: _Deployment) -> tuple[str, Any]:
-            return d.key, await probe_master(session, deployment_targets(d.body, pods[d.namespace]), timeout=timeout)
+            return d.key, await probe_master(session, d.targets, timeout=timeout)
 
         return dict(await asyncio.gather(*(one(d) for d in wanted)))
 
     def _forget_gone(self, present: set[str]) -> None:
         for key in self._known - present:
-            self.evaluator.forget(key)
             if self.metrics is not None:
                 self.metrics.remove(key)
                 self.metrics.kvstore.remove(key)
@@ -405,6 +419,13 @@ class PrometheusSource:
                           kvstore=master, source=SOURCE, problem=problem)
         kv = self._kv_transfer(d, index)
         result = self._slo(d, index, now, kv, reachable)
+        if result is None:  # requests, but no recorded figure of them
+            problem = (NO_RECORDS, self._no_records(d))
+            if self.metrics is not None:
+                self.metrics.remove(d.key)
+            return Health(namespace=d.namespace, name=d.name, serving_key=d.serving_key, evaluated_at=now,
+                          ready=dict(d.ready), reachable=reachable, slo=None, kv_transfer=kv,
+                          kvstore=master, source=SOURCE, problem=problem)
         if self.metrics is not None:
             if d.slo_spec is not None:
                 self.metrics.publish(result)
@@ -414,28 +435,46 @@ class PrometheusSource:
                       ready=dict(d.ready), reachable=reachable, slo=result if d.slo_spec is not None else None,
                       kv_transfer=kv, kvstore=master, source=SOURCE)
 
+    @staticmethod
+    def _no_records(d: _Deployment) -> str:
+        names = ", ".join(promql.recorded_name(m, p) for m in SLO_METRICS for p in PERCENTILES
+                          if d.slo_spec is not None and (t := getattr(d.slo_spec, m)) is not None
+                          and getattr(t, p) is not None)
+        return (f"Prometheus has requests of this PDDeployment in its window but none of its recorded SLO series "
+                f"({names}{{namespace=\"{d.namespace}\",deployment=\"{d.name}\"}}): is its PrometheusRule "
+                "selected by this Prometheus (ruleSelector), and has its rule group been evaluated since the "
+                "requests began?")
+
     def _slo(self, d: _Deployment, index: _Index, now: float, kv: KVTransferResult,
-             reachable: Mapping[str, int] | None = None) -> SLOResult:
+             reachable: Mapping[str, int] | None = None) -> SLOResult | None:
+        """The SLO figures of ``d`` from its PrometheusRule's records (None: traffic, but no record)."""
         spec = d.slo_spec or NO_SLO
         w = d.window_s
+        recorded = {labels.get("__name__", ""): value for labels, value in index.get((None, "recorded"), d)}
         targets: list[TargetResult] = []
-        traffic = False
+        traffic = any_record = False
         for metric in SLO_METRICS:
             spec_targets = getattr(spec, metric)
             if spec_targets is None:
                 continue
             seen = index.value((w, f"observations:{metric}"), d) or 0.0
             traffic = traffic or seen > 0
-            for pname, q in PERCENTILES.items():
+            for pname in PERCENTILES:
                 raw = getattr(spec_targets, pname)
                 if raw is None:
                     continue
-                measured = _finite(index.value((w, f"quantile:{metric}:{q:g}"), d)) if seen > 0 else None
+                value = recorded.get(promql.recorded_name(metric, pname))
+                any_record = any_record or value is not None
+                measured = _finite(value) if seen > 0 else None
                 targets.append(target_result(metric, pname, raw, measured, observations=seen, resolution=None,
                                              role=ROLE_DECODE, family=SOURCES[metric].family))
+        if d.slo_spec is not None and traffic and not any_record:
+            return None
         known = [t for t in targets if t.met is not None]
         met = None if not known else all(t.met for t in known)
-        attainment, burn = self.evaluator.record_interval(d.key, w, spec.objective, met, now)
+        attainment = _finite(recorded.get(promql.ATTAINMENT_RECORD))
+        burn = tuple(BurnRate(window=bw, value=_finite(recorded.get(promql.burn_rate_record(bw.seconds))), intervals=0)
+                     for bw in burn_windows(w))
         return SLOResult(deployment=d.key, evaluated_at=now, window_seconds=w, objective=spec.objective,
                          targets=tuple(targets), met=met, no_traffic=not traffic, attainment=attainment,
                          burn_rates=burn, kv_transfer=kv,

@@ -44,6 +44,20 @@ from collections.abc import Iterable, Mapping
 from sglang_pd_operator.metrics import exposition as ex
 from sglang_pd_operator.metrics.slo import PERCENTILES, ROLE_DECODE, ROLE_PREFILL, SOURCES, format_duration
 
+#: Prefix of every series the PrometheusRule records (``monitoring.prometheus_rule_spec``).
+RECORD_PREFIX = "sglang_pd"
+#: spec.slo field -> the recorded name part of its percentiles.
+RECORDED_METRICS: Mapping[str, str] = {
+    "ttft": "ttft_seconds",
+    "itl": "itl_seconds",
+    "e2e": "e2e_seconds",
+    "perUserSpeed": "per_user_speed_tokens_per_second",
+}
+#: Recorded 0/1 per rule evaluation with traffic: 1 when a target was missed.
+WINDOW_BAD_RECORD = f"{RECORD_PREFIX}:slo_window_bad"
+#: Recorded share of the rule's evaluations over the window that met every target.
+ATTAINMENT_RECORD = f"{RECORD_PREFIX}:slo_attainment_ratio"
+
 #: Labels every figure is grouped by: one result per PDDeployment.
 GROUP = ("namespace", "deployment")
 #: The label the PodMonitor copies the pod's compat-key label into (the serving group).
@@ -191,17 +205,17 @@ def load_queries(sel: str) -> dict[str, str]:
     return {f"load:{g}": role_load(g, sel) for g in LOAD_GAUGES}
 
 
-def window_queries(window_s: float, targets: Mapping[str, Iterable[float]], sel: str) -> dict[str, str]:
-    """Every expression the operator asks for deployments sharing one SLO window, by name.
+def window_queries(window_s: float, metrics: Iterable[str], sel: str) -> dict[str, str]:
+    """The raw expressions the operator asks for deployments sharing one SLO window, by name.
 
-    ``targets``: ``spec.slo`` metric -> the percentiles (q) targeted by at least one of
-    them. Names: ``quantile:<metric>:<q>``, ``observations:<metric>``,
-    ``kv_latency:<q>``, ``kv_failures``, ``kv_transfers``, ``requests``.
+    ``metrics``: the ``spec.slo`` metrics targeted by at least one of them. Names:
+    ``observations:<metric>``, ``kv_latency:<q>``, ``kv_failures``, ``kv_transfers``,
+    ``requests``. The target percentiles, attainment and burn rates are not among them:
+    the Prometheus source reads those from the PrometheusRule's records
+    (:func:`recorded_slo`).
     """
     out: dict[str, str] = {}
-    for metric, qs in sorted(targets.items()):
-        for q in sorted(set(qs)):
-            out[f"quantile:{metric}:{q:g}"] = target_quantile(metric, q, window_s, sel)
+    for metric in sorted(set(metrics)):
         out[f"observations:{metric}"] = observations(metric, window_s, sel)
     for q in PERCENTILES.values():
         out[f"kv_latency:{q:g}"] = kv_latency(q, window_s, sel)
@@ -209,3 +223,25 @@ def window_queries(window_s: float, targets: Mapping[str, Iterable[float]], sel:
     out["kv_transfers"] = kv_transfers(window_s, sel)
     out["requests"] = finished_requests(window_s, sel)
     return out
+
+
+def recorded_name(metric: str, percentile: str) -> str:
+    """Recording-rule name of one target, e.g. ``sglang_pd:ttft_seconds:p90``; KeyError for an unknown metric."""
+    return f"{RECORD_PREFIX}:{RECORDED_METRICS[metric]}:{percentile}"
+
+
+def burn_rate_record(seconds: float) -> str:
+    """Recording-rule name of the error-budget burn rate over ``seconds``, e.g. ``..._burn_rate:1h``."""
+    return f"{RECORD_PREFIX}:slo_error_budget_burn_rate:{format_duration(seconds)}"
+
+
+def recorded_slo(sel: str) -> str:
+    """Every SLO figure the PrometheusRules record, in ONE instant query: each target percentile
+    (:func:`recorded_name`), the attainment (:data:`ATTAINMENT_RECORD`) and the burn rates
+    (:func:`burn_rate_record`) of every deployment ``sel`` selects, each sample labelled with its
+    ``__name__``, ``namespace`` and ``deployment``. What ``--slo-source prometheus`` reads instead of
+    recomputing them (the rule is the one implementation)."""
+    percentiles = "|".join(RECORDED_METRICS.values())
+    names = (f"{RECORD_PREFIX}:({percentiles}):p[0-9]+|{RECORD_PREFIX}:slo_error_budget_burn_rate:.+"
+             f"|{ATTAINMENT_RECORD}")
+    return "{" + _with(f"__name__=~{_quote(names)}", sel) + "}"

@@ -8,8 +8,9 @@ reconcile workers wait for it. Every ``interval`` seconds it:
    functions the operator hands in (the process's object cache: no API call; this
    module never imports the reconcilers), and groups the pods by deployment once
    (:func:`pods_by_deployment`: a pass is linear in pods);
-2. picks, per PDDeployment, the *serving* group's ready pods (``status.rollout.
-   servingKey``) with a pod IP: prefill and decode on the SGLang port (30000), the gateway
+2. picks, per PDDeployment, the *serving* group's ready pods (the compat key its
+   user-facing Service selects, ``serving_key_of``: the operator's cache, not status)
+   with a pod IP: prefill and decode on the SGLang port (30000), the gateway
    on smg's ``--prometheus-port`` (29000) — :func:`deployment_targets`, pure;
 3. GETs ``http://<podIP>:<port>/metrics`` (:meth:`Scraper.fetch`), at most
    ``concurrency`` requests in flight, each with ``timeout`` seconds; a pod that does not
@@ -83,6 +84,9 @@ DEFAULT_CONCURRENCY = 32
 #: How a pod answers ``?name[]=``: not known yet, it returns the named series, it ignores
 #: the filter (real SGLang's empty page; the whole page is read instead).
 FILTER_UNKNOWN, FILTER_WORKS, FILTER_IGNORED = "unknown", "works", "ignored"
+#: A pod that answered nothing (refused, timed out) in a row is asked again after 1, 2, then at most
+#: this many passes (60 s at the default 15 s interval); it counts as unreachable meanwhile.
+SILENT_MAX_PASSES = 4
 #: Evaluation of a deployment without ``spec.slo``: no target, KV transfer health over 5m.
 NO_SLO = SLOSpec()
 
@@ -154,10 +158,10 @@ def _pod_ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
-def serving_key(body: Mapping[str, Any]) -> str | None:
-    """The compat key the PDDeployment serves from, as its last reconcile wrote it."""
-    status = body.get("status") or {}
-    return (status.get("rollout") or {}).get("servingKey") or status.get("compatKey")
+#: ``(namespace, name) -> compat key`` of the group a PDDeployment serves from: the selector of its
+#: user-facing Service, read from the operator's cache (None: no Service yet). Both SLO sources take
+#: one, so neither reads the serving group back out of the PDDeployment's status.
+ServingKeyOf = Callable[[str, str], "str | None"]
 
 
 def slo_spec_of(body: Mapping[str, Any]) -> SLOSpec | None:
@@ -251,17 +255,19 @@ def pods_by_deployment(pods_by_namespace: Mapping[str, Sequence[Mapping[str, Any
 
 
 def deployment_targets(
-    body: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, ports: Mapping[str, int] = METRICS_PORTS
+    body: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, serving_key: str | None,
+    ports: Mapping[str, int] = METRICS_PORTS,
 ) -> DeploymentTargets:
     """The pods to scrape for the PDDeployment ``body`` among ``pods`` (of its namespace), pure.
 
-    Only the serving group's pods (labels ``deployment`` = its name, ``compat-key`` = the
-    serving key, ``role`` prefill | decode | gateway) that are Running, Ready and have an
-    IP; ``ports``: the ``/metrics`` port per role.
+    Only the serving group's pods (labels ``deployment`` = its name, ``compat-key`` =
+    ``serving_key``, the key its user-facing Service selects; ``role`` prefill | decode |
+    gateway) that are Running, Ready and have an IP; ``ports``: the ``/metrics`` port per
+    role. ``serving_key`` None (no Service yet): no pods.
     """
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
-    key = serving_key(body)
+    key = serving_key
     targets: list[PodTarget] = []
     ready = {r: 0 for r in SCRAPED_ROLES}
     if key:
@@ -308,8 +314,9 @@ async def probe_master(session: aiohttp.ClientSession, t: DeploymentTargets, *, 
 class Scraper:
     """The scrape loop (see the module docstring).
 
-    ``list_deployments()`` -> PDDeployment bodies; ``list_pods(namespace)`` -> the pods the
-    operator made in ``namespace`` (both blocking, run in a worker thread).
+    ``list_deployments()`` -> PDDeployment bodies; ``serving_key_of(namespace, name)`` -> the
+    compat key its user-facing Service selects (:data:`ServingKeyOf`); ``list_pods(namespace)``
+    -> the pods the operator made in ``namespace`` (all blocking, run in a worker thread).
     ``on_health(health)`` (plain or async) receives each evaluated deployment;
     ``on_forget(key)`` is called for a deployment that disappeared. ``interval``,
     ``timeout`` (default ``min(5, 0.8 * interval)``) in seconds; ``concurrency``: most
@@ -321,6 +328,7 @@ class Scraper:
         self,
         *,
         list_deployments: Callable[[], list[dict[str, Any]]],
+        serving_key_of: ServingKeyOf,
         list_pods: Callable[[str], list[dict[str, Any]]],
         on_health: HealthCallback | None = None,
         on_forget: Callable[[str], None] | None = None,
@@ -336,6 +344,7 @@ class Scraper:
         if interval <= 0:
             raise ValueError("interval must be > 0")
         self.list_deployments = list_deployments
+        self.serving_key_of = serving_key_of
         self.list_pods = list_pods
         self.on_health = on_health
         self.on_forget = on_forget
@@ -356,6 +365,11 @@ class Scraper:
         self._filter: dict[tuple[str, str, str], tuple[str | None, str, str]] = {}
         self._pods: dict[str, set[tuple[str, str]]] = {}          # key -> (role, pod) last scraped
         self._passes: dict[str, int] = {}                          # key -> evaluations so far
+        # (key, role, pod name) -> (pod UID, URL, answers missed in a row, pass it is asked again at)
+        self._silent: dict[tuple[str, str, str], tuple[str | None, str, int, int]] = {}
+        self._pass_no = 0
+        self._skipped: set[tuple[str, str, str]] = set()  # this pass' silenced pods (not asked, no error)
+        self._families_memo: dict[tuple[str, int, bool], tuple[dict[str, ex.Kind], tuple[str, ...]]] = {}
         self._eval_lock = asyncio.Lock()
         self._semaphore: asyncio.Semaphore | None = None
 
@@ -367,17 +381,17 @@ class Scraper:
     async def scrape_once(self) -> list[Health]:
         """One pass over every PDDeployment; returns the healths handed to ``on_health``."""
         started = time.perf_counter()
-        bodies = await asyncio.to_thread(self.list_deployments)
-        namespaces = sorted({b["metadata"]["namespace"] for b in bodies})
-        pod_lists = await asyncio.gather(*(asyncio.to_thread(self.list_pods, ns) for ns in namespaces))
-        owned = pods_by_deployment(dict(zip(namespaces, pod_lists)))
-        targets = [deployment_targets(b, owned.get((b["metadata"]["namespace"], b["metadata"]["name"]), ()),
-                                      ports=self.ports) for b in bodies]
+        targets = await asyncio.to_thread(self.targets)
+        self._pass_no += 1
+        self._families_memo.clear()  # per pass: keyed by the identity of this pass' parsed specs
+        self._skipped.clear()
         self._semaphore = asyncio.Semaphore(self.concurrency)
         connector = aiohttp.TCPConnector(limit=self.concurrency, force_close=True)
         async with aiohttp.ClientSession(connector=connector,
                                          timeout=aiohttp.ClientTimeout(total=self.timeout)) as session:
-            healths = await asyncio.gather(*(self._deployment(session, t) for t in targets if t.serving_key))
+            fetched = await asyncio.gather(*(self._deployment(session, t) for t in targets if t.serving_key))
+        async with self._eval_lock:  # one thread evaluates every deployment: no thread hop per deployment
+            healths = await asyncio.to_thread(lambda: [self._evaluate(*f) for f in fetched])
         published = [h for h in healths if h is not None]
         self._forget_gone({t.key for t in targets})
         if self.on_health is not None:
@@ -385,6 +399,19 @@ class Scraper:
         log.debug("SLO scrape pass: %d deployments, %d pods in %.3fs", len(targets),
                   sum(len(t.pods) for t in targets), time.perf_counter() - started)
         return published
+
+    def targets(self) -> list[DeploymentTargets]:
+        """Every PDDeployment's targets for this pass: the bodies, their serving keys and the pods of
+        their namespaces (one ``list_pods`` per namespace, grouped once: linear in pods). Blocking."""
+        bodies = self.list_deployments()
+        namespaces = sorted({b["metadata"]["namespace"] for b in bodies})
+        owned = pods_by_deployment({ns: self.list_pods(ns) for ns in namespaces})
+        out = []
+        for b in bodies:
+            ns, name = b["metadata"]["namespace"], b["metadata"]["name"]
+            out.append(deployment_targets(b, owned.get((ns, name), ()), serving_key=self.serving_key_of(ns, name),
+                                          ports=self.ports))
+        return out
 
     def _forget_gone(self, present: set[str]) -> None:
         for key in list(self._passes):
@@ -394,6 +421,8 @@ class Scraper:
                     store.pop(key, None)
                 for k in [k for k in self._filter if k[0] == key]:
                     del self._filter[k]
+                for k in [k for k in self._silent if k[0] == key]:
+                    del self._silent[k]
                 if self.metrics is not None:
                     self.metrics.remove(key)
                     self.metrics.kvstore.remove(key)
@@ -421,17 +450,43 @@ class Scraper:
             return FILTER_UNKNOWN
         return known[2]
 
-    async def _deployment(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> Health | None:
-        families = {r: self.families(r, t.slo_spec, t.load) for r in SCRAPED_ROLES}
-        names = {r: ex.sample_names(f) for r, f in families.items()}
+    def _families_of(self, role: str, slo_spec: SLOSpec | None, load: bool) -> tuple[dict[str, ex.Kind], tuple[str, ...]]:
+        """:meth:`families` and their sample names, computed once per pass and parsed spec."""
+        memo_key = (role, id(slo_spec), load)
+        got = self._families_memo.get(memo_key)
+        if got is None:
+            families = self.families(role, slo_spec, load)
+            got = self._families_memo[memo_key] = (families, ex.sample_names(families))
+        return got
+
+    def silenced(self, key: str, pod: PodTarget) -> bool:
+        """``pod`` answered nothing the last times it was asked and is not due again in this pass
+        (see :data:`SILENT_MAX_PASSES`); a new pod UID or URL is asked at once."""
+        known = self._silent.get((key, pod.role, pod.name))
+        return known is not None and known[:2] == (pod.uid, pod.url) and self._pass_no < known[3]
+
+    def _answered(self, key: str, pod: PodTarget, answered: bool) -> None:
+        """Remember whether ``pod`` answered at all; a silent one is asked again after 1, 2, 4 passes."""
+        slot = (key, pod.role, pod.name)
+        if answered:
+            self._silent.pop(slot, None)
+            return
+        known = self._silent.get(slot)
+        missed = known[2] + 1 if known is not None and known[:2] == (pod.uid, pod.url) else 1
+        self._silent[slot] = (pod.uid, pod.url, missed, self._pass_no + min(SILENT_MAX_PASSES, 2 ** (missed - 1)))
+
+    async def _deployment(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> tuple[Any, ...]:
+        """Fetch one deployment's pages (and probe its Mooncake master): the arguments of :meth:`_evaluate`."""
+        memo = {r: self._families_of(r, t.slo_spec, t.load) for r in SCRAPED_ROLES}
+        families = {r: f for r, (f, _) in memo.items()}
+        names = {r: n for r, (_, n) in memo.items()}
         rebaseline = t.key in self._names and self._names[t.key] != names
         self._names[t.key] = names
         texts, master = await asyncio.gather(
             asyncio.gather(*(self.fetch(session, t.key, p, families[p.role]) for p in t.pods)),
             self._probe_master(session, t),
         )
-        async with self._eval_lock:  # the evaluator is used by one thread at a time
-            return await asyncio.to_thread(self._evaluate, t, texts, rebaseline, master, families)
+        return t, texts, rebaseline, master, families
 
     async def _probe_master(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> MasterHealth | None:
         assert self._semaphore is not None
@@ -452,18 +507,23 @@ class Scraper:
         each has ``timeout``.
         """
         assert self._semaphore is not None
+        if self.silenced(key, pod):
+            self._skipped.add((key, pod.role, pod.name))
+            return None
         names = ex.sample_names(families) if families else ()
         mode = self.filter_mode(key, pod)
         async with self._semaphore:
             if names and mode != FILTER_IGNORED:
                 answered, text = await self._get(session, pod.url, names)
+                self._answered(key, pod, answered)
                 if not answered:   # no answer at all (refused, timed out): no second try
                     return None
                 if text is not None and ex.has_samples(text, families):
                     if mode != FILTER_WORKS:
                         self._filter[(key, pod.role, pod.name)] = (pod.uid, pod.url, FILTER_WORKS)
                     return text
-            _, text = await self._get(session, pod.url, ())
+            answered, text = await self._get(session, pod.url, ())
+            self._answered(key, pod, answered)
             if text is not None and names and mode != FILTER_IGNORED and ex.has_samples(text, families):
                 log.info("scrape %s: ?name[]= answers without the asked series (as SGLang's multiprocess "
                          "/metrics does); reading the whole page of %s from now on", pod.url, pod.name)
@@ -506,11 +566,12 @@ class Scraper:
                     continue
                 except ex.ExpositionError as err:
                     log.debug("scrape %s: %s", pod.url, err)
-            if self.metrics is not None:
+            if self.metrics is not None and (key, pod.role, pod.name) not in self._skipped:
                 self.metrics.scrape_errors.labels(role=pod.role).inc()
         for role, pod_name in self._pods.get(key, set()) - seen:  # pods gone or no longer ready
             self.evaluator.forget(key, role=role, pod_name=pod_name)
             self._filter.pop((key, role, pod_name), None)
+            self._silent.pop((key, role, pod_name), None)
         self._pods[key] = seen
         result = self.evaluator.evaluate(key, t.slo_spec or NO_SLO, now)
         if self.metrics is not None:

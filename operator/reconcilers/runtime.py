@@ -24,7 +24,6 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from ..api import computedomain as cd
-from ..api import computedomain as cd
 from ..api import lws
 from ..api.kernelbuild import KIND as KERNELBUILD_KIND
 from ..api.v1alpha1 import API_VERSION
@@ -36,6 +35,7 @@ from ..planning.plan import RuleMemo
 from ..render.labels import MANAGED_BY
 from . import kernelbuild as kernelbuild_reconciler
 from .kube import ApiTimeouts, Kube, with_timeouts
+from .observe import service_serving_key
 from .pddeployment import Outcome, reconcile
 from .process_state import (CATALOG_CONFIGMAP, AutoscalerCache, CatalogSource, HealthChange, HealthStore,
                             KernelBuildUses, ObjectLocks, PlannerViews, ServedKinds)
@@ -188,10 +188,6 @@ class Runtime:
         """True when the API server serves ComputeDomains (NVIDIA's DRA driver): GB200 / GB300 multi-node roles get IMEX channels."""
         return cd.KIND in self.kinds_served(cd.API_VERSION)
 
-    def compute_domains_available(self) -> bool:
-        """True when the API server serves ComputeDomains (NVIDIA's DRA driver): GB200 / GB300 multi-node roles get IMEX channels."""
-        return cd.KIND in self.kinds_served(cd.API_VERSION)
-
     def lock(self, namespace: str, name: str) -> threading.Lock:
         """The lock serializing reconciles of one object."""
         return self.locks.lock(namespace, name)
@@ -275,6 +271,11 @@ class Runtime:
         for ns in namespaces or [None]:
             out.extend(self.kube.list(API_VERSION, "PDDeployment", ns, ""))
         return out
+
+    def serving_key_of(self, namespace: str, name: str) -> str | None:
+        """The compat key the PDDeployment ``namespace/name`` serves from: its user-facing Service's
+        selector, from the cache (no API call); None before the Service exists."""
+        return service_serving_key(self.kube.get("v1", "Service", name, namespace))
 
     def list_managed_pods(self, namespace: str) -> list[dict[str, Any]]:
         """Pods the operator made in ``namespace`` (engine and gateway pods of every PDDeployment)."""

@@ -110,6 +110,18 @@ def test_promtool_evaluates_percentiles_and_fires_the_fast_burn_alert(promtool, 
                  "exp_samples": [{"labels": 'sglang_pd:slo_window_bad{namespace="ns",deployment="d"}', "value": 0},
                                  {"labels": 'sglang_pd:slo_window_bad{namespace="ns",deployment="slow"}',
                                   "value": 1}]},
+                # the attainment the Prometheus source reads (good evaluations over the window)
+                {"expr": "sglang_pd:slo_attainment_ratio", "eval_time": "20m",
+                 "exp_samples": [{"labels": 'sglang_pd:slo_attainment_ratio{namespace="ns",deployment="d"}',
+                                  "value": 1},
+                                 {"labels": 'sglang_pd:slo_attainment_ratio{namespace="ns",deployment="slow"}',
+                                  "value": 0}]},
+                # --slo-source prometheus reads every SLO record of both in one query: per deployment
+                # the target's percentile, the attainment and the four burn rates
+                {"expr": "count by (deployment) (" + promql.recorded_slo(promql.selector(namespace="ns")) + ")",
+                 "eval_time": "20m",
+                 "exp_samples": [{"labels": '{deployment="d"}', "value": 6},
+                                 {"labels": '{deployment="slow"}', "value": 6}]},
             ],
             "alert_rule_test": [
                 {"eval_time": "30m", "alertname": "SGLangPDErrorBudgetBurnFast", "exp_alerts": [{

@@ -159,8 +159,7 @@ def engines():
 
 
 def pdd() -> dict:
-    return {"metadata": {"name": "d", "namespace": "ns"}, "spec": {"slo": SLO},
-            "status": {"rollout": {"servingKey": KEY}, "compatKey": KEY}}
+    return {"metadata": {"name": "d", "namespace": "ns"}, "spec": {"slo": SLO}}
 
 
 def pod(name: str, role: str) -> dict:
@@ -198,7 +197,7 @@ def test_scraper_reads_real_sglang_multiprocess_metrics(engines):
     evaluator.families["prefill"].update({ex.PREFILL_BOOTSTRAP_QUEUE: ex.Kind.GAUGE})
     body, pods = pdd(), [pod("p0", "prefill"), pod("d0", "decode")]
     clock = iter([1000.0, 1015.0])
-    scraper = Scraper(list_deployments=lambda: [body], list_pods=lambda ns: pods, evaluator=evaluator,
+    scraper = Scraper(list_deployments=lambda: [body], serving_key_of=lambda ns, name: KEY, list_pods=lambda ns: pods, evaluator=evaluator,
                       interval=15.0, timeout=10.0, clock=lambda: next(clock),
                       ports={"prefill": prefill.port, "decode": decode.port, "gateway": 1})
 
@@ -274,7 +273,7 @@ def test_a_request_failing_on_every_rank_of_its_attention_tp_group_counts_once(g
     evaluator.families["decode"].update({ex.QUEUE_REQS: ex.Kind.GAUGE, ex.RUNNING_REQS: ex.Kind.GAUGE})
     body, pods = pdd(), [pod("p0", "prefill"), pod("d0", "decode")]
     clock = iter([2000.0, 2015.0])
-    scraper = Scraper(list_deployments=lambda: [body], list_pods=lambda ns: pods, evaluator=evaluator,
+    scraper = Scraper(list_deployments=lambda: [body], serving_key_of=lambda ns, name: KEY, list_pods=lambda ns: pods, evaluator=evaluator,
                       interval=15.0, timeout=10.0, clock=lambda: next(clock),
                       ports={"prefill": prefill.port, "decode": decode.port, "gateway": 1})
     n_decode_transfer, n_decode_bootstrap = 3, 2

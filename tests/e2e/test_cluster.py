@@ -25,6 +25,9 @@ from kubernetes import client as k8s
 
 from sglang_pd_operator_dev.cluster import nodes as devnodes
 from sglang_pd_operator_dev.cluster import paths, procs, state
+from sglang_pd_operator_dev.cluster.demo import (GB300_EXAMPLE, OperatorProcess, install_crds, model_store,
+                                                 oracle_unavailable)
+from sglang_pd_operator_dev.cluster.handle import Cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -218,7 +221,7 @@ def test_build_is_cached():
 
 
 def _up_detached(run_dir: Path) -> subprocess.Popen:
-    return subprocess.Popen([*DEVCLUSTER, "up", "--detach", "--run-dir", str(run_dir)], cwd=REPO,
+    return subprocess.Popen([*DEVCLUSTER, "up", "--detach", "--no-oracle", "--run-dir", str(run_dir)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -284,7 +287,7 @@ def test_stale_run_is_cleaned_but_foreign_processes_are_spared(tmp_path):
         status = run_cli("status", "--run-dir", str(run_dir))
         assert status.returncode == 1 and "stale" in status.stdout
 
-        second = run_cli("up", "--detach", "--run-dir", str(run_dir), timeout=600)
+        second = run_cli("up", "--detach", "--no-oracle", "--run-dir", str(run_dir), timeout=600)
         assert second.returncode == 0, second.stdout + second.stderr
         assert "stale run" in second.stdout and "leftover processes" in second.stdout
         assert not [p for p in leftovers if procs.is_ours(p)]
@@ -298,7 +301,7 @@ def test_stale_run_is_cleaned_but_foreign_processes_are_spared(tmp_path):
 
 def test_killed_harness_leaves_no_processes(tmp_path):
     run_dir = tmp_path / "run"
-    harness = subprocess.Popen([*DEVCLUSTER, "up", "--run-dir", str(run_dir)], cwd=REPO,
+    harness = subprocess.Popen([*DEVCLUSTER, "up", "--no-oracle", "--run-dir", str(run_dir)], cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         ready = wait_for(lambda: (s := state.load(run_dir)) and s.phase == "ready" and s,
@@ -309,7 +312,7 @@ def test_killed_harness_leaves_no_processes(tmp_path):
         wait_for(lambda: not [p for p in ready.processes if procs.is_ours(p)],
                  what="every component to exit after its harness died")
         # The next `up` sees a stale run (owner gone) and starts cleanly.
-        again = run_cli("up", "--detach", "--run-dir", str(run_dir), timeout=600)
+        again = run_cli("up", "--detach", "--no-oracle", "--run-dir", str(run_dir), timeout=600)
         assert again.returncode == 0, again.stdout + again.stderr
         assert "stale run" in again.stdout
     finally:
@@ -319,7 +322,7 @@ def test_killed_harness_leaves_no_processes(tmp_path):
 
 def test_ctrl_c_stops_a_foreground_cluster(tmp_path):
     run_dir = tmp_path / "run"
-    harness = subprocess.Popen([*DEVCLUSTER, "up", "--run-dir", str(run_dir)], cwd=REPO,
+    harness = subprocess.Popen([*DEVCLUSTER, "up", "--no-oracle", "--run-dir", str(run_dir)], cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         ready = wait_for(lambda: (s := state.load(run_dir)) and s.phase == "ready" and s,
@@ -350,3 +353,73 @@ def test_unreachable_go_proxy_is_named_with_the_module(tmp_path):
     module, version = named.split("@")
     assert f"{module} {version}" in go_mod
     assert not list((tmp_path / "cache").rglob("kube-apiserver")), "no half-built cache"
+
+
+def _children(pid: int) -> set[int]:
+    """Every descendant of ``pid`` (from /proc/<pid>/task/*/children)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                kids = {int(x) for x in task.read_text().split()}
+            except OSError:
+                continue
+            todo += list(kids - found)
+            found |= kids
+    return found
+
+
+def test_up_runs_the_sglang_oracle_so_valid_comes_from_sglang(tmp_path):
+    """Issue 24, item 4: ``dev cluster up`` (not only the demo) runs ``oracle serve`` from this venv as a
+    process of the run; an operator started with the printed SGLANG_PD_ORACLE_URL gets ``Valid`` from
+    SGLang's own verdict; ``status`` shows the service; ``down`` stops it and its SGLang workers."""
+    why = oracle_unavailable()
+    if why:
+        pytest.fail(f"the SGLang oracle cannot run from this venv: {why} (./hack/setup.sh --contract installs sglang)")
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    up = run_cli("up", "--detach", "--run-dir", str(run_dir), timeout=900)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        took = time.monotonic() - started
+        exports = dict(line.removeprefix("export ").split("=", 1) for line in up.stdout.splitlines()
+                       if line.startswith("export "))
+        url = exports.get("SGLANG_PD_ORACLE_URL")
+        assert url and "SGLang oracle service ready" in up.stdout, up.stdout
+        st = state.load(run_dir)
+        (oracle,) = [r for r in st.processes if r.name == "oracle"]
+        assert procs.is_ours(oracle)
+        status = run_cli("status", "--run-dir", str(run_dir))
+        assert status.returncode == 0 and f"{url} (ready" in status.stdout, status.stdout
+
+        running = Cluster.from_run_dir(run_dir)
+        assert running.oracle_url == url
+        install_crds(running)
+        doc = yaml.safe_load(GB300_EXAMPLE.read_text())
+        ns = doc["metadata"]["namespace"]
+        running.kubectl("create", "namespace", ns)
+        running.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(model_store(ns)))
+        op = OperatorProcess(kubeconfig=running.kubeconfig, log_path=tmp_path / "operator.log",
+                             env={"SGLANG_PD_ORACLE_URL": url}).start()  # what the printed export gives `run`
+        try:
+            running.kubectl("apply", "-f", str(GB300_EXAMPLE))
+
+            def valid():
+                got = json.loads(running.kubectl("get", "pdd", doc["metadata"]["name"], "-n", ns, "-o", "json").stdout)
+                cond = next((c for c in (got.get("status") or {}).get("conditions") or [] if c["type"] == "Valid"), {})
+                return cond if cond.get("status") == "True" else None
+
+            cond = wait_for(valid, what="Valid=True", timeout_s=300)
+            assert cond["reason"] == "SGLangAccepted" and "SGLang 0.5.23" in cond["message"], cond
+        finally:
+            op.stop()
+        workers = _children(oracle.pid)
+        assert workers, "the oracle service started no SGLang worker"
+        print(f"dev cluster up with the oracle: {took:.1f}s; Valid: {cond['reason']}: {cond['message'][:160]}")
+    finally:
+        _down(run_dir)
+    assert not procs.is_ours(oracle)
+    wait_for(lambda: not any(Path(f"/proc/{w}").exists() and procs.is_running(w) for w in workers),
+             what="the oracle's SGLang workers to exit with it", timeout_s=30)

@@ -267,7 +267,7 @@ def test_operator_as_chart_sa_runs_the_main_scenario_with_one_leader(kc, release
     cluster_log(f"GB300 example Ready after {time.monotonic() - start:.1f}s (operator as {SA})")
     printed = kc.kubectl("get", "pdd", "-n", app_ns).stdout
     cluster_log("kubectl get pdd:\n" + printed)
-    assert re.search(rf"{NAME}\s+True\s+1/1\s+2/2\s+3/3\s+v41,c1:v41_fp4,c2:v41_fp4", printed), printed  # PODS 3/3
+    assert re.search(rf"{NAME}\s+True\s+Valid\s+1/1\s+2/2\s+3/3\s+v41,c1:v41_fp4,c2:v41_fp4", printed), printed  # PODS 3/3
     key = obj["status"]["compatKey"]
     assert set(deployments(kc, app_ns)) == {f"{NAME}-{key[:6]}-{r}" for r in ("prefill", "decode", "gateway")}
     # with the Prometheus Operator's CRDs the operator applies a PodMonitor and a PrometheusRule too
@@ -439,7 +439,8 @@ def test_replicas_left_to_an_autoscaler_are_not_reset(kc, release, app_ns):
                "--type=merge", "-p", '{"spec":{"replicas":2}}')
     wait_for(lambda: (o := ready(kc, app_ns)) and o["status"]["decode"]["replicas"] == "2/2", timeout=60, what="2/2")
     gitops_apply(kc, doc)  # a sync
-    time.sleep(6)  # several resyncs
+    (leader,) = [op for op in release["ops"] if op.identity == lease_holder(kc)]
+    looked(leader, "PDDeployment", app_ns, NAME, more=3)  # three more reconciles (resync 2 s): the count stays
     assert kget(kc, "deployment", decode, "-n", app_ns)["spec"]["replicas"] == 2
     assert kget(kc, "pdrs", f"{NAME}-decode", "-n", app_ns)["status"]["replicas"] == 2
     diff = kc.kubectl("diff", "--server-side", f"--field-manager={GITOPS}", "-f", "-", input=yaml.safe_dump(doc), check=False)

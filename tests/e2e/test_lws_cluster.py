@@ -151,8 +151,10 @@ def test_a_cluster_without_lws_has_no_crds_webhooks_or_controller(tmp_path):
     running = devcluster.start_cluster(run_dir=tmp_path / "run", lws=False, log=lambda line: None)
     try:
         st = state.load(running.run_dir)
+        # the ComputeDomain stand-in is independent of LWS (imex_channels=True by default)
         assert [p.name for p in st.processes] == ["etcd", "kube-apiserver", "kube-controller-manager",
-                                                  "kube-scheduler", "kwok"]
+                                                  "kube-scheduler", "kwok", "imex-standin"]
+        assert "lws-controller" not in [p.name for p in st.processes]
         missing = running.kubectl("get", "crd", "leaderworkersets.leaderworkerset.x-k8s.io", check=False)
         assert missing.returncode != 0 and "NotFound" in missing.stderr
         hooks = running.kubectl("get", "mutatingwebhookconfigurations,validatingwebhookconfigurations", "-o", "name")

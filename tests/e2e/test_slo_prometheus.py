@@ -7,17 +7,21 @@ Prometheus 3.16 server built from the Go module promtool comes from runs on loop
 (``promkit``): file service discovery hands it the pods with their kubernetes_sd meta
 labels, and the PodMonitor the operator renders decides, through Prometheus' own
 relabeling, which pods it keeps and how their series are labelled; the PrometheusRule's
-recording rules are loaded too. The operator runs as a process with
-``--slo-source prometheus``.
+recording rules are loaded too (evaluated every 2 s here, the SLO interval, instead of the
+rendered 15 s floor, so that a record follows the load within the test's timing). The
+operator runs as a process with ``--slo-source prometheus`` and reads its SLO figures from
+those records.
 
 1. Before Prometheus scrapes the pods: ``SLOMet`` Unknown/NoSeries (no figure from nothing).
 2. Once it does: ``status.scrape`` says ``source: prometheus``, every pod reachable, with
    a ``measuredAt``; no traffic yet: NoTraffic.
 3. On the same traffic (160 requests through smg), the scrape source (the operator's
    ``Scraper``, run in the test against the same pods) and the Prometheus source
-   (``PrometheusSource``, same instant) agree on TTFT and ITL p90 within one bucket of
-   the engines' histograms, and on the verdict; the operator's own status (Prometheus
-   source) and the recorded ``sglang_pd:*`` series agree with them as well.
+   (``PrometheusSource``, which reads the recorded ``sglang_pd:*`` series, at the first
+   record after the load) agree on TTFT and ITL p90 within one bucket of the engines'
+   histograms, and on the verdict; the operator's own status (Prometheus source) agrees
+   with them as well. Both take the serving group from the user-facing Service, not from
+   status.
 4. Prometheus stops: ``SLOMet`` turns Unknown/PrometheusUnavailable within a few
    intervals and ``status.slo`` goes: never a stale True.
 """
@@ -107,7 +111,10 @@ def test_prometheus_source_matches_the_scrape_source_and_never_goes_stale(cluste
         name=NAME, namespace=ns, slo_spec=spec,
         pod_selector={L.LABEL_DEPLOYMENT: NAME, "app.kubernetes.io/managed-by": L.MANAGED_BY},
         role_label=L.LABEL_ROLE, compat_key_label=L.LABEL_COMPAT_KEY, labels=L.common_labels(NAME))
-    prom = PrometheusServer(procs, tmp_path / "prometheus", pod_monitor, rules=rule["spec"]).start()
+    rules = rule["spec"]
+    for group in rules["groups"]:
+        group["interval"] = f"{INTERVAL:g}s"  # the test's pace (module docstring)
+    prom = PrometheusServer(procs, tmp_path / "prometheus", pod_monitor, rules=rules).start()
     print(f"Prometheus ready at {prom.url} after {time.monotonic() - t_start:.1f}s")
     op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=tmp_path / "operator.log", extra_args=[
         "--slo-interval", str(INTERVAL), "--slo-source", "prometheus", "--prometheus-url", prom.url]).start()
@@ -154,10 +161,17 @@ def _run(cluster, ns, procs, prom: PrometheusServer, doc, tmp_path, t_start):
     def list_deployments():
         return [_pdd(cluster, ns)]
 
-    scraper = Scraper(list_deployments=list_deployments, interval=INTERVAL,
-                      list_pods=lambda namespace: pods(cluster, namespace, f"{LBL}/deployment={NAME}"))
-    source = PrometheusSource(list_deployments=list_deployments, prometheus=PrometheusSettings(url=prom.url),
-                              interval=INTERVAL)
+    def serving_key_of(namespace: str, name: str) -> str | None:  # the user-facing Service's selector
+        return kget(cluster, "service", name, "-n", namespace)["spec"]["selector"].get(L.LABEL_COMPAT_KEY)
+
+    def list_pods(namespace: str) -> list[dict]:
+        return pods(cluster, namespace, f"{LBL}/deployment={NAME}")
+
+    assert serving_key_of(ns, NAME) == stack.key
+    scraper = Scraper(list_deployments=list_deployments, serving_key_of=serving_key_of, interval=INTERVAL,
+                      list_pods=list_pods)
+    source = PrometheusSource(list_deployments=list_deployments, serving_key_of=serving_key_of, list_pods=list_pods,
+                              prometheus=PrometheusSettings(url=prom.url), interval=INTERVAL)
     assert asyncio.run(scraper.scrape_once()) == []  # first pass: baselines only
     t_load_start = time.time()
     load = run_load(stack.gateway, stack.served, tmp_path / "load.json", requests=160, concurrency=8, max_tokens=16)
@@ -169,6 +183,10 @@ def _run(cluster, ns, procs, prom: PrometheusServer, doc, tmp_path, t_start):
     wait_for(lambda: sum(v for _, v in prom.query(f'{ex.TTFT}_count{{namespace="{ns}",role="decode"}}')) == n_req,
              timeout=10, interval=0.3, what=f"Prometheus holds the {n_req} requests")
     t_held = time.time()  # every sample of the load is in Prometheus' TSDB from here on
+    # the Prometheus source reads the records: wait for the rule groups' first evaluation after t_held
+    records = {m: wait_for(lambda m=m: _first_record_after(prom, m, ns, t_held, group_interval), interval=0.3,
+                           timeout=group_interval + 10, what=f"a sglang_pd:{m}_seconds:p90 record after the load")
+               for m in ("ttft", "itl")}
     (scraped,) = asyncio.run(scraper.scrape_once())
     (queried,) = asyncio.run(source.query_once())
     assert time.monotonic() - t_load_done < parse_duration(WINDOW) / 2, "too slow: the window slid past the load"
@@ -190,17 +208,14 @@ def _run(cluster, ns, procs, prom: PrometheusServer, doc, tmp_path, t_start):
     assert scraped.kv_transfer.failures == queried.kv_transfer.failures == 0
     assert queried.kv_transfer.transfers > 0 and queried.kv_transfer.latency_seconds["p90"] is not None
 
-    # the operator's own status (Prometheus source), and the PrometheusRule's records: same expressions
+    # the operator's own status (Prometheus source: the same records)
     obj = wait_for(lambda: (o := _pdd(cluster, ns)) and _status_measured(o, "ttft") and o, timeout=4 * INTERVAL + 5,
                    what="status.slo from the Prometheus source")
     assert _slomet(obj) == ("True", "TargetsMet"), condition(obj, "SLOMet")
     for metric, family in (("ttft", ex.TTFT), ("itl", ex.ITL)):
         a, in_status = report[metric]["scrape"], _status_measured(obj, metric)
         assert abs(in_status - a) <= _one_bucket(family, a, in_status), (metric, in_status, a)
-        # the first evaluation of the recording group after t_held (groups evaluate every
-        # `interval`, 15 s here: an instant query right after the load may see only older records)
-        recorded = wait_for(lambda m=metric: _first_record_after(prom, m, ns, t_held, group_interval), interval=0.5,
-                            timeout=group_interval + 10, what=f"a sglang_pd:{metric}_seconds:p90 record after the load")
+        recorded = records[metric]
         assert recorded[0] - t_load_start < parse_duration(WINDOW), ("the record's window misses the load", recorded)
         assert abs(recorded[1] - a) <= _one_bucket(family, a, recorded[1]), (metric, recorded, a)
     assert obj["status"]["scrape"]["source"] == "prometheus"

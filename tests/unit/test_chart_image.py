@@ -18,22 +18,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import EXAMPLES, ROOT
+from helpers import EXAMPLES, ROOT, images_build
 
 DOCKERFILE = ROOT / "images" / "operator" / "Dockerfile"
 VALUES = ROOT / "charts" / "sglang-pd-operator" / "values.yaml"
 
 
 def instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined."""
-    text = re.sub(r"\\\n", "", DOCKERFILE.read_text())
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            op, _, rest = line.partition(" ")
-            out.append((op.upper(), rest.strip()))
-    return out
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined (the image build's parser)."""
+    return images_build().dockerfile_instructions(DOCKERFILE)
 
 
 def final_stage() -> list[tuple[str, str]]:
@@ -54,8 +47,10 @@ def test_user_entrypoint_and_catalog_match_the_chart():
     assert "PYTHONDONTWRITEBYTECODE=1" in env  # the chart's root filesystem is read-only
     # only the package and its dependencies: no test/contract extras, no compilers
     text = DOCKERFILE.read_text()
-    assert "[test]" not in text and "[contract]" not in text and "apt-get" not in text
-    assert [arg for op, arg in final_stage() if op == "FROM"] == ["${PYTHON_IMAGE}"]
+    assert "[test]" not in text and "[contract]" not in text
+    # Debian's python3 at the pinned versions (images/base/debian.yaml; tests/unit/test_image_builds.py)
+    assert [arg for op, arg in final_stage() if op == "FROM"] == ["${DEBIAN_IMAGE}"]
+    assert not [arg for op, arg in final_stage() if op == "RUN" and re.search(r"(^| )(gcc|build-essential|python3-pip)(=| |$)", arg)]
 
 
 def build_stage_copies() -> list[str]:

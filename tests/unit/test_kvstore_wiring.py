@@ -53,8 +53,7 @@ def plan_of(doc: dict):
 
 def pdd(*, mooncake: dict | None = None, name: str = "d") -> dict:
     spec = {"kvCache": {"hicache": {"storage": {"backend": "mooncake", **({"mooncake": mooncake} if mooncake else {})}}}}
-    return {"metadata": {"name": name, "namespace": "ns"}, "spec": spec,
-            "status": {"rollout": {"servingKey": KEY}, "compatKey": KEY}}
+    return {"metadata": {"name": name, "namespace": "ns"}, "spec": spec}
 
 
 def master_pod(ip: str | None, port: int = 9003, *, ready: bool = True, name: str = "d-mooncake-master-x",
@@ -147,7 +146,7 @@ def test_scraper_probes_the_master_pod_and_exports_its_figures():
         pods = [master_pod("127.0.0.1", master.port)]
         metrics = OperatorMetrics()
         got = []
-        scraper = Scraper(list_deployments=lambda: [pdd()], list_pods=lambda ns: list(pods), on_health=got.append,
+        scraper = Scraper(list_deployments=lambda: [pdd()], serving_key_of=lambda ns, name: KEY, list_pods=lambda ns: list(pods), on_health=got.append,
                           metrics=metrics, interval=2.0, timeout=1.0)
         runtime = Runtime(kube=None)
         try:
@@ -189,7 +188,7 @@ def test_scraper_probes_the_master_pod_and_exports_its_figures():
 
 
 def test_prefill_pods_are_asked_for_the_transfer_speed():
-    scraper = Scraper(list_deployments=list, list_pods=lambda ns: [], interval=2.0)
+    scraper = Scraper(list_deployments=list, serving_key_of=lambda ns, name: KEY, list_pods=lambda ns: [], interval=2.0)
     assert "sglang:kv_transfer_speed_gb_s_bucket" in scraper.sample_names("prefill", None)
     assert "sglang:kv_transfer_speed_gb_s_bucket" not in scraper.sample_names("decode", None)
 

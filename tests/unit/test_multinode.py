@@ -252,9 +252,8 @@ def test_every_rank_of_the_serving_group_is_scraped(catalog):
     plan = _plan(catalog)
     kube = _group(plan, ready_groups=1, ready_pods=16)
     pods = [o for (k, _), o in kube.objects.items() if k == "Pod"]
-    body = {"metadata": {"name": plan.name, "namespace": plan.namespace},
-            "status": {"rollout": {"servingKey": plan.compat_key}}}
-    targets = deployment_targets(body, pods)
+    body = {"metadata": {"name": plan.name, "namespace": plan.namespace}}
+    targets = deployment_targets(body, pods, serving_key=plan.compat_key)
     assert len([t for t in targets.pods if t.role == "decode"]) == 16  # workers export their schedulers' metrics
 
 

@@ -53,13 +53,17 @@ def example(name: str) -> dict:
 
 
 def edit(doc: dict, path: str, value) -> dict:
-    """A copy of ``doc`` with the dotted ``path`` set to ``value`` (mappings created on the way)."""
+    """A copy of ``doc`` with the dotted ``path`` set to ``value`` (mappings created on the way; None removes it,
+    as a null field is refused by a server-side apply)."""
     doc = copy.deepcopy(doc)
     node = doc
     *parents, last = path.split(".")
     for p in parents:
         node = node.setdefault(p, {})
-    node[last] = value
+    if value is None:
+        node.pop(last, None)
+    else:
+        node[last] = value
     return doc
 
 

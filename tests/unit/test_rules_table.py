@@ -120,10 +120,17 @@ def cli() -> list[str]:
     return [sys.executable, "-m", "sglang_pd_operator.cli"]
 
 
+#: A hang guard for one ``check`` run, not a speed bound: a batch takes a few seconds on an idle
+#: machine and much longer when the runner is loaded; only a process that never ends should fail.
+CHECK_HANG_S = 900
+#: ``check`` processes at once: more than the machine's cores only makes each one slower.
+CHECK_WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+
 def run_check(paths: list[str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONSAFEPATH": "1"}  # never let the repo's operator/ shadow the stdlib
     return subprocess.run(
-        [*cli(), "check", *paths, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
+        [*cli(), "check", *paths, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=CHECK_HANG_S
     )
 
 
@@ -188,7 +195,7 @@ def results(tmp_path_factory) -> dict[str, dict]:
     for c in CASES:
         refused = bool(c["expect"]["errors"])
         groups.setdefault((tuple(written[c["id"]][1]), refused), []).append(c["id"])
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=CHECK_WORKERS) as pool:
         runs = {
             key: (
                 pool.submit(run_check, [str(written[cid][0]) for cid in cids], "-o", "json", *key[0], cwd=tmp),

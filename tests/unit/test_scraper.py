@@ -40,13 +40,16 @@ LBL = "pd.sglang-operator.io"
 KEY = "abc123def456"
 
 
-def pdd(name: str = "d", *, slo: dict | None = None, serving: str | None = KEY) -> dict:
+def pdd(name: str = "d", *, slo: dict | None = None) -> dict:
     body = {"metadata": {"name": name, "namespace": "ns"}, "spec": {}, "status": {}}
     if slo:
         body["spec"]["slo"] = slo
-    if serving:
-        body["status"] = {"rollout": {"servingKey": serving}, "compatKey": serving}
     return body
+
+
+def SERVING(namespace: str, name: str) -> str:
+    """Every test deployment's user-facing Service selects KEY (the operator reads it from its cache)."""
+    return KEY
 
 
 def pod(name: str, role: str, ip: str, *, deployment: str = "d", key: str = KEY, ready: bool = True) -> dict:
@@ -65,7 +68,7 @@ def test_targets_are_the_serving_groups_ready_pods():
         pod("d2", "decode", "127.100.0.5", key="other"),             # another compat group
         pod("x0", "decode", "127.100.0.6", deployment="other"),      # another PDDeployment
     ]
-    t = deployment_targets(pdd(slo={"ttft": {"p90": "1s"}}), pods)
+    t = deployment_targets(pdd(slo={"ttft": {"p90": "1s"}}), pods, serving_key=KEY)
     assert t.key == "ns/d" and t.serving_key == KEY and t.slo_spec.ttft.p90 == "1s"
     assert [(p.role, p.name, p.url) for p in t.pods] == [
         ("decode", "d0", "http://127.100.0.2:30000/metrics"),
@@ -73,8 +76,8 @@ def test_targets_are_the_serving_groups_ready_pods():
         ("prefill", "p0", "http://127.100.0.1:30000/metrics"),
     ]
     assert t.ready == {"prefill": 1, "decode": 1, "gateway": 1}
-    assert deployment_targets(pdd(serving=None), pods).pods == ()       # never reconciled: nothing yet
-    assert deployment_targets(pdd(slo={"window": "5 minutes"}), pods).slo_spec is None  # invalid: no SLO
+    assert deployment_targets(pdd(), pods, serving_key=None).pods == ()  # no Service yet: nothing to scrape
+    assert deployment_targets(pdd(slo={"window": "5 minutes"}), pods, serving_key=KEY).slo_spec is None  # invalid: no SLO
 
 
 def test_simulator_answers_name_filter_like_sglang():
@@ -132,7 +135,7 @@ def test_name_filter_only_where_it_provably_returns_the_series():
         runner, plain_port, asked = await plain_target("127.0.0.2")
         body = pdd(slo={"ttft": {"p90": "800ms"}, "window": "1m"})
         pods = [pod("p0", "prefill", "127.0.0.2"), pod("d0", "decode", "127.0.0.1")]
-        scraper = Scraper(list_deployments=lambda: [body], list_pods=lambda ns: pods, interval=2.0, timeout=2.0,
+        scraper = Scraper(serving_key_of=SERVING, list_deployments=lambda: [body], list_pods=lambda ns: pods, interval=2.0, timeout=2.0,
                           ports={"prefill": plain_port, "decode": decode.config.port, "gateway": 1})
         try:
             async with aiohttp.ClientSession() as s:
@@ -140,7 +143,7 @@ def test_name_filter_only_where_it_provably_returns_the_series():
                     state = await (await s.get(decode.url + "/simulator/state")).json()
                     return state["requests"].get("GET /metrics", 0)
 
-                targets = deployment_targets(body, pods, ports=scraper.ports)
+                targets = deployment_targets(body, pods, serving_key=KEY, ports=scraper.ports)
                 d0 = next(p for p in targets.pods if p.name == "d0")
                 p0 = next(p for p in targets.pods if p.name == "p0")
                 assert scraper.filter_mode("ns/d", d0) == FILTER_UNKNOWN
@@ -150,7 +153,7 @@ def test_name_filter_only_where_it_provably_returns_the_series():
                 second = await metrics_gets() - first
                 modes = scraper.filter_mode("ns/d", d0), scraper.filter_mode("ns/d", p0)
                 pods[1]["metadata"]["uid"] = "uid-d0-restarted"          # same pod name, new pod
-                d0_new = next(p for p in deployment_targets(body, pods, ports=scraper.ports).pods if p.name == "d0")
+                d0_new = next(p for p in deployment_targets(body, pods, serving_key=KEY, ports=scraper.ports).pods if p.name == "d0")
                 restarted = scraper.filter_mode("ns/d", d0_new)
                 (h,) = await scraper.scrape_once()
         finally:
@@ -176,7 +179,7 @@ def test_scrape_evaluate_publish_and_count_unreachable_pods():
         got, forgotten = [], []
         metrics = OperatorMetrics()
         deployments = [body]
-        scraper = Scraper(list_deployments=lambda: list(deployments), list_pods=lambda ns: pods,
+        scraper = Scraper(serving_key_of=SERVING, list_deployments=lambda: list(deployments), list_pods=lambda ns: pods,
                           on_health=got.append, on_forget=forgotten.append, metrics=metrics, interval=2.0,
                           timeout=1.0, ports={"prefill": port, "decode": port, "gateway": 1})
         try:
@@ -218,7 +221,7 @@ def test_changing_the_spec_rebaselines_instead_of_counting_history():
         port = decode.config.port
         body = pdd(slo={"ttft": {"p90": "800ms"}, "window": "1m"})
         pods = [pod("p0", "prefill", "127.0.0.9"), pod("d0", "decode", "127.0.0.1")]
-        scraper = Scraper(list_deployments=lambda: [body], list_pods=lambda ns: pods, interval=2.0, timeout=1.0,
+        scraper = Scraper(serving_key_of=SERVING, list_deployments=lambda: [body], list_pods=lambda ns: pods, interval=2.0, timeout=1.0,
                           ports={"prefill": port, "decode": port, "gateway": 1})
         try:
             async with aiohttp.ClientSession() as s:
@@ -236,3 +239,59 @@ def test_changing_the_spec_rebaselines_instead_of_counting_history():
         assert e2e.observations == 0 and h.slo.no_traffic    # not the 4 old requests
         assert h.reachable["prefill"] == 0 and h.reachable["decode"] == 1
     asyncio.run(main())
+
+
+def test_a_pod_that_answers_nothing_is_asked_again_after_1_2_then_4_passes(monkeypatch):
+    """At rest a pod that refuses every connection (a wedged engine, a stand-in without /metrics) costs
+    a connection every pass no more: it is asked again after 1, 2, then at most SILENT_MAX_PASSES
+    passes, counting as unreachable (and as a scrape error only when asked) meanwhile; an answer, or a
+    new pod UID, brings it back to every pass at once."""
+    from sglang_pd_operator.metrics.scraper import SILENT_MAX_PASSES
+
+    asked: list[tuple[int, str]] = []
+    alive = {"d0": False, "p0": True, "g0": True}
+    pods = [pod("p0", "prefill", "127.0.0.1"), pod("d0", "decode", "127.0.0.2"), pod("g0", "gateway", "127.0.0.3")]
+
+    async def fake_get(session, url, names):
+        name = next(p["metadata"]["name"] for p in pods if p["status"]["podIP"] in url)
+        asked.append((scraper._pass_no, name))
+        if not alive[name]:
+            return False, None  # refused
+        return True, "# EOF\n"
+
+    metrics = OperatorMetrics()
+    scraper = Scraper(serving_key_of=SERVING, list_deployments=lambda: [pdd()], list_pods=lambda ns: pods,
+                      interval=2.0, metrics=metrics)
+    monkeypatch.setattr(scraper, "_get", fake_get)
+
+    async def passes(n):
+        out = []
+        for _ in range(n):
+            out.append(await scraper.scrape_once())
+        return out
+
+    healths = asyncio.run(passes(12))
+    d0 = [n for n, name in asked if name == "d0"]
+    assert d0 == [1, 2, 4, 8, 12] and SILENT_MAX_PASSES == 4
+    assert {n for n, name in asked if name == "p0"} == set(range(1, 13))  # answering pods: every pass
+    assert all(h[0].reachable["decode"] == 0 for h in healths[1:])
+    errors = sum(v for (n, _), v in _samples(metrics).items() if n == "sglang_pd_operator_scrape_errors_total")
+    assert errors == len(d0)  # one error per attempt, none for a pass it was not asked in
+    # it answers again: found at its next attempt, then asked every pass
+    alive["d0"] = True
+    healths = asyncio.run(passes(5))
+    assert sorted({n for n, name in asked if name == "d0"})[-2:] == [16, 17]  # (filtered, then whole page)
+    assert healths[-1][0].reachable["decode"] == 1
+    # a restarted pod (new UID) is asked at once even while silenced
+    alive["d0"] = False
+    asyncio.run(passes(3))
+    pods[1] = pod("d0", "decode", "127.0.0.2") | {"metadata": {**pods[1]["metadata"], "uid": "uid-d0-new"}}
+    asyncio.run(passes(1))
+    assert asked[-1][0] == 21 and [n for n, name in asked if name == "d0"][-1] == 21
+
+
+def _samples(metrics) -> dict:
+    from prometheus_client import generate_latest
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(generate_latest(metrics.registry).decode()) for s in fam.samples}

@@ -56,16 +56,21 @@ def cluster() -> None:
 
 
 @cluster.command("build")
-def build_cmd() -> None:
+@click.option("--kueue", "with_kueue", is_flag=True,
+              help="Also build (or find) Kueue's controller, an optional component with its own cache.")
+def build_cmd(with_kueue: bool) -> None:
     """Build (or find in the cache) the eight binaries (control plane and LWS controller)."""
     try:
-        bins = build.ensure_binaries(log=_echo)
+        built = [build.ensure_binaries(log=_echo)]
+        if with_kueue:
+            built.append(build.ensure_kueue(log=_echo))
     except (build.BuildError, gomod.GoModuleDownloadError, gomod.GoToolMissing) as err:
         raise click.ClickException(str(err)) from err
-    if bins.build_seconds is not None:
-        _echo(f"build took {bins.build_seconds:.0f}s ({bins.packages_compiled} packages compiled; "
-              f"0 means Go's build cache was warm and only linking ran)")
-    _echo(str(bins.dir))
+    for bins in built:
+        if bins.build_seconds is not None:
+            _echo(f"build took {bins.build_seconds:.0f}s ({bins.packages_compiled} packages compiled; "
+                  f"0 means Go's build cache was warm and only linking ran)")
+        _echo(str(bins.dir))
 
 
 @cluster.command()
@@ -73,13 +78,23 @@ def build_cmd() -> None:
 @click.option("--detach", is_flag=True, help="Return once ready; stop later with `down`.")
 @click.option("--no-lws", is_flag=True,
               help="Leave the LeaderWorkerSet controller, its CRDs and webhooks out.")
-def up(run_dir: Path | None, detach: bool, no_lws: bool) -> None:
-    """Start the cluster; print the `export KUBECONFIG=...` and `export PATH=...` lines to use it."""
+@click.option("--oracle/--no-oracle", default=True, show_default=True,
+              help="Run the SGLang oracle service (`oracle serve` from this venv) with the cluster, so an operator "
+                   "started with the printed SGLANG_PD_ORACLE_URL gets Valid from SGLang's own verdict "
+                   "(without sglang 0.5.23 in this venv it says why and the cluster comes up without it).")
+@click.option("--oracle-warm", default="gb300", show_default=True, metavar="ACC[,ACC]",
+              help="Accelerators whose oracle workers start at once (others start on their first spec).")
+@click.option("--kueue", "with_kueue", is_flag=True,
+              help="Also run Kueue (gang admission of LeaderWorkerSet groups; built on first use).")
+def up(run_dir: Path | None, detach: bool, no_lws: bool, oracle: bool, oracle_warm: str, with_kueue: bool) -> None:
+    """Start the cluster (and the SGLang oracle service); print the `export KUBECONFIG=...`,
+    `export PATH=...` and `export SGLANG_PD_ORACLE_URL=...` lines to use it."""
     run_dir = run_dir or paths.default_run_dir()
     if not detach:
         _stop_on_signals()
     try:
-        running = start_cluster(run_dir=run_dir, detach=detach, log=_echo, lws=not no_lws)
+        running = start_cluster(run_dir=run_dir, detach=detach, log=_echo, lws=not no_lws, oracle=oracle,
+                                oracle_warm=tuple(a for a in oracle_warm.split(",") if a), kueue_queue=with_kueue)
     except (ClusterError, build.BuildError, gomod.GoModuleDownloadError,
             gomod.GoToolMissing) as err:
         raise click.ClickException(str(err)) from err
@@ -123,7 +138,7 @@ def status(run_dir: Path | None, as_json: bool) -> None:
         _echo(f"phase:      {info['phase']}"
               + (f" (stale: {info['stale_because']})"
                  if info.get("stale_because") and info["phase"] != "stopped" else ""))
-        for key in ("kubeconfig", "server", "pod_network", "readyz"):
+        for key in ("kubeconfig", "server", "pod_network", "readyz", "oracle"):
             if info.get(key):
                 _echo(f"{key + ':':<11} {info[key]}")
         if "nodes" in info:
@@ -147,20 +162,26 @@ def status(run_dir: Path | None, as_json: bool) -> None:
               help="PDDeployment to apply (default: the GB300 low-latency example).")
 @click.option("--once", is_flag=True, help="Stop everything after printing the results.")
 def demo(run_dir: Path | None, example: Path | None, once: bool) -> None:
-    """The main job: cluster up, CRDs, operator, apply the GB300 example, show plan and children."""
+    """The main job: cluster up (with the SGLang oracle service), CRDs, operator, apply the GB300 example,
+    show plan and children."""
+    import yaml
+
     from sglang_pd_operator_dev.cluster.demo import GB300_EXAMPLE, run_demo
 
     run_dir = run_dir or paths.default_run_dir().parent / "demo"
+    example = (example or GB300_EXAMPLE).resolve()
+    spec = (yaml.safe_load(example.read_text()) or {}).get("spec") or {}
     _stop_on_signals()
-    try:
-        running = start_cluster(run_dir=run_dir, log=_echo)
+    try:  # the oracle's workers for the example's accelerator start at once
+        running = start_cluster(run_dir=run_dir, log=_echo, oracle=True,
+                                oracle_warm=(str(spec.get("accelerator") or "gb300"),))
     except (ClusterError, build.BuildError, gomod.GoModuleDownloadError, gomod.GoToolMissing) as err:
         raise click.ClickException(str(err)) from err
     except KeyboardInterrupt:
         raise click.Abort() from None
     code = 1
     try:
-        code = run_demo(cluster=running, example=(example or GB300_EXAMPLE).resolve(), log=_echo, once=once)
+        code = run_demo(cluster=running, example=example, log=_echo, once=once)
     except KeyboardInterrupt:
         code = 0
     finally:

@@ -425,9 +425,13 @@ def run_demo(*, cluster, example: Path, log: Callable[[str], None], once: bool) 
     check = subprocess.run([*operator_command(), "check", str(example)], capture_output=True, text=True, cwd="/")
     log(check.stdout.rstrip())
 
-    oracle = _start_oracle(cluster, doc, log)
+    if cluster.oracle_url:
+        log(f"== SGLang oracle service ready ({cluster.oracle_url}, the dev cluster's, log "
+            f"{cluster.run_dir / 'logs' / 'oracle.log'}); the operator asks it before any child exists")
+    else:
+        log("== no SGLang oracle service (see above why); Valid comes from the operator's rules alone")
     op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=cluster.run_dir / "operator.log", resync=5,
-                         extra_args=["--oracle-url", oracle.url] if oracle else None).start()
+                         extra_args=["--oracle-url", cluster.oracle_url] if cluster.oracle_url else None).start()
     log(f"== operator running (pid {op.proc.pid}, log {op.log_path}, metrics http://127.0.0.1:{op.metrics_port}/metrics)")
     try:
         log(f"== kubectl apply -f {example.relative_to(REPO) if example.is_relative_to(REPO) else example}")
@@ -466,19 +470,3 @@ def run_demo(*, cluster, example: Path, log: Callable[[str], None], once: bool) 
         return 1
     finally:
         op.stop()
-        if oracle is not None:
-            oracle.stop()
-
-
-def _start_oracle(cluster, doc: dict[str, Any], log: Callable[[str], None]) -> "OracleProcess | None":
-    """The SGLang oracle service from this venv, warm for the example's accelerator (None, said why, without sglang)."""
-    why = oracle_unavailable()
-    if why is not None:
-        log(f"== no SGLang oracle service: {why}; Valid comes from the operator's rules alone")
-        return None
-    accelerator = str((doc.get("spec") or {}).get("accelerator") or "gb300")
-    oracle = OracleProcess(log_path=cluster.run_dir / "oracle.log", warm=(accelerator,)).start()
-    seconds = oracle.wait_ready()
-    log(f"== SGLang oracle service ready in {seconds:.1f}s ({oracle.url}, warm {accelerator}, log {oracle.log_path}); "
-        "the operator asks it before any child exists")
-    return oracle

@@ -46,6 +46,16 @@ class ComponentFailed(ClusterError):
         super().__init__("\n".join(lines))
 
 
+#: Name of the SGLang oracle service's process record (and log file), and its key in the run state's ports.
+ORACLE_COMPONENT = "oracle"
+
+
+def oracle_url(st: state.RunState) -> str | None:
+    """The base URL of a run's SGLang oracle service (None when the run has none)."""
+    port = st.ports.get(ORACLE_COMPONENT)
+    return f"http://127.0.0.1:{port}" if port else None
+
+
 @dataclass(frozen=True)
 class Cluster:
     """A running dev cluster.
@@ -55,7 +65,8 @@ class Cluster:
     ``timings`` (seconds): ``readyz`` from launching etcd to a 200 from /readyz,
     ``nodes`` to nodes Ready, ``ready`` to the LWS controller serving its webhooks too,
     ``total`` for the whole ``start_cluster`` call, ``build`` when this call built the
-    binaries.
+    binaries. ``oracle_url``: the run's SGLang oracle service (``oracle serve`` from this
+    venv, what ``run --oracle-url`` takes), None when the run has none.
     """
 
     run_dir: Path
@@ -64,6 +75,7 @@ class Cluster:
     server: str
     pod_network: str
     timings: dict[str, float] = field(default_factory=dict)
+    oracle_url: str | None = None
 
     @classmethod
     def from_run_dir(cls, run_dir: Path) -> Cluster:
@@ -76,13 +88,18 @@ class Cluster:
         if reason:
             raise ClusterError(f"the cluster in {run_dir} is not running: {reason}")
         return cls(run_dir=Path(st.run_dir), kubeconfig=Path(st.kubeconfig),
-                   bin_dir=Path(st.bin_dir), server=st.server, pod_network=st.pod_network)
+                   bin_dir=Path(st.bin_dir), server=st.server, pod_network=st.pod_network,
+                   oracle_url=oracle_url(st))
 
     def shell_exports(self) -> list[str]:
-        """The lines a shell pastes to use this cluster: ``export KUBECONFIG=...`` and an
+        """The lines a shell pastes to use this cluster: ``export KUBECONFIG=...``, an
         ``export PATH=<bin_dir>:$PATH`` that puts the built kubectl and helm (the cluster's
-        own version) before any other on the PATH."""
-        return [f"export KUBECONFIG={self.kubeconfig}", f"export PATH={self.bin_dir}:$PATH"]
+        own version) before any other on the PATH, and with an oracle service
+        ``export SGLANG_PD_ORACLE_URL=...`` (``sglang-pd-operator run`` then asks SGLang)."""
+        lines = [f"export KUBECONFIG={self.kubeconfig}", f"export PATH={self.bin_dir}:$PATH"]
+        if self.oracle_url:
+            lines.append(f"export SGLANG_PD_ORACLE_URL={self.oracle_url}")
+        return lines
 
     def env(self) -> dict[str, str]:
         """Environment for tools: KUBECONFIG and run-local helm directories."""

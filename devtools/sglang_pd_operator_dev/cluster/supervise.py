@@ -8,14 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sglang_pd_operator_dev.cluster import cluster, components, procs, rest, state
-from sglang_pd_operator_dev.cluster.handle import Cluster, ComponentFailed
+from sglang_pd_operator_dev.cluster.handle import Cluster, ComponentFailed, oracle_url
 
 Log = Callable[[str], None]
 
 
 def run_status(run_dir: Path) -> dict:
-    """What ``status`` prints: phase, liveness, each process, /readyz, node readiness, and
-    the LeaderWorkerSet controller (``lws``: version, webhook URL, whether it serves)."""
+    """What ``status`` prints: phase, liveness, each process, /readyz, node readiness, the
+    LeaderWorkerSet controller (``lws``: version, webhook URL, whether it serves) and the SGLang
+    oracle service (``oracle``: URL, whether /readyz answers)."""
     st = state.load(Path(run_dir).resolve())
     if st is None:
         return {"run_dir": str(run_dir), "phase": "absent"}
@@ -35,6 +36,10 @@ def run_status(run_dir: Path) -> dict:
             result["nodes"] = {"total": len(items), "ready": sum(cluster.node_ready(n) for n in items)}
         if "lws-webhook" in st.ports:
             result["lws"] = _lws_status(st)
+        url = oracle_url(st)
+        if url:
+            ready = rest.http_status(f"{url}/readyz") == 200
+            result["oracle"] = f"{url} ({'ready' if ready else 'NOT ready'}; SGLANG_PD_ORACLE_URL for `run`)"
     return result
 
 
