@@ -8,6 +8,7 @@ export PYTHONSAFEPATH=1
 export SGLANG_PD_OPERATOR_STRICT=1   # a skipped test fails here: CI installs every dependency (tests/conftest.py)
 ./hack/setup.sh --contract
 .venv/bin/sglang-pd-operator dev cluster build   # cold: ~13 min once per machine (LWS included); then a cache hit
+.venv/bin/sglang-pd-operator dev cluster build --kueue  # + Kueue (test_kueue.py), its own cache: cold ~4-6 min once (365 s CPU)
 # The Go tools the contract tests run, built here (not inside a test, where pytest's
 # per-test timeout would cut a cold build short on a busy machine); then a cache hit.
 .venv/bin/python hack/promtool/build_promtool.py >/dev/null         # cold: ~5 min

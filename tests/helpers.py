@@ -29,13 +29,21 @@ def with_fields(doc: dict, changes: dict) -> dict:
 
 
 def load_script(path: Path, name: str):
-    """The Python file ``path`` (a script under hack/, a test file) as a module named ``name``, loaded by path."""
+    """The Python file ``path`` (a script under hack/, a test file) as a module named ``name``, loaded by path
+    (registered in ``sys.modules`` first: dataclasses look their module up while it loads)."""
     import importlib.util
+    import sys
 
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def images_build():
+    """hack/images/images.py (the image build: its Dockerfile parser, pins and smoke helpers) as a module."""
+    return load_script(ROOT / "hack" / "images" / "images.py", "images_build")
 
 
 def rules_table():
@@ -54,6 +62,10 @@ class MemoryKube:
         self.status: list[dict] = []
         self.events: list[tuple[str, str]] = []
         self.total_writes = 0
+
+    def uncached(self):
+        """The same objects: this Kube has no cache."""
+        return self
 
     def get(self, api_version, kind, name, namespace=None):
         return copy.deepcopy(self.objects.get((kind, name)))

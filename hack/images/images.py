@@ -573,9 +573,11 @@ def summary(record: dict) -> str:
 
 CHART = ROOT / "charts" / "sglang-pd-operator"
 SMOKE_EXAMPLE = ROOT / "examples" / "qwen3-30b-a3b-paged-experts.yaml"
-#: What the oracle image answers in its smoke run: SGLang's verdict on one example (mounted
-#: read-only at /examples). One line to switch to the in-cluster oracle service once it lands.
-ORACLE_SMOKE_ARGS = ["check", "--sglang", "/examples/qwen3-30b-a3b-paged-experts.yaml"]
+#: The oracle image's smoke: its own command (images/oracle/Dockerfile: ``oracle serve``) on
+#: a free loopback port, warm for the example's accelerator; SMOKE_EXAMPLE POSTed to the
+#: service's verdict API (operator/oracle/service.py) once ``/readyz`` answers 200.
+ORACLE_VERDICT_PATH = "/v1/verdict"
+ORACLE_READY_TIMEOUT_S = 900
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 READY_TIMEOUT_S = 300
 
@@ -694,19 +696,87 @@ def smoke(image: str) -> dict:
         return (smoke_operator if image == "operator" else smoke_oracle)(record, Path(tmp))
 
 
+def oracle_serve_args(cmd: list[str], *, port: int, accelerator: str) -> list[str]:
+    """The oracle image's command (``oracle serve ...`` from its Dockerfile) listening on
+    127.0.0.1:``port`` and warming ``accelerator``: the Dockerfile's options stay, these
+    follow them (click keeps the last value of an option). Raises ImageError when the
+    command is not ``oracle serve``."""
+    if cmd[:2] != ["oracle", "serve"]:
+        raise ImageError(f"images/oracle/Dockerfile's CMD is {cmd}, not `oracle serve ...`: the smoke asks the service")
+    return [*cmd, "--host", "127.0.0.1", "--port", str(port), "--warm", accelerator]
+
+
+def oracle_request(example: Path) -> tuple[dict, bytes]:
+    """The PDDeployment in ``example`` (YAML) and the body of POST /v1/verdict asking for its verdict."""
+    doc = yaml.safe_load(example.read_text())
+    return doc, json.dumps({"object": doc, "catalogOverrides": None}).encode()
+
+
+def verdict_problems(status: int, answer: dict) -> list[str]:
+    """What is wrong with the service's answer to a valid example: not 200, not valid, or
+    SGLang's verdict (``sglang``) not accepted (refused or indeterminate). Empty when good."""
+    if status != 200:
+        return [f"POST {ORACLE_VERDICT_PATH} answered {status}: {answer}"]
+    problems = []
+    if answer.get("valid") is not True:
+        problems.append(f"valid is {answer.get('valid')!r}: {answer.get('problems')}")
+    verdict = answer.get("sglang")
+    if not isinstance(verdict, dict):
+        problems.append(f"no SGLang verdict (key sglang) in {sorted(answer)}")
+    elif verdict.get("accepted") is not True:
+        problems.append(f"SGLang's verdict is accepted={verdict.get('accepted')!r}: "
+                        f"prefill {verdict.get('prefill')}, decode {verdict.get('decode')}, pair {verdict.get('pair')}")
+    return problems
+
+
 def smoke_oracle(record: dict, work: Path) -> dict:
-    """The oracle image answers SGLang's verdict on one example (ORACLE_SMOKE_ARGS)."""
-    config = dockerfile_config()
-    container = Container("oracle", work, args=[*config.entrypoint, *ORACLE_SMOKE_ARGS], env={},
-                          binds=[(ROOT / "examples", "/examples")])
-    t0 = time.monotonic()
-    proc = container.run(timeout=900)
-    seconds = time.monotonic() - t0
-    print(proc.stdout.rstrip())
-    if proc.returncode != 0 or "SGLang" not in proc.stdout:
-        raise ImageError(f"the oracle image's verdict failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    log(f"oracle smoke: {' '.join(ORACLE_SMOKE_ARGS)} answered in {seconds:.1f} s (exit 0), read-only root, uid 65532")
-    return {"image": "oracle", "digest": record["digest"], "verdict_s": round(seconds, 1)}
+    """The oracle image serves (``oracle serve``, its Dockerfile's command) and answers
+    SGLang's verdict on SMOKE_EXAMPLE through POST /v1/verdict."""
+    from sglang_pd_operator_dev.cluster import demo
+
+    config = dockerfile_config(ORACLE_DOCKERFILE)
+    doc, body = oracle_request(SMOKE_EXAMPLE)
+    accelerator = doc["spec"]["accelerator"]
+    port = demo.free_port()
+    url = f"http://127.0.0.1:{port}"
+    container = Container("oracle", work, args=[*config.entrypoint, *oracle_serve_args(config.cmd, port=port,
+                                                                                       accelerator=accelerator)],
+                          env={}, binds=[])
+    try:
+        t0 = time.monotonic()
+        container.start()
+        deadline = t0 + ORACLE_READY_TIMEOUT_S
+        while True:
+            if not container.alive():
+                raise ImageError(f"the oracle image exited before /readyz answered 200:\n{container.tail(40)}")
+            if time.monotonic() > deadline:
+                raise ImageError(f"the oracle image's /readyz not 200 after {ORACLE_READY_TIMEOUT_S} s:\n{container.tail(40)}")
+            try:
+                if http_get(url + "/readyz")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+        ready_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        status, answer = http_post_json(url + ORACLE_VERDICT_PATH, body, timeout=600)
+        verdict_s = time.monotonic() - t1
+        print(json.dumps(answer, indent=1))
+        problems = verdict_problems(status, answer)
+        if problems:
+            raise ImageError("the oracle image's verdict on " + SMOKE_EXAMPLE.name + ": " + "; ".join(problems) +
+                             f"\n--- container log ---\n{container.tail(40)}")
+        log(f"oracle smoke: `{' '.join(container_args(container))}` ready in {ready_s:.1f} s; POST {ORACLE_VERDICT_PATH} "
+            f"({SMOKE_EXAMPLE.name}) answered accepted in {verdict_s:.1f} s; read-only root, uid 65532")
+        return {"image": "oracle", "digest": record["digest"], "ready_s": round(ready_s, 1),
+                "verdict_s": round(verdict_s, 1)}
+    finally:
+        container.stop()
+
+
+def container_args(container: "Container") -> list[str]:
+    """The process arguments the container was started with (its runtime spec)."""
+    return json.loads((container.bundle / "config.json").read_text())["process"]["args"]
 
 
 def smoke_operator(record: dict, work: Path) -> dict:
@@ -791,14 +861,17 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 
 def registry_binary() -> Path:
-    """The Distribution registry built from hack/images/registry/go.mod (cached; hack/gotool.py)."""
-    sys.path.insert(0, str(ROOT / "hack"))
-    from gotool import GoTool, GoToolBuildError
+    """The Distribution registry built from hack/images/registry/go.mod (cached; hack/gotool.py):
+    build_registry.py's REGISTRY. Raises ImageError when ``go`` is missing or the build fails."""
+    import importlib.util
 
-    tool = GoTool(name="registry", package="github.com/distribution/distribution/v3/cmd/registry",
-                  module_dir=ROOT / "hack" / "images" / "registry", env_override="REGISTRY_BIN")
+    spec = importlib.util.spec_from_file_location("build_registry", ROOT / "hack" / "images" / "registry" / "build_registry.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)                  # puts hack/ on sys.path for gotool
+    from gotool import GoToolBuildError
+
     try:
-        return tool.ensure(log=log)
+        return module.REGISTRY.ensure(log=log)
     except GoToolBuildError as err:
         raise ImageError(str(err)) from err
 
@@ -813,6 +886,23 @@ def http_get(url: str, *, accept: str | None = None, method: str = "GET") -> tup
             return resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as err:
         return err.code, dict(err.headers), err.read()
+
+
+def http_post_json(url: str, body: bytes, *, timeout: float) -> tuple[int, dict]:
+    """POST ``body`` (JSON) to ``url``; returns the status and the answer's JSON ({"raw": text} when not JSON)."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, {"raw": raw.decode(errors="replace")[:2000]}
 
 
 def registry_address() -> str | None:

@@ -1065,6 +1065,26 @@ class PlacementSpec(_Model):
     )
 
 
+class SchedulingSpec(_Model):
+    """Gang admission of multi-node replicas through Kueue (sigs.k8s.io/kueue), optional.
+
+    With ``queueName`` every LeaderWorkerSet of the deployment (a role whose replicas span
+    nodes) carries Kueue's ``kueue.x-k8s.io/queue-name`` label: Kueue's LeaderWorkerSet
+    integration admits each group (one replica: leader and workers) whole or keeps all its
+    pods gated, and with NVLink placement its topology-aware scheduling finds one clique for
+    the whole group first. docs/multi-node.md "Gang admission with Kueue".
+    """
+
+    queueName: DNSLabel | None = Field(
+        default=None,
+        description=(
+            "Kueue LocalQueue (in the PDDeployment's namespace) that admits each multi-node replica whole; "
+            "unset: no label from the operator (a LocalQueue named default, Kueue's own defaulting, still "
+            "applies). Kueue refuses to change it on a running LeaderWorkerSet."
+        ),
+    )
+
+
 # --------------------------------------------------------------------------- autoscaling
 class RoleAutoscalingSpec(_Model):
     """Bounds of one role's replica count while the built-in SLO planner scales it."""
@@ -1239,6 +1259,10 @@ class PDDeploymentSpec(_Model):
     placement: PlacementSpec = Field(
         default_factory=PlacementSpec,
         description="NVLink placement of multi-node replicas (clique affinity, ComputeDomain); docs/multi-node.md.",
+    )
+    scheduling: SchedulingSpec = Field(
+        default_factory=SchedulingSpec,
+        description="Gang admission of multi-node replicas through Kueue (queueName); docs/multi-node.md.",
     )
     autoscaling: AutoscalingSpec | None = Field(
         default=None,

@@ -12,7 +12,10 @@ of ``size`` pods per replica); both become a :class:`WorkloadState` counted in r
 only when its leader and every worker are (its ``status.readyReplicas``). A
 LeaderWorkerSet whose pods hold IMEX channels (a ComputeDomain's claim template, GB200 /
 GB300) counts a group ready only when, besides, every node of its pods is Ready in the
-ComputeDomain's ``status.nodes`` (:func:`imex_ready_groups`).
+ComputeDomain's ``status.nodes`` (:func:`imex_ready_groups`). A group whose pods a
+scheduling gate holds (Kueue's gang admission, ``spec.scheduling.queueName``) is looked up
+in Kueue's Workloads, uncached, and reported with Kueue's reason while it is not admitted
+(:func:`admission_waits`).
 """
 
 from __future__ import annotations
@@ -20,8 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
 from ..api import computedomain as cd
-from ..api import lws
+from ..api import kueue, lws
 from ..planning.rollout import GroupState
 from ..render import labels as L
 from ..render.record import RenderRecord, read_record
@@ -78,6 +84,8 @@ class ObservedGroup:
     workloads: dict[str, WorkloadState] = field(default_factory=dict)
     unschedulable: int = 0
     unschedulable_reason: str = ""
+    #: groups (replicas) Kueue has not admitted yet, one line each: "decode group 0: <Kueue's reason>"
+    awaiting_admission: tuple[str, ...] = ()
     deployment_names: tuple[str, ...] = ()
     #: what the group records about the operator that rendered it (None: made before 0.2.0)
     record: RenderRecord | None = None
@@ -229,6 +237,40 @@ def imex_ready_groups(domain: dict[str, Any] | None, group_nodes: dict[str, list
                if len(nodes) >= size and all(n and cd.node_ready(status, n) for n in nodes))
 
 
+def scheduling_gated(pod: dict[str, Any]) -> bool:
+    """A scheduling gate holds the pod (PodScheduled=False, reason SchedulingGated): Kueue has not admitted its group."""
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == kueue.SCHEDULING_GATED
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def admission_waits(component: str, workloads: list[dict[str, Any]], gated_groups: set[str]) -> list[str]:
+    """One line per group of ``component`` whose pods are gated and whose Kueue Workload is not admitted.
+
+    ``workloads``: the Kueue Workloads of the role's LeaderWorkerSet (label
+    ``kueue.x-k8s.io/job-uid``); ``gated_groups``: group indexes with a gated pod. A gated
+    group without a Workload yet says so (Kueue makes it right after the group's pods appear).
+    Lines are sorted by group index: ``decode group 0: <the QuotaReserved message>``.
+    """
+    by_group = {kueue.group_index(w): w for w in workloads}
+    lines = []
+    for group in sorted(gated_groups, key=lambda g: (len(g), g)):
+        wl = by_group.get(group)
+        if wl is not None and kueue.admitted(wl):
+            continue  # admitted; its pods are being ungated
+        why = kueue.waiting_reason(wl) if wl is not None else "no Kueue Workload yet"
+        lines.append(f"{component} group {group}: {why}")
+    return lines
+
+
+def _kueue_workloads(kube: Kube, namespace: str, lws_uid: str) -> list[dict[str, Any]]:
+    """The Kueue Workloads of one LeaderWorkerSet (an uncached LIST: the operator does not watch Kueue's
+    kind); [] where the cluster does not serve it or the operator may not read it."""
+    try:
+        return kube.uncached().list(kueue.API_VERSION, kueue.WORKLOAD_KIND, namespace, f"{kueue.JOB_UID_LABEL}={lws_uid}")
+    except (ResourceNotFoundError, ApiException):
+        return []
+
+
 def service_serving_key(service: dict[str, Any] | None) -> str | None:
     """The compat key the user-facing Service selects (its ``spec.selector``), None without one:
     the group that serves, for the rollout decision, status and both SLO sources."""
@@ -277,10 +319,13 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, 
             lbl = obj["metadata"].get("labels") or {}
             domains[(lbl.get(L.LABEL_COMPAT_KEY), lbl.get(L.LABEL_ROLE))] = obj
     group_nodes: dict[tuple[str, str], dict[str, list[str]]] = {}
+    gated: dict[tuple[str, str], set[str]] = {}  # (key, component) -> LWS groups with a pod behind a scheduling gate
     pods: dict[tuple[str, str], list[int]] = {}  # (key, component) -> [ready, total]
     for pod in kube.list("v1", "Pod", namespace, f"{L.LABEL_DEPLOYMENT}={name}"):
         labels = pod["metadata"].get("labels") or {}
         key = labels.get(L.LABEL_COMPAT_KEY)
+        if labels.get(lws.LABEL_GROUP_INDEX) is not None and scheduling_gated(pod):
+            gated.setdefault((key, labels.get(L.LABEL_ROLE)), set()).add(labels[lws.LABEL_GROUP_INDEX])
         if (key, labels.get(L.LABEL_ROLE)) in imex and labels.get(lws.LABEL_GROUP_INDEX) is not None:
             group_nodes.setdefault((key, labels.get(L.LABEL_ROLE)), {}).setdefault(
                 labels[lws.LABEL_GROUP_INDEX], []).append((pod.get("spec") or {}).get("nodeName") or "")
@@ -291,6 +336,14 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, 
         if why is not None:
             groups[key]["unschedulable"] += 1
             groups[key].setdefault("reason", why[:300])
+    uids = {(lbl.get(L.LABEL_COMPAT_KEY), lbl.get(L.LABEL_ROLE)): obj["metadata"].get("uid")
+            for obj, state_of in workloads if state_of is lws_state
+            for lbl in [obj["metadata"].get("labels") or {}] if lbl.get(kueue.QUEUE_LABEL)}  # queued through Kueue
+    for (key, component), groups_gated in sorted(gated.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
+        uid = uids.get((key, component))
+        if key in groups and uid:
+            groups[key].setdefault("admission", []).extend(
+                admission_waits(component, _kueue_workloads(kube, namespace, uid), groups_gated))
     for key, g in groups.items():
         for component, w in g["workloads"].items():
             ready, total = pods.get((key, component), (0, 0))
@@ -309,6 +362,7 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, 
                 workloads=v["workloads"],
                 unschedulable=v["unschedulable"],
                 unschedulable_reason=v.get("reason", ""),
+                awaiting_admission=tuple(v.get("admission", ())),
                 deployment_names=tuple(v["names"]),
                 record=_group_record(v["records"]),
                 workload_refs=tuple(sorted(v["refs"])),

@@ -297,6 +297,7 @@ def _reconcile(
     for reason, message in decision.events:
         _event(kube, body, outcome, "Normal" if reason not in ("ProgressDeadlineExceeded",) else "Warning", reason, message)
     _warn_new_warnings(kube, body, previous, plan.problems, outcome)
+    _event_waiting_for_capacity(kube, body, previous, new_status, outcome)
     _event_upgrade_pending(kube, body, previous, hold, outcome)
     _warn_health_transitions(kube, body, previous, new_status, health, outcome)
     for type_, reason, message in kvstore_events(previous, new_status):
@@ -750,6 +751,18 @@ def _warn_new_warnings(
     for p in problems:
         if p.severity == "warning" and (p.field, p.to_dict()["message"]) not in old:
             _event(kube, body, outcome, "Warning", "CatalogWarning", p.line())
+
+
+def _event_waiting_for_capacity(kube: Kube, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any],
+                                outcome: Outcome) -> None:
+    """A Normal event when Ready turns to WaitingForCapacity (Kueue holds replicas of the target group); once per
+    transition (status is the memory)."""
+    def reason(status: dict[str, Any]) -> str | None:
+        return next((c.get("reason") for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+
+    if reason(new) == S.REASON_WAITING_FOR_CAPACITY != reason(previous):
+        ready = next(c for c in new["conditions"] if c.get("type") == "Ready")
+        _event(kube, body, outcome, "Normal", S.REASON_WAITING_FOR_CAPACITY, ready.get("message", ""))
 
 
 def _warn_health_transitions(

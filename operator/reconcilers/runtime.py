@@ -24,7 +24,6 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from ..api import computedomain as cd
-from ..api import computedomain as cd
 from ..api import lws
 from ..api.kernelbuild import KIND as KERNELBUILD_KIND
 from ..api.v1alpha1 import API_VERSION
@@ -184,10 +183,6 @@ class Runtime:
     def lws_available(self) -> bool:
         """True when the API server serves LeaderWorkerSets (sigs.k8s.io/lws): multi-node roles can be created."""
         return lws.KIND in self.kinds_served(lws.API_VERSION)
-
-    def compute_domains_available(self) -> bool:
-        """True when the API server serves ComputeDomains (NVIDIA's DRA driver): GB200 / GB300 multi-node roles get IMEX channels."""
-        return cd.KIND in self.kinds_served(cd.API_VERSION)
 
     def compute_domains_available(self) -> bool:
         """True when the API server serves ComputeDomains (NVIDIA's DRA driver): GB200 / GB300 multi-node roles get IMEX channels."""

@@ -8,7 +8,8 @@ Conditions follow Kubernetes API conventions: ``type``, ``status``, ``reason``,
 - ``Reconciled``: every child object was applied for the current generation (False: the
   API call that failed and the API server's answer, e.g. an admission denial);
 - ``Ready``: the serving group is the current generation's group and its prefill,
-  decode and gateway are fully ready (False with InvalidSpec or ReconcileError when the
+  decode and gateway are fully ready (False with WaitingForCapacity and Kueue's reasons
+  while Kueue holds replicas of the target group; False with InvalidSpec or ReconcileError when the
   current generation was refused or could not be applied; the message then names the
   group of the earlier generation that still serves);
 - ``Progressing``: a group is being created, cut over or drained (False/Complete when
@@ -254,6 +255,21 @@ def reconcile_error_conditions(
     return conds
 
 
+#: Ready's reason while Kueue holds a group of the target compat group (spec.scheduling.queueName).
+REASON_WAITING_FOR_CAPACITY = "WaitingForCapacity"
+
+
+def admission_condition(group: ObservedGroup) -> Cond:
+    """Ready False, WaitingForCapacity: Kueue has not admitted some replicas of ``group`` (their pods are all
+    held behind its scheduling gate); the message names each one and Kueue's reason from its Workload."""
+    waits = group.awaiting_admission
+    shown = "; ".join(waits[:MAX_MESSAGE_PROBLEMS]) + (f"; ... and {len(waits) - MAX_MESSAGE_PROBLEMS} more"
+                                                      if len(waits) > MAX_MESSAGE_PROBLEMS else "")
+    return Cond("Ready", "False", REASON_WAITING_FOR_CAPACITY,
+                (f"group {group.key[:6]}: Kueue has not admitted {len(waits)} replica(s), every pod of each held "
+                 f"unbound until the whole replica fits: {shown}")[:MAX_CONDITION_MESSAGE])
+
+
 def degraded_condition(
     serving: ObservedGroup | None, decision: RolloutDecision | None, health: Health | None = None
 ) -> Cond:
@@ -425,6 +441,8 @@ def valid_status(
         ready_c = Cond("Ready", "False", "RolloutFailed", decision.message)
     elif decision.phase == "Complete":  # complete but not ready: a role scaled to 0 (rollout.decide)
         ready_c = Cond("Ready", "False", "ScaledToZero", decision.message)
+    elif target is not None and target.awaiting_admission:
+        ready_c = admission_condition(target)
     else:
         ready_c = Cond("Ready", "False", "NotReady", decision.message)
     if decision.phase == "Complete":

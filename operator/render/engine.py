@@ -31,8 +31,8 @@ from ..planning.sglang_flags import flag_table
 from ..planning.rollout import InPlaceStrategy, progress_deadline_seconds, role_strategies
 from . import labels as L
 from .drain import ENGINE_GAUGES, prestop, termination_grace_seconds
-from .multinode import (compute_domain, group_service_settings, imex_claims, leader_worker_set, pod_affinity,
-                        wait_for_leader_container)
+from .multinode import (compute_domain, group_service_settings, imex_claims, kueue_annotations, leader_worker_set,
+                        pod_affinity, wait_for_leader_container)
 from .probes import http_probe, readiness_probe, worker_readiness_probe
 
 CONFIG_DIR = "/etc/sglang"
@@ -274,6 +274,7 @@ def pod_template(plan: Plan, role: RolePlan, *, pod: PodKind = "replica") -> dic
         container["resources"]["claims"] = [{"name": c["name"]} for c in claims]
     if role.inputs.multi_node:
         spec = {"initContainers": [wait_for_leader_container(role)], **spec}
+        pod_annotations.update(kueue_annotations(plan, role))
     return {"metadata": {"labels": L.component_labels(name, component, key), "annotations": pod_annotations},
             "spec": spec}
 

@@ -58,6 +58,12 @@ Choices, and why:
   count at creation; the driver uses it only for its global ``status.status`` in its
   default mode), and counts each group Ready only when every node of its pods is Ready in
   ``status.nodes`` (reconcilers/observe.py).
+- Gang admission (``spec.scheduling.queueName``, api/kueue.py): the LeaderWorkerSet carries
+  Kueue's queue label, so Kueue's LWS integration makes one Workload per group and keeps
+  every pod of the group behind its scheduling gate until the whole group is admitted;
+  with NVLink placement the pod templates also ask Kueue's topology-aware scheduling for
+  one clique for leader and workers together (:func:`kueue_annotations`). The pod
+  affinity stays: it is what the kube-scheduler enforces should Kueue be absent.
 - ``rolloutStrategy``: RollingUpdate with the role's in-place strategy (a whole group is
   the unit LWS surges: maxSurge 1 / maxUnavailable 0, or 0 / 1 when rollout.maxSurgeGPUs
   cannot hold one more group).
@@ -68,7 +74,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import computedomain as cd
-from ..api import lws
+from ..api import kueue, lws
 from ..planning.nvlink import clique_label, nvlink_mode, uses_compute_domain
 from ..planning.rollout import InPlaceStrategy
 from ..planning.structs import Plan, RolePlan
@@ -149,13 +155,38 @@ def leader_worker_set(
     count = role.inputs.spec.replicas if role.inputs.spec.replicas is not None else replicas
     if count is not None:
         spec = {"replicas": count, **spec}
+    labels = L.component_labels(name, component, key)
+    queue = plan.spec.scheduling.queueName
+    if queue:  # Kueue admits each group whole (api/kueue.py)
+        labels = {**labels, kueue.QUEUE_LABEL: queue}
     return {
         "apiVersion": lws.API_VERSION,
         "kind": lws.KIND,
         "metadata": L.metadata(name=L.group_object_name(name, key, component), namespace=ns,
-                               labels=L.component_labels(name, component, key), owner=owner),
+                               labels=labels, owner=owner),
         "spec": spec,
     }
+
+
+def kueue_annotations(plan: Plan, role: RolePlan) -> dict[str, str]:
+    """Pod template annotations of a multi-node ``role`` queued through Kueue (``spec.scheduling.queueName``).
+
+    With NVLink placement required (preferred) on the accelerator's clique label: Kueue's
+    topology-aware scheduling must (should) find one domain of that level for the whole
+    pod set (``kueue.x-k8s.io/podset-required-topology`` / ``-preferred-topology``), and the
+    leader and worker pod sets form one podset group (``kueue.x-k8s.io/podset-group-name``)
+    so they share it: the whole replica in one clique before any pod is ungated. Without a
+    queue, or with ``nvlinkDomain: none``, none (Kueue then admits by quota alone). Source:
+    Kueue apis/kueue/v1beta2/topology_types.go, pkg/controller/jobs/leaderworkerset
+    (its webhook validates the group: exactly two pod sets, one of them of one pod).
+    """
+    if not plan.spec.scheduling.queueName or not role.inputs.multi_node:
+        return {}
+    mode, label = nvlink_mode(plan.spec, role), clique_label(role)
+    if mode == "none" or label is None:
+        return {}
+    key = kueue.REQUIRED_TOPOLOGY if mode == "required" else kueue.PREFERRED_TOPOLOGY
+    return {key: label, kueue.PODSET_GROUP_NAME: kueue.REPLICA_PODSET_GROUP}
 
 
 #: Weight of the preferred clique terms (the scheduler's 1..100 scale): a group's own clique

@@ -18,22 +18,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import EXAMPLES, ROOT
+from helpers import EXAMPLES, ROOT, images_build
 
 DOCKERFILE = ROOT / "images" / "operator" / "Dockerfile"
 VALUES = ROOT / "charts" / "sglang-pd-operator" / "values.yaml"
 
 
 def instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined."""
-    text = re.sub(r"\\\n", "", DOCKERFILE.read_text())
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            op, _, rest = line.partition(" ")
-            out.append((op.upper(), rest.strip()))
-    return out
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined (the image build's parser)."""
+    return images_build().dockerfile_instructions(DOCKERFILE)
 
 
 def final_stage() -> list[tuple[str, str]]:

@@ -11,25 +11,14 @@ the same sources, and the user, entrypoint, command and environment the Dockerfi
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 
 import pytest
 import yaml
-from helpers import ROOT
+from helpers import ROOT, images_build
 
 
-def _load_images():
-    """hack/images/images.py as a module (registered first: its dataclasses look their module up)."""
-    spec = importlib.util.spec_from_file_location("images_build", ROOT / "hack" / "images" / "images.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-images = _load_images()
+images = images_build()
 VALUES = ROOT / "charts" / "sglang-pd-operator" / "values.yaml"
 
 
@@ -140,3 +129,48 @@ def test_runtime_spec_is_the_charts_pod():
     mounts = {m["destination"]: m for m in out["mounts"]}
     assert mounts["/tmp"]["type"] == "tmpfs" and "ro" in mounts[images.SA_DIR]["options"]
     assert spec["root"]["readonly"] is False  # the input is not changed
+
+
+def test_oracle_smoke_asks_the_service_the_image_runs():
+    """The oracle smoke starts the Dockerfile's own command (``oracle serve``) with the port,
+    host and warm accelerator appended, and POSTs to the service's own verdict path: both
+    checked against the CLI's options and operator/oracle/service.py, so a renamed option or
+    path fails here, not in a 15-minute smoke."""
+    import json
+
+    from sglang_pd_operator.catalog import builtin_catalog
+    from sglang_pd_operator.cli import oracle_serve
+    from sglang_pd_operator.oracle.service import API_PATH
+    from sglang_pd_operator.planning.plan import plan_object
+    from sglang_pd_operator.planning.problems import errors
+
+    assert images.ORACLE_VERDICT_PATH == API_PATH
+    cmd = images.dockerfile_config(images.ORACLE_DOCKERFILE).cmd
+    args = images.oracle_serve_args(cmd, port=18090, accelerator="l40s")
+    assert args[:len(cmd)] == cmd and args[:2] == ["oracle", "serve"]
+    ctx = oracle_serve.make_context("serve", args[2:])       # click keeps the last value of an option
+    assert (ctx.params["host"], ctx.params["port"], ctx.params["warm"]) == ("127.0.0.1", 18090, "l40s")
+    with pytest.raises(images.ImageError, match="oracle serve"):
+        images.oracle_serve_args(["check", "--sglang", "x.yaml"], port=1, accelerator="l40s")
+    # the body is the service's shape, and the example plans without errors (the service's first step)
+    doc, body = images.oracle_request(images.SMOKE_EXAMPLE)
+    request = json.loads(body)
+    assert set(request) == {"object", "catalogOverrides"} and request["object"] == doc
+    plan, problems = plan_object(request["object"], builtin_catalog())
+    assert plan is not None and not errors(problems), problems
+    assert builtin_catalog().accelerator(doc["spec"]["accelerator"]) is not None
+
+
+def test_oracle_smoke_fails_on_a_refused_or_unknown_verdict():
+    good = {"valid": True, "problems": [], "sglang": {"accepted": True, "prefill": {}, "decode": {}, "pair": {}}}
+    assert images.verdict_problems(200, good) == []
+    (problem,) = images.verdict_problems(503, {"error": "the oracle failed"})
+    assert "answered 503" in problem
+    (problem,) = images.verdict_problems(200, {**good, "sglang": {**good["sglang"], "accepted": None}})
+    assert "accepted=None" in problem
+    (problem,) = images.verdict_problems(200, {**good, "sglang": {**good["sglang"], "accepted": False}})
+    assert "accepted=False" in problem
+    (problem,) = images.verdict_problems(200, {"valid": True, "problems": []})
+    assert "no SGLang verdict" in problem
+    (problem,) = images.verdict_problems(200, {**good, "valid": False, "problems": ["x"]})
+    assert "valid is False" in problem

@@ -9,7 +9,6 @@ does (its steps are this package's, not a copy), runs as the chart's user and pa
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT, load_script
+from helpers import ROOT, images_build, load_script
 
 cc = load_script(ROOT / "hack" / "chart_check.py", "chart_check")
 DOCKERFILE = ROOT / "images" / "oracle" / "Dockerfile"
@@ -74,14 +73,7 @@ def test_wrong_values_fail_at_template_time(bad):
 
 
 def _instructions() -> list[tuple[str, str]]:
-    text = re.sub(r"\\\n", "", DOCKERFILE.read_text())
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            op, _, rest = line.partition(" ")
-            out.append((op.upper(), rest.strip()))
-    return out
+    return images_build().dockerfile_instructions(DOCKERFILE)
 
 
 def test_the_image_installs_sglang_the_way_sglang_install_does_and_runs_as_the_chart_says():

@@ -116,6 +116,12 @@ set from the code (reconcilers, render, handlers) and fails when they differ eit
 - apiGroups: [resource.nvidia.com]
   resources: [computedomains]
   verbs: [get, list, watch, create, delete]
+# With Kueue (an optional dependency, spec.scheduling.queueName): while a queued group's
+# pods are gated, its Workloads' conditions say why (Ready WaitingForCapacity). Read only,
+# not watched. Harmless without Kueue.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [list]
 # Kernel build Jobs (one per attempt): create, delete stale or superseded attempts; watched
 # so a build's status follows its Job.
 - apiGroups: [batch]

@@ -56,6 +56,21 @@ LWS_CONFIG_FILES: dict[str, str] = {
     "webhook": "config/webhook",
     "rbac/role.yaml": "config/rbac/role.yaml",
 }
+#: Kueue (optional, ``kueue=True`` clusters): binary name -> Go package, built from hack/cluster/kueue's
+#: module into its own cache directory (``kueue-bin/<hash>/``), so the eight core binaries' cache key
+#: does not move and a cluster without Kueue never waits for its build.
+KUEUE_TARGETS: dict[str, str] = {"kueue-controller": "sigs.k8s.io/kueue/cmd/kueue"}
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+KUEUE_CONFIG_DIR = "kueue-config"
+#: destination -> path inside the Kueue module (a directory's *.yaml files, or one file).
+KUEUE_CONFIG_FILES: dict[str, str] = {
+    "crd/bases": "config/components/crd/bases",
+    "crd/patches": "config/components/crd/patches",
+    "crd/kustomization.yaml": "config/components/crd/kustomization.yaml",
+    "webhook": "config/components/webhook",
+    "rbac/role.yaml": "config/components/rbac/role.yaml",
+    "rbac/manager_secrets_role.yaml": "config/components/rbac/manager_secrets_role.yaml",
+}
 #: How often a running build prints a "still building" line, in seconds.
 PROGRESS_EVERY_S = 20.0
 _MANIFEST = "build.json"
@@ -90,6 +105,137 @@ class Binaries:
     def lws_config(self) -> Path:
         """The LWS module's manifests (crd/, webhook/, rbac/role.yaml), as the module has them."""
         return self.dir / LWS_CONFIG_DIR
+
+
+@dataclass(frozen=True)
+class KueueBinaries:
+    """A directory holding ``kueue-controller`` and ``kueue-config/`` (Kueue's manifests, unchanged).
+
+    ``cached``, ``build_seconds``, ``packages_compiled``: as :class:`Binaries`.
+    """
+
+    dir: Path
+    cached: bool
+    build_seconds: float | None = None
+    packages_compiled: int | None = None
+
+    def path(self, name: str) -> Path:
+        """Absolute path of one binary (``kueue-controller``)."""
+        return self.dir / name
+
+    @property
+    def config(self) -> Path:
+        """Kueue's manifests: crd/bases, crd/patches, webhook/, rbac/role.yaml."""
+        return self.dir / KUEUE_CONFIG_DIR
+
+
+def kueue_module_hash(source: Path) -> str:
+    """sha256 (hex) of ``source``'s ``kueue/`` module (go.mod, go.sum, its Go files) and of what the build
+    produces from it (KUEUE_TARGETS, KUEUE_CONFIG_FILES): a change of either builds a new directory."""
+    digest = hashlib.sha256(json.dumps([KUEUE_TARGETS, KUEUE_CONFIG_FILES], sort_keys=True).encode())
+    kueue = source / "kueue"
+    for file in [kueue / "go.mod", kueue / "go.sum", *sorted(kueue.glob("*.go"))]:
+        digest.update(str(file.relative_to(source)).encode() + b"\0")
+        digest.update(file.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def missing_kueue(directory: Path) -> list[str]:
+    """Names of KUEUE_TARGETS that are not executable in ``directory``, plus ``kueue-config`` when incomplete."""
+    missing = [n for n in KUEUE_TARGETS if not os.access(directory / n, os.X_OK)]
+    if not (directory / KUEUE_CONFIG_DIR / "webhook" / "manifests.yaml").is_file():
+        missing.append(KUEUE_CONFIG_DIR)
+    return missing
+
+
+def find_kueue() -> KueueBinaries | None:
+    """Kueue without building: in SGLANG_PD_CLUSTER_BIN_DIR when it holds it, else a cache hit, else None."""
+    override = os.environ.get(paths.BIN_DIR_ENV)
+    if override and not missing_kueue(Path(override)):
+        return KueueBinaries(dir=Path(override).resolve(), cached=True)
+    directory = paths.kueue_cache_dir() / kueue_module_hash(paths.source_dir())
+    if directory.is_dir() and not missing_kueue(directory):
+        return KueueBinaries(dir=directory, cached=True)
+    return None
+
+
+def ensure_kueue(*, log: Log = print) -> KueueBinaries:
+    """Return Kueue's controller and manifests, building them first when the cache has none.
+
+    Same cache discipline as :func:`ensure_binaries` (temp dir renamed into place, a file
+    lock per hash). Raises BuildError, gomod.GoModuleDownloadError or gomod.GoToolMissing.
+    """
+    found = find_kueue()
+    if found:
+        log(f"kueue: cache hit ({found.dir})")
+        return found
+    source = paths.source_dir()
+    root = paths.kueue_cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / kueue_module_hash(source)
+    with open(root / f"{final.name}.lock", "w") as lock:
+        if not _try_lock(lock):
+            log(f"kueue: another process is building {final}; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if final.is_dir() and not missing_kueue(final):
+            log(f"kueue: cache hit ({final})")
+            return KueueBinaries(dir=final, cached=True)
+        started = time.monotonic()
+        module_dir = source / "kueue"
+        log(f"kueue: cache miss; building {KUEUE_MODULE} from {module_dir}/go.mod into {final} (from an empty "
+            f"Go build cache about 15 minutes on 2 cores; with a warm one it only links)")
+        gomod.download_modules(module_dir=module_dir)
+        for stale in final.parent.glob(f".{final.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+        tmp.mkdir(parents=True)
+        try:
+            info = json.loads(subprocess.run(
+                [gomod.go_binary(), "list", "-m", "-json", KUEUE_MODULE], cwd=module_dir,
+                capture_output=True, text=True, check=True).stdout)
+            version, module_src = info["Version"], Path(info["Dir"])
+            ldflags = " ".join(["-s", "-w", *kueue_ldflags(version=version)])
+            compiled = 0
+            for name, package in KUEUE_TARGETS.items():
+                cmd = [gomod.go_binary(), "build", "-v", "-trimpath", f"-ldflags={ldflags}",
+                       "-o", str(tmp / name), package]
+                compiled += _run_with_progress(cmd=cmd, cwd=module_dir, log=log, started=started)
+            _copy_config(module=KUEUE_MODULE, version=version, module_src=module_src,
+                         files=KUEUE_CONFIG_FILES, out=tmp / KUEUE_CONFIG_DIR)
+            missing = missing_kueue(tmp)
+            if missing:
+                raise BuildError(f"go build finished but did not produce {', '.join(missing)}")
+            seconds = time.monotonic() - started
+            (tmp / _MANIFEST).write_text(json.dumps({
+                "module_hash": final.name, "kueue": version, "build_seconds": round(seconds, 1),
+                "packages_compiled": compiled, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "targets": KUEUE_TARGETS}, indent=2))
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    log(f"kueue: built in {_fmt(seconds)} ({compiled} packages compiled) -> {final}")
+    return KueueBinaries(dir=final, cached=False, build_seconds=seconds, packages_compiled=compiled)
+
+
+def kueue_ldflags(*, version: str) -> list[str]:
+    """``-X`` linker flag stamping Kueue's version, as Kueue's Makefile does (``sigs.k8s.io/kueue/pkg/version``)."""
+    return [f"-X {KUEUE_MODULE}/pkg/version.GitVersion={version}"]
+
+
+def _copy_config(*, module: str, version: str, module_src: Path, files: dict[str, str], out: Path) -> None:
+    """Copy ``files`` (destination -> path in the module: a directory's *.yaml files, or one file) from the
+    module's source (Go's module cache, read-only) to ``out``, unchanged."""
+    for dest, src in files.items():
+        source, target = module_src / src, out / dest
+        found = sorted(source.glob("*.yaml")) if source.is_dir() else [source]
+        if not found or not all(f.is_file() for f in found):
+            raise BuildError(f"{module} {version} has no {src} (needed for {out.name}/{dest})")
+        folder = target if source.is_dir() else target.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        for file in found:
+            shutil.copyfile(file, folder / file.name if source.is_dir() else target)
 
 
 def module_hash(source: Path) -> str:
@@ -270,16 +416,8 @@ def _build_lws(*, module_dir: Path, out: Path, log: Log, started: float) -> int:
         cmd = [gomod.go_binary(), "build", "-v", "-trimpath", f"-ldflags={ldflags}",
                "-o", str(out / name), package]
         compiled += _run_with_progress(cmd=cmd, cwd=module_dir, log=log, started=started)
-    for dest, src in LWS_CONFIG_FILES.items():
-        source, target = module_src / src, out / LWS_CONFIG_DIR / dest
-        files = sorted(source.glob("*.yaml")) if source.is_dir() else [source]
-        if not files or not all(f.is_file() for f in files):
-            raise BuildError(f"{LWS_MODULE} {version} has no {src} (needed for {LWS_CONFIG_DIR}/{dest})")
-        folder = target if source.is_dir() else target.parent
-        folder.mkdir(parents=True, exist_ok=True)
-        for file in files:
-            copied = folder / file.name if source.is_dir() else target
-            shutil.copyfile(file, copied)  # the module cache's files are read-only; the copy is not
+    _copy_config(module=LWS_MODULE, version=version, module_src=module_src, files=LWS_CONFIG_FILES,
+                 out=out / LWS_CONFIG_DIR)
     return compiled
 
 

@@ -56,16 +56,21 @@ def cluster() -> None:
 
 
 @cluster.command("build")
-def build_cmd() -> None:
+@click.option("--kueue", "with_kueue", is_flag=True,
+              help="Also build (or find) Kueue's controller, an optional component with its own cache.")
+def build_cmd(with_kueue: bool) -> None:
     """Build (or find in the cache) the eight binaries (control plane and LWS controller)."""
     try:
-        bins = build.ensure_binaries(log=_echo)
+        built = [build.ensure_binaries(log=_echo)]
+        if with_kueue:
+            built.append(build.ensure_kueue(log=_echo))
     except (build.BuildError, gomod.GoModuleDownloadError, gomod.GoToolMissing) as err:
         raise click.ClickException(str(err)) from err
-    if bins.build_seconds is not None:
-        _echo(f"build took {bins.build_seconds:.0f}s ({bins.packages_compiled} packages compiled; "
-              f"0 means Go's build cache was warm and only linking ran)")
-    _echo(str(bins.dir))
+    for bins in built:
+        if bins.build_seconds is not None:
+            _echo(f"build took {bins.build_seconds:.0f}s ({bins.packages_compiled} packages compiled; "
+                  f"0 means Go's build cache was warm and only linking ran)")
+        _echo(str(bins.dir))
 
 
 @cluster.command()
@@ -79,7 +84,9 @@ def build_cmd() -> None:
                    "(without sglang 0.5.23 in this venv it says why and the cluster comes up without it).")
 @click.option("--oracle-warm", default="gb300", show_default=True, metavar="ACC[,ACC]",
               help="Accelerators whose oracle workers start at once (others start on their first spec).")
-def up(run_dir: Path | None, detach: bool, no_lws: bool, oracle: bool, oracle_warm: str) -> None:
+@click.option("--kueue", "with_kueue", is_flag=True,
+              help="Also run Kueue (gang admission of LeaderWorkerSet groups; built on first use).")
+def up(run_dir: Path | None, detach: bool, no_lws: bool, oracle: bool, oracle_warm: str, with_kueue: bool) -> None:
     """Start the cluster (and the SGLang oracle service); print the `export KUBECONFIG=...`,
     `export PATH=...` and `export SGLANG_PD_ORACLE_URL=...` lines to use it."""
     run_dir = run_dir or paths.default_run_dir()
@@ -87,7 +94,7 @@ def up(run_dir: Path | None, detach: bool, no_lws: bool, oracle: bool, oracle_wa
         _stop_on_signals()
     try:
         running = start_cluster(run_dir=run_dir, detach=detach, log=_echo, lws=not no_lws, oracle=oracle,
-                                oracle_warm=tuple(a for a in oracle_warm.split(",") if a))
+                                oracle_warm=tuple(a for a in oracle_warm.split(",") if a), kueue_queue=with_kueue)
     except (ClusterError, build.BuildError, gomod.GoModuleDownloadError,
             gomod.GoToolMissing) as err:
         raise click.ClickException(str(err)) from err

@@ -21,6 +21,8 @@
                           process of the run (spawned right after the API is up, waited for
                           last: it imports SGLang meanwhile); its URL is the handle's
                           ``oracle_url`` and ``shell_exports`` sets SGLANG_PD_ORACLE_URL
+12. ``_start_kueue``      optional (``kueue_queue=True``, or later ``start_kueue``): Kueue's CRDs,
+                          ClusterRole, the controller, then its webhook configurations (``kueue``)
 
 Every started process is recorded in the state file at once (``state``), so whatever
 happens later (an exception, Ctrl-C, a SIGKILLed harness), ``teardown.stop_run`` or the next
@@ -43,16 +45,16 @@ from pathlib import Path
 
 import yaml
 
-from sglang_pd_operator_dev.cluster import (build, components, imex, kubeconfig, lws, netalloc, nodes,
-                                           paths, pki, procs, rest, state, teardown)
+from sglang_pd_operator_dev.cluster import (build, components, imex, kubeconfig, kueue, lws, netalloc,
+                                           nodes, paths, pki, procs, rest, state, teardown)
 from sglang_pd_operator_dev.cluster.handle import (ORACLE_COMPONENT, Cluster, ClusterAlreadyRunning,
                                                   ClusterError, ComponentFailed, Log,
                                                   ToolFailed, oracle_url)
 from sglang_pd_operator_dev.cluster.teardown import stop_run, sweep_stale_runs
 
 __all__ = ["Cluster", "ClusterAlreadyRunning", "ClusterError", "ComponentFailed",
-           "ToolFailed", "start_cluster", "start_lws_controller", "stop_lws_controller",
-           "stop_run", "sweep_stale_runs"]
+           "ToolFailed", "start_cluster", "start_kueue", "start_lws_controller", "stop_kueue",
+           "stop_lws_controller", "stop_run", "sweep_stale_runs"]
 #: Seconds allowed for kube-apiserver to answer /readyz after it was started.
 READYZ_TIMEOUT_S = 90.0
 #: Seconds allowed, after /readyz, for nodes to be Ready and the default SA to exist.
@@ -61,6 +63,8 @@ SETTLE_TIMEOUT_S = 90.0
 LWS_TIMEOUT_S = 90.0
 #: Name of the LWS controller's process record (and log file).
 LWS_COMPONENT = "lws-controller"
+#: Name of Kueue's process record (and log file).
+KUEUE_COMPONENT = "kueue-controller"
 #: Seconds allowed for the oracle service's /readyz (its warm workers import SGLang: ~20 s on an idle machine).
 ORACLE_TIMEOUT_S = 300.0
 _PORT_RETRIES = 3
@@ -69,7 +73,8 @@ _PORT_RETRIES = 3
 def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
                   node_pools: Path | None = None, lws: bool = True,
                   apiserver_args: Sequence[str] = (), imex_channels: bool = True,
-                  oracle: bool = False, oracle_warm: Sequence[str] = ("gb300",)) -> Cluster:
+                  oracle: bool = False, oracle_warm: Sequence[str] = ("gb300",),
+                  kueue_queue: bool = False) -> Cluster:
     """Start a cluster in ``run_dir`` and return once it is usable.
 
     "Usable": /readyz answers 200, every fake node is Ready without the not-ready taint
@@ -88,11 +93,14 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
     without NVIDIA's DRA driver). ``oracle=True`` also runs the SGLang oracle service from this
     venv (``oracle serve --warm`` ``oracle_warm``) as a process of the run and waits for its
     /readyz: the handle's ``oracle_url`` is what ``run --oracle-url`` takes; when this venv has
-    no sglang 0.5.23 it logs why and the cluster comes up without it (``oracle_url`` None). On any error,
+    no sglang 0.5.23 it logs why and the cluster comes up without it (``oracle_url`` None).
+    ``kueue_queue=True`` also runs Kueue (``start_kueue``: built on first use, 4 to 6 minutes
+    cold on an idle 2-core machine). On any error,
     or Ctrl-C, everything started so far is stopped before the exception propagates.
     """
     begin = time.monotonic()
     bins = build.ensure_binaries(log=log)
+    kueue_bins = build.ensure_kueue(log=log) if kueue_queue else None
     run_dir = run_dir.resolve()
     layout = components.Layout(run_dir=run_dir)
     _claim_run_dir(run_dir, log=log)
@@ -131,6 +139,8 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
         if imex_channels:
             _start_imex(layout=layout, holder=holder, api=api, node_pools=node_pools,
                         die_with_parent=die_with_parent)
+        if kueue_bins is not None:
+            _start_kueue(layout=layout, bins=kueue_bins, holder=holder, api=api, die_with_parent=die_with_parent)
         if oracle_proc is not None:
             _wait_oracle(proc=oracle_proc, holder=holder, layout=layout, log=log)
         ready_s = time.monotonic() - started
@@ -149,6 +159,7 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
                if lws else " (no LeaderWorkerSet: lws=False)")
     serving += (", ComputeDomains served with the IMEX STAND-IN controller (imex.py)" if imex_channels
                 else " (no ComputeDomain API: imex_channels=False)")
+    serving += ", Kueue admitting LeaderWorkerSets" if kueue_bins is not None else ""
     log(f"cluster: {count} fake GPU nodes Ready {settled_s:.1f}s after start{serving} "
         f"(pod network {network})")
     log(f"cluster: kubeconfig {layout.kubeconfig}")
@@ -234,7 +245,7 @@ def _write_kubeconfigs(layout: components.Layout, server: str) -> None:
     kubeconfig.write_kubeconfig(layout.kubeconfig, server=server, ca_cert=p.ca_cert,
                                 client_cert=p.client_cert("admin"),
                                 client_key=p.client_key("admin"))
-    for name in ("controller-manager", "scheduler", "kwok", LWS_COMPONENT):
+    for name in ("controller-manager", "scheduler", "kwok", LWS_COMPONENT, KUEUE_COMPONENT):
         kubeconfig.write_kubeconfig(layout.component_kubeconfig(name), server=server,
                                     ca_cert=p.ca_cert, client_cert=p.client_cert(name),
                                     client_key=p.client_key(name), user=name)
@@ -548,3 +559,101 @@ def start_lws_controller(run_dir: Path) -> None:
                                          ca_cert=layout.pki.ca_cert.read_bytes())
     _wait_lws_serving(layout=layout, holder=holder, proc=proc, paths_=lws.webhook_paths(configs),
                       port=st.ports["lws-webhook"])
+
+
+# --- Kueue (optional: step 11, or started in a running cluster and stopped again) ------------
+
+
+def _start_kueue(*, layout: components.Layout, bins: build.KueueBinaries, holder: _StateHolder, api: rest.Api,
+                 die_with_parent: bool) -> None:
+    """Kueue's namespace, CRDs (conversion webhook on loopback), ClusterRole + binding, then the controller;
+    once its webhook server answers every path, its (scoped) webhook configurations (``kueue``)."""
+    webhook_port, health_port = netalloc.free_ports(2)
+    holder.update(ports={**holder.state.ports, "kueue-webhook": webhook_port, "kueue-health": health_port})
+    ca = layout.pki.ca_cert.read_bytes()
+    cert_dir = layout.pki.webhook_cert_dir("kueue")
+    if not (cert_dir / "tls.crt").is_file():
+        raise ClusterError(f"{cert_dir} has no serving certificate: this run was started by an older harness; "
+                           "start a new cluster to run Kueue")
+    config_file = layout.run_dir / "kueue" / "config.yaml"
+    config_file.parent.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(yaml.safe_dump(kueue.controller_config(
+        webhook_port=webhook_port, health_port=health_port, cert_dir=cert_dir)))
+    api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": kueue.NAMESPACE}})
+    crds = kueue.crds(bins.config, port=webhook_port, ca_cert=ca)
+    for crd in crds:
+        if not api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd):  # a second start: new port
+            name = crd["metadata"]["name"]
+            live = api.get_json(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
+            status, text = api.request("PUT", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
+                                       {**crd, "metadata": {**crd["metadata"], "resourceVersion":
+                                                            live.get("metadata", {}).get("resourceVersion")}})
+            if status // 100 != 2:
+                raise ClusterError(f"could not update CRD {name}: HTTP {status}: {text[:300]}")
+    for obj in kueue.rbac(bins.config, user=pki.CLIENTS[KUEUE_COMPONENT][0]):
+        plural = obj["kind"].lower() + "s"
+        where = f"namespaces/{obj['metadata']['namespace']}/" if "namespace" in obj["metadata"] else ""
+        api.create(f"/apis/rbac.authorization.k8s.io/v1/{where}{plural}", obj)
+    deadline = time.monotonic() + LWS_TIMEOUT_S
+    while not all(_crd_served(api, c["metadata"]["name"]) for c in crds):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"Kueue's CRDs not served within {LWS_TIMEOUT_S:.0f}s")
+        time.sleep(0.2)
+    configs = kueue.webhook_configurations(bins.config, port=webhook_port, ca_cert=ca)
+    upper, work = kueue.etc_overlay_dirs(config_file.parent)
+    certs = upper / kueue.METRICS_CERT_DIR.relative_to("/etc")
+    certs.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("tls.crt", "tls.key"):  # any valid pair: metrics are off, Kueue only loads it
+        shutil.copyfile(cert_dir / name, certs / name)
+    argv = kueue.controller_argv(binary=bins.path(KUEUE_COMPONENT),
+                                 kubeconfig=layout.component_kubeconfig(KUEUE_COMPONENT), config_file=config_file,
+                                 etc_upper=upper, etc_work=work, as_root=os.geteuid() == 0)
+    proc = _spawn(name=KUEUE_COMPONENT, argv=argv, layout=layout, holder=holder, die_with_parent=die_with_parent)
+    pending = kueue.webhook_paths(configs, crds)
+    while pending:
+        _check_alive({KUEUE_COMPONENT: proc}, holder)
+        pending = [p for p in pending if rest.https_status(f"https://127.0.0.1:{webhook_port}{p}",
+                                                          ca_cert=layout.pki.ca_cert) in (0, 404)]
+        if pending and time.monotonic() > deadline + LWS_TIMEOUT_S:
+            raise ComponentFailed(component=KUEUE_COMPONENT, problem=f"did not serve its webhooks {pending} on "
+                                  f"127.0.0.1:{webhook_port} within {2 * LWS_TIMEOUT_S:.0f}s", st=holder.state)
+        time.sleep(0.2)
+    for config in configs:
+        plural = config["kind"].lower() + "s"
+        api.create(f"/apis/admissionregistration.k8s.io/v1/{plural}", config)
+
+
+def start_kueue(run_dir: Path, *, log: Log = print) -> None:
+    """Run Kueue in a running cluster (built first when the cache has none); returns once its webhooks are
+    registered. Raises ClusterError when the run is not running or Kueue already runs there."""
+    run_dir = Path(run_dir).resolve()
+    st = state.load(run_dir)
+    if st is None or st.phase != "ready":
+        raise ClusterError(f"no running cluster in {run_dir}")
+    if any(r.name == KUEUE_COMPONENT and procs.is_ours(r) for r in st.processes):
+        raise ClusterError(f"Kueue already runs in {run_dir}")
+    bins = build.ensure_kueue(log=log)
+    layout = components.Layout(run_dir=run_dir)
+    holder = _StateHolder(st)
+    die_with_parent = (not st.detached and st.owner_pid == os.getpid()
+                       and threading.current_thread() is threading.main_thread())
+    _start_kueue(layout=layout, bins=bins, holder=holder, api=admin_api(layout, st.server),
+                 die_with_parent=die_with_parent)
+
+
+def stop_kueue(run_dir: Path) -> bool:
+    """Stop Kueue in a running run: its webhook configurations are deleted first (so nothing is gated by a
+    server that is gone), then its process; its CRDs and objects stay. Returns False when it was not running."""
+    run_dir = Path(run_dir).resolve()
+    st = state.load(run_dir)
+    if st is None:
+        raise ClusterError(f"no run in {run_dir}")
+    api = admin_api(components.Layout(run_dir=run_dir), st.server)
+    for plural in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        for name in ("mutating-webhook-configuration", "validating-webhook-configuration"):
+            api.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/{plural}/{kueue.NAME_PREFIX}{name}")
+    records = [r for r in st.processes if r.name == KUEUE_COMPONENT]
+    stopped = procs.stop(records, grace_s=5.0)
+    state.save(st.with_(processes=tuple(r for r in st.processes if r.name != KUEUE_COMPONENT)))
+    return bool(stopped)

@@ -33,7 +33,7 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 NODE_LEASE_SECONDS = 40
 #: Start order; teardown runs in reverse.
 ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-         "lws-controller")
+         "lws-controller", "kueue-controller")
 
 
 @dataclass(frozen=True)

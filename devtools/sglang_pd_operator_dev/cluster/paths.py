@@ -67,6 +67,12 @@ def binary_cache_dir() -> Path:
     return cache_root() / "cluster-bin"
 
 
+def kueue_cache_dir() -> Path:
+    """Parent of the per-hash Kueue directories (``kueue-bin/<sha256>/``), apart from ``cluster-bin``:
+    Kueue is optional and its module hash moves on its own."""
+    return cache_root() / "kueue-bin"
+
+
 def default_run_dir() -> Path:
     """The command line's run directory: ``<checkout>/.run/cluster`` (gitignored)."""
     return repo_root() / ".run" / "cluster"

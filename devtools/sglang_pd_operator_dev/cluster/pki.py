@@ -31,11 +31,14 @@ CLIENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kwok": ("kwok-controller", ("system:masters",)),
     # The LeaderWorkerSet controller: no group; bound to LWS's own ClusterRole (``lws``).
     "lws-controller": ("lws-controller-manager", ()),
+    # Kueue (optional): no group; bound to Kueue's own manager ClusterRole (``kueue``).
+    "kueue-controller": ("kueue-controller-manager", ()),
 }
 #: Webhook servers run on this machine: name -> SANs (DNS names and IPs) of their serving
 #: certificate. The files land in ``<pki>/<name>-webhook/tls.crt|tls.key``, the names
 #: controller-runtime's webhook server reads from its CertDir.
-WEBHOOK_SERVERS: dict[str, tuple[str, ...]] = {"lws": ("localhost", "127.0.0.1")}
+WEBHOOK_SERVERS: dict[str, tuple[str, ...]] = {"lws": ("localhost", "127.0.0.1"),
+                                                "kueue": ("localhost", "127.0.0.1")}
 _VALIDITY = dt.timedelta(days=365)
 
 
