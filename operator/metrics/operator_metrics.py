@@ -35,6 +35,9 @@ from sglang_pd_operator.metrics.kvstore import KVStoreCollector
 from sglang_pd_operator.metrics.slo import UNIT_SECONDS, SLOResult, format_duration
 
 PREFIX = "sglang_pd_operator"
+#: ``result`` of ``sglang_pd_operator_reconciles_total``: a worker reconciled the object; a resync
+#: found its inputs unchanged and skipped it (``runtime/controller.py`` ``InputLedger``).
+RECONCILED, UNCHANGED = "reconciled", "unchanged"
 
 #: Reconcile duration buckets, seconds: a no-op pass takes milliseconds, a pass that
 #: applies a dozen objects through server-side apply can take several seconds.
@@ -174,8 +177,10 @@ class OperatorMetrics:
     - ``sglang_pd_operator_scrape_errors_total{role}`` counter: failed pod scrapes.
     - ``sglang_pd_operator_api_writes_total{verb,kind}`` counter: every write to the API
       server (apply, delete, patch-status, create Event); flat while specs are unchanged.
-    - ``sglang_pd_operator_reconciles_total{kind,namespace,name}`` counter: reconciles a worker
-      finished for each object (what a test waits on before it says "nothing happened").
+    - ``sglang_pd_operator_reconciles_total{kind,namespace,name,result}`` counter: the loop's
+      looks at each object (what a test waits on before it says "nothing happened"):
+      ``result="reconciled"`` a reconcile a worker finished, ``result="unchanged"`` a resync
+      that found the object's inputs unchanged since its last reconcile and skipped it.
     - ``sglang_pd_operator_watch_lists_total{kind,reason}`` counter: LISTs of a watched kind
       (``start``; ``gone``: its watch met 410 Gone; ``appeared``: served since the start).
 
@@ -205,8 +210,10 @@ class OperatorMetrics:
             registry=self.registry)
         self.reconciles = Counter(
             f"{PREFIX}_reconciles_total",
-            "Reconciles a worker finished, per object (any outcome; the series goes when the object does).",
-            ["kind", "namespace", "name"], registry=self.registry)
+            "Times the loop took up an object: result=reconciled, a worker finished a reconcile (any outcome); "
+            "result=unchanged, a resync found its inputs unchanged since its last reconcile and skipped it "
+            "(the series go when the object does).",
+            ["kind", "namespace", "name", "result"], registry=self.registry)
         self.reconcile_longest_running = Gauge(
             f"{PREFIX}_reconcile_longest_running_seconds",
             "Seconds the longest reconcile in flight has run (0 when none runs).", registry=self.registry)
@@ -271,16 +278,18 @@ class OperatorMetrics:
         for kind, n in counts.items():
             self.cache_objects.labels(kind=kind).set(n)
 
-    def record_key(self, kind: str, namespace: str, name: str) -> None:
-        """Count one finished reconcile of one object (the control loop's worker)."""
-        self.reconciles.labels(kind=kind, namespace=namespace, name=name).inc()
+    def record_key(self, kind: str, namespace: str, name: str, *, result: str = RECONCILED) -> None:
+        """Count one look at one object: a reconcile a worker finished (``RECONCILED``), or a resync
+        skipped because its inputs did not change (``UNCHANGED``)."""
+        self.reconciles.labels(kind=kind, namespace=namespace, name=name, result=result).inc()
 
     def forget_key(self, kind: str, namespace: str, name: str) -> None:
-        """Drop the reconcile counter of an object that was deleted."""
-        try:
-            self.reconciles.remove(kind, namespace, name)
-        except KeyError:
-            pass
+        """Drop the reconcile counters of an object that was deleted."""
+        for result in (RECONCILED, UNCHANGED):
+            try:
+                self.reconciles.remove(kind, namespace, name, result)
+            except KeyError:
+                pass
 
     def record_list(self, kind: str, reason: str) -> None:
         """Count one LIST of a watched kind (``runtime/informer.py``; reason ``start``, ``gone``, ``appeared``)."""

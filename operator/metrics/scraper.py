@@ -84,6 +84,9 @@ DEFAULT_CONCURRENCY = 32
 #: How a pod answers ``?name[]=``: not known yet, it returns the named series, it ignores
 #: the filter (real SGLang's empty page; the whole page is read instead).
 FILTER_UNKNOWN, FILTER_WORKS, FILTER_IGNORED = "unknown", "works", "ignored"
+#: A pod that answered nothing (refused, timed out) in a row is asked again after 1, 2, then at most
+#: this many passes (60 s at the default 15 s interval); it counts as unreachable meanwhile.
+SILENT_MAX_PASSES = 4
 #: Evaluation of a deployment without ``spec.slo``: no target, KV transfer health over 5m.
 NO_SLO = SLOSpec()
 
@@ -362,6 +365,11 @@ class Scraper:
         self._filter: dict[tuple[str, str, str], tuple[str | None, str, str]] = {}
         self._pods: dict[str, set[tuple[str, str]]] = {}          # key -> (role, pod) last scraped
         self._passes: dict[str, int] = {}                          # key -> evaluations so far
+        # (key, role, pod name) -> (pod UID, URL, answers missed in a row, pass it is asked again at)
+        self._silent: dict[tuple[str, str, str], tuple[str | None, str, int, int]] = {}
+        self._pass_no = 0
+        self._skipped: set[tuple[str, str, str]] = set()  # this pass' silenced pods (not asked, no error)
+        self._families_memo: dict[tuple[str, int, bool], tuple[dict[str, ex.Kind], tuple[str, ...]]] = {}
         self._eval_lock = asyncio.Lock()
         self._semaphore: asyncio.Semaphore | None = None
 
@@ -374,11 +382,16 @@ class Scraper:
         """One pass over every PDDeployment; returns the healths handed to ``on_health``."""
         started = time.perf_counter()
         targets = await asyncio.to_thread(self.targets)
+        self._pass_no += 1
+        self._families_memo.clear()  # per pass: keyed by the identity of this pass' parsed specs
+        self._skipped.clear()
         self._semaphore = asyncio.Semaphore(self.concurrency)
         connector = aiohttp.TCPConnector(limit=self.concurrency, force_close=True)
         async with aiohttp.ClientSession(connector=connector,
                                          timeout=aiohttp.ClientTimeout(total=self.timeout)) as session:
-            healths = await asyncio.gather(*(self._deployment(session, t) for t in targets if t.serving_key))
+            fetched = await asyncio.gather(*(self._deployment(session, t) for t in targets if t.serving_key))
+        async with self._eval_lock:  # one thread evaluates every deployment: no thread hop per deployment
+            healths = await asyncio.to_thread(lambda: [self._evaluate(*f) for f in fetched])
         published = [h for h in healths if h is not None]
         self._forget_gone({t.key for t in targets})
         if self.on_health is not None:
@@ -408,6 +421,8 @@ class Scraper:
                     store.pop(key, None)
                 for k in [k for k in self._filter if k[0] == key]:
                     del self._filter[k]
+                for k in [k for k in self._silent if k[0] == key]:
+                    del self._silent[k]
                 if self.metrics is not None:
                     self.metrics.remove(key)
                     self.metrics.kvstore.remove(key)
@@ -435,17 +450,43 @@ class Scraper:
             return FILTER_UNKNOWN
         return known[2]
 
-    async def _deployment(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> Health | None:
-        families = {r: self.families(r, t.slo_spec, t.load) for r in SCRAPED_ROLES}
-        names = {r: ex.sample_names(f) for r, f in families.items()}
+    def _families_of(self, role: str, slo_spec: SLOSpec | None, load: bool) -> tuple[dict[str, ex.Kind], tuple[str, ...]]:
+        """:meth:`families` and their sample names, computed once per pass and parsed spec."""
+        memo_key = (role, id(slo_spec), load)
+        got = self._families_memo.get(memo_key)
+        if got is None:
+            families = self.families(role, slo_spec, load)
+            got = self._families_memo[memo_key] = (families, ex.sample_names(families))
+        return got
+
+    def silenced(self, key: str, pod: PodTarget) -> bool:
+        """``pod`` answered nothing the last times it was asked and is not due again in this pass
+        (see :data:`SILENT_MAX_PASSES`); a new pod UID or URL is asked at once."""
+        known = self._silent.get((key, pod.role, pod.name))
+        return known is not None and known[:2] == (pod.uid, pod.url) and self._pass_no < known[3]
+
+    def _answered(self, key: str, pod: PodTarget, answered: bool) -> None:
+        """Remember whether ``pod`` answered at all; a silent one is asked again after 1, 2, 4 passes."""
+        slot = (key, pod.role, pod.name)
+        if answered:
+            self._silent.pop(slot, None)
+            return
+        known = self._silent.get(slot)
+        missed = known[2] + 1 if known is not None and known[:2] == (pod.uid, pod.url) else 1
+        self._silent[slot] = (pod.uid, pod.url, missed, self._pass_no + min(SILENT_MAX_PASSES, 2 ** (missed - 1)))
+
+    async def _deployment(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> tuple[Any, ...]:
+        """Fetch one deployment's pages (and probe its Mooncake master): the arguments of :meth:`_evaluate`."""
+        memo = {r: self._families_of(r, t.slo_spec, t.load) for r in SCRAPED_ROLES}
+        families = {r: f for r, (f, _) in memo.items()}
+        names = {r: n for r, (_, n) in memo.items()}
         rebaseline = t.key in self._names and self._names[t.key] != names
         self._names[t.key] = names
         texts, master = await asyncio.gather(
             asyncio.gather(*(self.fetch(session, t.key, p, families[p.role]) for p in t.pods)),
             self._probe_master(session, t),
         )
-        async with self._eval_lock:  # the evaluator is used by one thread at a time
-            return await asyncio.to_thread(self._evaluate, t, texts, rebaseline, master, families)
+        return t, texts, rebaseline, master, families
 
     async def _probe_master(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> MasterHealth | None:
         assert self._semaphore is not None
@@ -466,18 +507,23 @@ class Scraper:
         each has ``timeout``.
         """
         assert self._semaphore is not None
+        if self.silenced(key, pod):
+            self._skipped.add((key, pod.role, pod.name))
+            return None
         names = ex.sample_names(families) if families else ()
         mode = self.filter_mode(key, pod)
         async with self._semaphore:
             if names and mode != FILTER_IGNORED:
                 answered, text = await self._get(session, pod.url, names)
+                self._answered(key, pod, answered)
                 if not answered:   # no answer at all (refused, timed out): no second try
                     return None
                 if text is not None and ex.has_samples(text, families):
                     if mode != FILTER_WORKS:
                         self._filter[(key, pod.role, pod.name)] = (pod.uid, pod.url, FILTER_WORKS)
                     return text
-            _, text = await self._get(session, pod.url, ())
+            answered, text = await self._get(session, pod.url, ())
+            self._answered(key, pod, answered)
             if text is not None and names and mode != FILTER_IGNORED and ex.has_samples(text, families):
                 log.info("scrape %s: ?name[]= answers without the asked series (as SGLang's multiprocess "
                          "/metrics does); reading the whole page of %s from now on", pod.url, pod.name)
@@ -520,11 +566,12 @@ class Scraper:
                     continue
                 except ex.ExpositionError as err:
                     log.debug("scrape %s: %s", pod.url, err)
-            if self.metrics is not None:
+            if self.metrics is not None and (key, pod.role, pod.name) not in self._skipped:
                 self.metrics.scrape_errors.labels(role=pod.role).inc()
         for role, pod_name in self._pods.get(key, set()) - seen:  # pods gone or no longer ready
             self.evaluator.forget(key, role=role, pod_name=pod_name)
             self._filter.pop((key, role, pod_name), None)
+            self._silent.pop((key, role, pod_name), None)
         self._pods[key] = seen
         result = self.evaluator.evaluate(key, t.slo_spec or NO_SLO, now)
         if self.metrics is not None:

@@ -101,6 +101,23 @@ def with_timeouts(api_client: k8s.ApiClient, timeouts: ApiTimeouts) -> k8s.ApiCl
     return api_client
 
 
+_OUTSIDE = threading.local()
+
+
+def outside_reads() -> int:
+    """Reads this thread made so far of what the operator's view does not hold: API GETs and LISTs
+    of kinds the cache does not watch (or has not synced), and answers remembered from such reads
+    (:func:`note_outside_read`). The control loop compares it before and after a reconcile: a
+    reconcile that read something from outside the view cannot be skipped by the resync, since
+    no watch event would say that its input changed (``runtime/controller.py`` ``InputLedger``)."""
+    return getattr(_OUTSIDE, "n", 0)
+
+
+def note_outside_read() -> None:
+    """Count one read of something outside the operator's view in this thread (:func:`outside_reads`)."""
+    _OUTSIDE.n = getattr(_OUTSIDE, "n", 0) + 1
+
+
 def apply_body(obj: dict[str, Any]) -> bytes:
     """``obj`` as the body of a server-side apply: JSON (valid YAML) encoded as UTF-8.
 
@@ -201,6 +218,7 @@ class Kube:
         cache = self._cached(api_version, kind)
         if cache is not None:
             return cache.get(api_version, kind, name, namespace)
+        note_outside_read()
         try:
             return self._resource(api_version, kind).get(name=name, namespace=namespace).to_dict()
         except NotFoundError:
@@ -215,6 +233,7 @@ class Kube:
         cache = self._cached(api_version, kind)
         if cache is not None:
             return cache.list(api_version, kind, namespace, label_selector)
+        note_outside_read()
         res = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector)
         return [item.to_dict() for item in res.items]
 

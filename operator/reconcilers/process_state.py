@@ -32,6 +32,7 @@ from ..catalog import CATALOG_FILES, Catalog, CatalogError, builtin_catalog, loa
 from ..metrics.health import Health
 from ..metrics.slo import format_duration
 from . import status as S
+from .kube import note_outside_read
 from .scaling import pressure_view
 
 log = logging.getLogger(__name__)
@@ -302,7 +303,10 @@ class AutoscalerCache:
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
     def get(self, namespace: str) -> dict[str, str]:
-        """The namespace's HPAs by the PDRoleScale they target (see the class docstring)."""
+        """The namespace's HPAs by the PDRoleScale they target (see the class docstring). Counts as a read
+        from outside the operator's view (``kube.note_outside_read``), remembered or not: a reconcile
+        that used it is never skipped by the resync (no watch says when an HPA appears)."""
+        note_outside_read()
         now = time.monotonic()
         with self._guard:
             cached = self._cache.get(namespace)

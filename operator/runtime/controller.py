@@ -16,8 +16,10 @@ same :class:`~.workqueue.WorkQueue`:
 - a deployment whose SLO figures went stale (SLOMet turns Unknown);
 - a failed reconcile (retried with capped exponential backoff);
 - the resync: every key once per ``resync_s``, each at its own offset in the period
-  (a hash of its uid), so a thousand keys cost a steady trickle, not a burst;
-- a changed kernel catalog (every PDDeployment).
+  (a hash of its uid), so a thousand keys cost a steady trickle, not a burst; a key whose
+  inputs did not change since its last reconcile is skipped (:class:`InputLedger`);
+- a changed kernel catalog, or a change of the kinds the API server serves (every
+  PDDeployment).
 
 ``workers`` threads take keys from the queue; a key is reconciled by one worker at a
 time and triggers that arrive meanwhile coalesce into one more run. The queue's depth,
@@ -47,10 +49,10 @@ from typing import Any
 
 from ..kernelbuild.inputs import LABEL_KERNELBUILD
 from ..metrics.health import Health
-from ..metrics.operator_metrics import OperatorMetrics
+from ..metrics.operator_metrics import UNCHANGED, OperatorMetrics
 from ..metrics.prometheus_source import PrometheusSettings
 from ..metrics.sources import SCRAPE, make_slo_source
-from ..reconcilers.kube import Kube
+from ..reconcilers.kube import Kube, outside_reads
 from ..reconcilers.observe import unschedulable_reason
 from ..reconcilers.runtime import HealthChange, KernelBuildRuntime, Runtime
 from ..render.labels import LABEL_DEPLOYMENT
@@ -73,6 +75,58 @@ KERNELBUILD_POLL_S = 10.0
 UNWATCHED_POLL_S = 10.0
 #: Seconds the first LIST of a kind may keep failing at start (429s aside) before the start fails.
 START_LIST_DEADLINE_S = 60.0
+
+
+class InputLedger:
+    """Which keys' inputs moved since their last reconcile: what lets the resync skip a key (thread-safe).
+
+    Every trigger of a key but the resync itself (a watch event or re-list change of the
+    object or a child, an SLO change, a stale measurement, the catalog, served kinds,
+    a planner's move, the start) counts as a move (:meth:`moved`). A reconcile records
+    the count it began with (:meth:`began`); when it succeeds, asks for no later look
+    (``requeue_after``) and read nothing from outside the operator's view
+    (``kube.outside_reads``: an HPA, a PodMonitor, a PVC, the admin's catalog), the key is
+    *settled* at that count (:meth:`finished`). A resync of a settled key whose count has
+    not moved since (:meth:`unchanged`) would compute what its last reconcile computed from
+    the same inputs; it is skipped. A move during the reconcile leaves the key unsettled
+    (it is queued again anyway). A failed reconcile unsettles it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._moves: dict[Key, int] = {}
+        self._settled: dict[Key, int] = {}
+
+    def moved(self, key: Key) -> None:
+        """An input of ``key`` changed (or may have)."""
+        with self._lock:
+            self._moves[key] = self._moves.get(key, 0) + 1
+
+    def began(self, key: Key) -> int:
+        """A reconcile of ``key`` begins: the move count it sees (hand it to :meth:`finished`)."""
+        with self._lock:
+            return self._moves.get(key, 0)
+
+    def finished(self, key: Key, moves: int, *, settled: bool) -> None:
+        """A reconcile of ``key`` that began at ``moves`` ended; ``settled``: it succeeded, asked for no later
+        look and read nothing outside the view."""
+        with self._lock:
+            if settled:
+                self._settled[key] = moves
+            else:
+                self._settled.pop(key, None)
+
+    def unchanged(self, key: Key) -> bool:
+        """``key`` is settled and no input moved since its last reconcile."""
+        with self._lock:
+            at = self._settled.get(key)
+            return at is not None and at == self._moves.get(key, 0)
+
+    def forget(self, key: Key) -> None:
+        """``key``'s object is gone."""
+        with self._lock:
+            self._moves.pop(key, None)
+            self._settled.pop(key, None)
 
 
 @dataclass(frozen=True)
@@ -127,6 +181,9 @@ class Controller:
         self.heartbeats = heartbeats if heartbeats is not None else Heartbeats(clock=clock)
         self.clock = clock
         self.queue = WorkQueue(clock=clock)
+        self.ledger = InputLedger()
+        #: what the API server serves that a reconcile's result depends on (None: not looked yet)
+        self._served_env: tuple[bool, ...] | None = None
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._scraper_loop: asyncio.AbstractEventLoop | None = None
@@ -161,7 +218,7 @@ class Controller:
         self.heartbeats.register("workqueue", max_age_s=self.settings.stuck_after_s)
         self.heartbeats.register("resync", max_age_s=self.settings.stuck_after_s)
         for key in self._all_keys():
-            self.queue.add(key)  # everything once at start: the loop is level-triggered
+            self.trigger(key)  # everything once at start: the loop is level-triggered
         self._started = True
         for i in range(self.settings.workers):
             self._spawn(f"reconcile-worker-{i}", self._work)
@@ -225,7 +282,7 @@ class Controller:
             return  # the first fill: start() queues every key anyway
         for ref, change in changes:
             for key in self._keys_for(watched, ref, change, deleted=change.new is None):
-                self.queue.add(key)
+                self.trigger(key)
 
     # ------------------------------------------------------------------ events
     def observe(self, watched: WatchedKind, event: dict[str, Any]) -> list[Key]:
@@ -243,8 +300,19 @@ class Controller:
         meta = obj.get("metadata") or {}
         keys = self._keys_for(watched, (meta.get("namespace") or "", meta.get("name") or ""), change, deleted=deleted)
         for key in keys:
-            self.queue.add(key)
+            self.trigger(key)
         return keys
+
+    def trigger(self, key: Key) -> None:
+        """Queue ``key`` because an input of it moved (see :class:`InputLedger`): every trigger but the
+        resync goes through here (the oracle's answer too: ``main.py``)."""
+        self.ledger.moved(key)
+        self.queue.add(key)
+
+    def _trigger_after(self, key: Key, seconds: float) -> None:
+        """Queue ``key`` in ``seconds`` because an input of it moved (an SLO figure held back)."""
+        self.ledger.moved(key)
+        self.queue.add_after(key, seconds)
 
     def _keys_for(self, watched: WatchedKind, ref: tuple[str, str], change: Change, *, deleted: bool) -> list[Key]:
         """The keys a stored change of the object ``ref`` = (namespace, name) concerns (see :meth:`observe`)."""
@@ -253,6 +321,7 @@ class Controller:
         if watched.kind == PDDEPLOYMENT:
             if deleted:
                 self.runtime.forget(ns, name)
+                self.ledger.forget((PDDEPLOYMENT, ns, name))
                 if self.metrics is not None:
                     self.metrics.forget_key(PDDEPLOYMENT, ns, name)
                 return []
@@ -261,6 +330,7 @@ class Controller:
             users = [(PDDEPLOYMENT, ns, d) for d in self.runtime.kernelbuild_users(ns, name)]
             if deleted:
                 self.kernelbuilds.forget(ns, name)
+                self.ledger.forget((KERNELBUILD, ns, name))
                 if self.metrics is not None:
                     self.metrics.forget_key(KERNELBUILD, ns, name)
                 return users  # a PDDeployment with cache auto creates it again
@@ -284,19 +354,19 @@ class Controller:
         key: Key = (PDDEPLOYMENT, health.namespace, health.name)
         if self.runtime.planner_moved(health):  # the built-in planner's reading moved: act now
             self._figures_written[key2] = self.clock()
-            self.queue.add(key)
+            self.trigger(key)
         elif change is HealthChange.CONDITIONS:
             self._figures_written[key2] = self.clock()
-            self.queue.add(key)
+            self.trigger(key)
         elif change is HealthChange.FIGURES:
             since = self.clock() - self._figures_written.get(key2, -1e18)
             wait = self.settings.slo_status_period_s - since
             if wait <= 0:
                 self._figures_written[key2] = self.clock()
-                self.queue.add(key)
+                self.trigger(key)
             elif not self.queue.pending(key):
                 self._figures_written[key2] = self.clock() + wait
-                self.queue.add_after(key, wait)
+                self._trigger_after(key, wait)
 
     def on_forget(self, deployment_key: str) -> None:
         """The scraper dropped a deployment that is gone."""
@@ -336,6 +406,7 @@ class Controller:
 
     def _reconcile(self, key: Key) -> None:
         kind, ns, name = key
+        moves, reads = self.ledger.began(key), outside_reads()
         try:
             if kind == PDDEPLOYMENT:
                 outcome = self.runtime.reconcile_key(ns, name)
@@ -343,12 +414,14 @@ class Controller:
             else:
                 after = _kernelbuild_next_look(self.kernelbuilds.reconcile_key(ns, name), now=time.time())
         except Exception as e:  # noqa: BLE001 - every failure is retried with backoff
+            self.ledger.finished(key, moves, settled=False)
             delay = self.queue.retry(key)
             log.warning("reconcile %s %s/%s failed (retry in %.1fs): %s", kind, ns, name, delay, e,
                         exc_info=not _is_api_error(e))
             if self.metrics is not None:
                 self.metrics.record_retry(kind)
             return
+        self.ledger.finished(key, moves, settled=after is None and outside_reads() == reads)
         self.queue.forget(key)
         if after is not None:
             self.queue.add_after(key, after + 0.5)
@@ -396,11 +469,20 @@ class Controller:
     def _poll_unwatched(self, now: float) -> None:
         """Every :data:`UNWATCHED_POLL_S`, look for optional kinds served now but not when the loop started
         (a LeaderWorkerSet installed later): LIST and WATCH each one found, and queue every
-        PDDeployment (one may have waited for it: LeaderWorkerSetMissing).
+        PDDeployment (one may have waited for it: LeaderWorkerSetMissing). Likewise when what
+        else a reconcile asks discovery about changes (the Prometheus Operator's kinds
+        installed or removed, :meth:`served_env`): a settled key would not look again.
         """
         if now < self._next_poll:
             return
         self._next_poll = now + UNWATCHED_POLL_S
+        env = self.served_env()
+        if self._served_env is not None and env != self._served_env:
+            log.info("the kinds the API server serves changed: every PDDeployment is reconciled again")
+            for key in self._all_keys():
+                if key[0] == PDDEPLOYMENT:
+                    self.trigger(key)
+        self._served_env = env
         for watched in WATCHED:
             if watched.optional and watched.kind not in self._watched_optional and self.served(watched):
                 log.info("%s are served since the operator started: listing and watching them", watched.plural)
@@ -412,7 +494,14 @@ class Controller:
                             reflector.start()
                 for key in self._all_keys():
                     if key[0] == PDDEPLOYMENT:
-                        self.queue.add(key)
+                        self.trigger(key)
+
+    def served_env(self) -> tuple[bool, ...]:
+        """What a PDDeployment reconcile's result depends on besides its objects: whether the API server
+        serves the Prometheus Operator's kinds, LeaderWorkerSets and ComputeDomains (discovery,
+        cached by the runtime)."""
+        return (self.runtime.monitoring_available(), self.runtime.lws_available(),
+                self.runtime.compute_domains_available())
 
     def _resync_due(self, previous: float, now: float, period: float) -> None:
         """Queue the keys whose offset in the resync period falls in (previous, now].
@@ -421,7 +510,9 @@ class Controller:
         its pass (from its start until its last key was reconciled; a period whose keys
         were not all reconciled before the next one began lasts until then, at least the
         period) and its lag (the longest a key waited from its due time until its
-        reconcile finished). A period that queued no key publishes nothing.
+        reconcile finished). A period that queued no key publishes nothing. A due key whose
+        inputs did not move since its last reconcile (:class:`InputLedger`) is skipped and
+        counted (``sglang_pd_operator_reconciles_total{result="unchanged"}``).
         """
         lo, hi = previous % period, now % period
         if hi < lo or now - previous >= period:  # a new period began
@@ -434,6 +525,10 @@ class Controller:
             at = resync_offset(key, uid, period)
             due = (lo < at <= hi) if lo <= hi else (at > lo or at <= hi)
             if due or now - previous >= period:
+                if self.ledger.unchanged(key):
+                    if self.metrics is not None:
+                        self.metrics.record_key(*key, result=UNCHANGED)
+                    continue
                 with self._resync_lock:
                     self._resync.queued(key, now)
                 self.queue.add(key)
@@ -444,7 +539,7 @@ class Controller:
         for _, ns, name in (k for k in self._all_keys() if k[0] == PDDEPLOYMENT):
             if (ns, name) not in self._stale_flagged and now >= self.runtime.stale_since(ns, name):
                 self._stale_flagged.add((ns, name))
-                self.queue.add((PDDEPLOYMENT, ns, name))
+                self.trigger((PDDEPLOYMENT, ns, name))
 
     def _catalog_changes(self) -> None:
         """A changed kernel catalog concerns every PDDeployment: spread them over the next ticks."""
@@ -453,7 +548,7 @@ class Controller:
             self._catalog_version = self.runtime.catalog_version
             for key in self._all_keys():
                 if key[0] == PDDEPLOYMENT:
-                    self.queue.add(key)
+                    self.trigger(key)
 
     def _scrape_loop(self) -> None:
         """The SLO source (the scraper, or the Prometheus source) on an asyncio loop of its own, in this

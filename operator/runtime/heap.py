@@ -7,9 +7,16 @@ instead of returning them: the process' RSS at rest stays near its peak. ``mallo
 returns every free page of every arena (glibc >= 2.8 releases pages inside the heap too,
 not only at its top), the call Dask's workers make for the same reason.
 
-Pure policy (:class:`TrimPolicy`) apart from the one libc call (:func:`trim_heap`); the
-control loop (``controller.py``) asks the policy once per tick. Measured by
-benchmarks/bench_scale.py (docs/scale.md).
+The arenas themselves are capped too (:func:`limit_arenas`, glibc's ``M_ARENA_MAX``, what
+``MALLOC_ARENA_MAX=2`` sets from the environment): by default glibc gives up to eight
+arenas per core to the threads that allocate (the loop runs about twenty: workers, one
+reflector per watched kind, the ticker, the scraper, kopf, the servers), and each keeps
+the free memory its thread left behind; CPython allocates under its GIL, so the threads
+gain nothing from arenas of their own.
+
+Pure policy (:class:`TrimPolicy`) apart from the libc calls (:func:`trim_heap`,
+:func:`limit_arenas`); the control loop (``controller.py``) asks the policy once per tick.
+Measured by benchmarks/bench_scale.py (docs/scale.md).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -39,6 +47,31 @@ def _malloc_trim():
         except OSError:
             _libc = None
     return _libc.malloc_trim if _libc else None
+
+
+#: glibc malloc arenas the operator process may use (``limit_arenas``).
+ARENA_MAX = 2
+#: ``mallopt`` parameter number of the arena cap (glibc's malloc.h: ``#define M_ARENA_MAX -8``).
+M_ARENA_MAX = -8
+
+
+def limit_arenas(n: int = ARENA_MAX) -> bool:
+    """Cap glibc's malloc arenas at ``n`` (``mallopt(M_ARENA_MAX, n)``; see the module docstring).
+
+    Call it before the process starts threads: arenas made earlier stay. An explicit
+    ``MALLOC_ARENA_MAX`` in the environment wins (nothing is done). True when the cap was set;
+    False without glibc (musl, macOS) or when glibc refused. Never raises.
+    """
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    _malloc_trim()  # looks glibc up
+    if not _libc or not hasattr(_libc, "mallopt"):
+        return False
+    try:
+        return bool(_libc.mallopt(M_ARENA_MAX, n))
+    except Exception as e:  # noqa: BLE001 - an optimisation must never stop the start
+        log.debug("mallopt(M_ARENA_MAX) failed: %s", e)
+        return False
 
 
 def trim_heap() -> bool:

@@ -40,6 +40,7 @@ from ..reconcilers.sglang_gate import OracleClient, OracleSettings, VerdictBook
 from . import kopf_glue  # noqa: F401  (registers the kopf handlers)
 from .cache import WATCHED, ObjectCache
 from .controller import PDDEPLOYMENT, Controller, LoopSettings
+from .heap import limit_arenas
 from .informer import WATCH_SERVER_TIMEOUT_S
 from .leader import LeaderSettings, default_identity, refuse_if_led, run_when_leading
 from .liveness import DEFAULT_STUCK_AFTER_S, Heartbeats
@@ -121,6 +122,7 @@ def run_operator(
         # kopf logs in on its own (the kubernetes client's default loader), which reads
         # $KUBECONFIG, not our option: point it at the same file as our client
         os.environ["KUBECONFIG"] = kubeconfig
+    limit_arenas()  # before any thread allocates (heap.py)
     timeouts = timeouts or ApiTimeouts()
     metrics = OperatorMetrics()
     heartbeats = Heartbeats()
@@ -146,7 +148,7 @@ def run_operator(
                               namespaces=tuple(namespaces) if namespaces else None,
                               slo_source=slo_source, prometheus=prometheus))
     if book is not None:  # an answer queues the deployments that wait for it
-        book.on_answer = lambda ns, name: controller.queue.add((PDDEPLOYMENT, ns, name))
+        book.on_answer = lambda ns, name: controller.trigger((PDDEPLOYMENT, ns, name))
         log.info("SGLang's verdict comes from the oracle service at %s (default policy %s, at most %.0f s)",
                  oracle_url, oracle_policy, oracle_max_wait_s)
     log.info("sglang-pd-operator starting (namespaces: %s)", namespaces or "all")

@@ -116,9 +116,12 @@ def operator_metrics(op) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def reconciles(op, kind: str, namespace: str, name: str) -> float:
-    """How many reconciles of one object the operator process finished (its ``sglang_pd_operator_reconciles_total``)."""
-    return operator_metrics(op).get(("sglang_pd_operator_reconciles_total",
-                                     (("kind", kind), ("name", name), ("namespace", namespace))), 0.0)
+    """How many times the operator process took up one object (its ``sglang_pd_operator_reconciles_total``):
+    reconciles a worker finished, and resyncs that found the object's inputs unchanged since its
+    last reconcile (which would have computed the same from the same inputs)."""
+    ident = (("kind", kind), ("name", name), ("namespace", namespace))
+    return sum(v for (metric, labels), v in operator_metrics(op).items()
+               if metric == "sglang_pd_operator_reconciles_total" and tuple(lb for lb in labels if lb[0] != "result") == ident)
 
 
 def looked(op, kind: str, namespace: str, name: str, *, more: int = 2, timeout: float = 60) -> float:

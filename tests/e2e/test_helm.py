@@ -439,7 +439,8 @@ def test_replicas_left_to_an_autoscaler_are_not_reset(kc, release, app_ns):
                "--type=merge", "-p", '{"spec":{"replicas":2}}')
     wait_for(lambda: (o := ready(kc, app_ns)) and o["status"]["decode"]["replicas"] == "2/2", timeout=60, what="2/2")
     gitops_apply(kc, doc)  # a sync
-    time.sleep(6)  # several resyncs
+    (leader,) = [op for op in release["ops"] if op.identity == lease_holder(kc)]
+    looked(leader, "PDDeployment", app_ns, NAME, more=3)  # three more reconciles (resync 2 s): the count stays
     assert kget(kc, "deployment", decode, "-n", app_ns)["spec"]["replicas"] == 2
     assert kget(kc, "pdrs", f"{NAME}-decode", "-n", app_ns)["status"]["replicas"] == 2
     diff = kc.kubectl("diff", "--server-side", f"--field-manager={GITOPS}", "-f", "-", input=yaml.safe_dump(doc), check=False)

@@ -250,7 +250,119 @@ def test_resync_pass_and_lag_are_published_once_per_finished_period(monkeypatch)
     tick(work=True)  # the next period begins: the first one is published
     assert last_offset <= c._last_pass_s <= 100.0 + 5  # until its last key (spread over the period) was done
     assert 0 < c._last_lag_s < 1.0  # each key waited at most for the few due in the same tick
+    for i in range(50):  # their inputs moved (events): the next period's resync cannot skip them
+        c.ledger.moved((PDDEPLOYMENT, "ns", f"d{i}"))
     for _ in range(99):  # a period in which no worker runs: it falls behind
         tick(work=False)
     tick(work=False)
     assert c._last_pass_s >= 100.0 and c._last_lag_s > 50.0
+
+
+# --------------------------------------------------------------------------- the resync skips what did not move
+def _resync_period(c: Controller, clock: Clock, period: float = 100.0) -> list:
+    """One whole resync period, one tick a second; the keys it queued."""
+    queued = []
+    for _ in range(int(period)):
+        before = clock.t
+        clock.t += 1.0
+        c._resync_due(before, clock.t, period)
+        queued += drain(c)
+    return queued
+
+
+def _looks(metrics, result: str) -> float:
+    from prometheus_client import generate_latest
+
+    text = generate_latest(metrics.registry).decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("sglang_pd_operator_reconciles_total{") and f'result="{result}"' in line)
+
+
+def test_a_key_settles_only_after_a_clean_reconcile_and_any_trigger_unsettles_it(monkeypatch):
+    """Issue 29, item 6: the resync may skip a key only when its last reconcile succeeded, asked for no
+    later look and read nothing from outside the view, and no trigger of it came since."""
+    from sglang_pd_operator.reconcilers.kube import note_outside_read
+    from sglang_pd_operator.reconcilers.pddeployment import Outcome
+
+    c = controller()
+    outcomes = {"outside": "outside", "later": "later", "fail": "fail"}  # the others settle
+
+    def reconcile_key(ns, name):
+        what = outcomes.get(name)
+        if what == "outside":
+            note_outside_read()  # e.g. the namespace's HPAs, a PodMonitor
+        if what == "fail":
+            raise RuntimeError("boom")
+        return Outcome(valid=True, requeue_after=30.0) if what == "later" else None
+
+    monkeypatch.setattr(c.runtime, "reconcile_key", reconcile_key)
+    w = watched_kind(GROUP, "PDDeployment")
+    names = ["settled", "outside", "later", "fail", "child-moved", "spec-moved"]
+    for n in names:
+        c.observe(w, event(pdd(n, "1"), "ADDED"))
+    for key in drain(c):
+        c._reconcile(key)
+    key = {n: (PDDEPLOYMENT, "ns", n) for n in names}
+    assert [n for n in names if c.ledger.unchanged(key[n])] == ["settled", "child-moved", "spec-moved"]
+    c.observe(watched_kind("v1", "ConfigMap"), event(child("ConfigMap", "cm", "7", owner="child-moved")))
+    c.observe(w, event(pdd("spec-moved", "2", generation=2)))
+    c.observe(w, event(pdd("settled", "2", status={"phase": "x"})))  # a status echo moves nothing
+    assert [n for n in names if c.ledger.unchanged(key[n])] == ["settled"]
+    # a trigger during the reconcile: the reconcile saw the older inputs, the key stays unsettled
+    monkeypatch.setattr(c.runtime, "reconcile_key", lambda ns, name: c.ledger.moved(key["settled"]))
+    c._reconcile(key["settled"])
+    assert not c.ledger.unchanged(key["settled"])
+
+
+def test_a_resync_period_at_rest_reconciles_nothing_and_an_event_brings_the_key_back(monkeypatch):
+    from sglang_pd_operator.metrics.operator_metrics import OperatorMetrics
+
+    clock = Clock()
+    kube = Kube(api_client=None, cache=ObjectCache())  # type: ignore[arg-type]
+    runtime = Runtime(kube=kube)
+    kbs = KernelBuildRuntime(kube=kube, catalog=runtime.catalog, in_use=lambda ns: None)
+    metrics = OperatorMetrics()
+    c = Controller(runtime=runtime, kernelbuilds=kbs, kube=kube, clock=clock, metrics=metrics,
+                   settings=LoopSettings(resync_s=100.0))
+    reconciled = []
+    monkeypatch.setattr(c.runtime, "reconcile_key", lambda ns, name: reconciled.append(name))
+    w = watched_kind(GROUP, "PDDeployment")
+    for i in range(20):
+        c.observe(w, event(pdd(f"d{i}", "1"), "ADDED"))
+    for key in drain(c):
+        c._reconcile(key)
+    assert len(reconciled) == 20
+    assert _resync_period(c, clock) == []  # at rest: every key skipped
+    assert _looks(metrics, "unchanged") == 20
+    # a child's change queues its deployment at once (and is reconciled); the next resync skips it again
+    assert c.observe(watched_kind("v1", "Service"), event(child("Service", "s", "5", owner="d3"))) == [
+        (PDDEPLOYMENT, "ns", "d3")]
+    for key in drain(c):
+        c._reconcile(key)
+    assert _resync_period(c, clock) == []
+    # a trigger that was not worked yet (e.g. its worker is still busy) is not skipped by the resync
+    c.ledger.moved((PDDEPLOYMENT, "ns", "d7"))
+    assert _resync_period(c, clock) == [(PDDEPLOYMENT, "ns", "d7")]
+    # a deleted deployment is forgotten by the ledger too
+    c.observe(w, event(pdd("d0", "9"), "DELETED"))
+    assert (PDDEPLOYMENT, "ns", "d0") not in c.ledger._settled
+
+
+def test_a_change_of_the_served_kinds_reconciles_every_deployment(monkeypatch):
+    """The Prometheus Operator installed later: settled keys would not look again without a trigger."""
+    clock = Clock()
+    c = controller(clock)
+    monkeypatch.setattr(c.runtime, "reconcile_key", lambda ns, name: None)
+    served = {"monitoring": False}
+    monkeypatch.setattr(c, "served_env", lambda: (served["monitoring"], False, False))
+    monkeypatch.setattr(c, "served", lambda watched: not watched.optional)  # no discovery here
+    w = watched_kind(GROUP, "PDDeployment")
+    for i in range(3):
+        c.observe(w, event(pdd(f"d{i}", "1"), "ADDED"))
+    for key in drain(c):
+        c._reconcile(key)
+    c._poll_unwatched(clock.t)
+    assert drain(c) == []
+    served["monitoring"] = True
+    c._poll_unwatched(clock.t + 60)
+    assert sorted(drain(c)) == [(PDDEPLOYMENT, "ns", f"d{i}") for i in range(3)]

@@ -44,3 +44,40 @@ def test_trim_heap_gives_freed_blocks_back():
     assert trim_heap() is True
     assert _rss_mb() < before - 20, "glibc kept the freed blocks"
     assert len(kept) == 400
+
+
+_ARENAS_CHILD = """
+import ctypes, sys, threading
+from sglang_pd_operator.runtime.heap import limit_arenas
+if sys.argv[1] == "limit":
+    assert limit_arenas(2)
+hold, gate = [], threading.Barrier(8)
+def work():
+    gate.wait()
+    hold.append([bytes(1000 + i) for i in range(2000)])  # malloc'd blocks (> pymalloc's 512 B)
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ctypes.CDLL(None).malloc_stats()  # one "Arena n:" block per arena, on stderr
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.parametrize("mode", ["limit", "default"])
+def test_limit_arenas_caps_glibcs_arenas_for_allocating_threads(mode):
+    """Eight threads that allocate at once get arenas of their own by default (glibc: up to eight
+    per core); capped, they share two."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    proc = subprocess.run([sys.executable, "-c", _ARENAS_CHILD, mode], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    arenas = proc.stderr.count("Arena ")
+    if mode == "limit":
+        assert 1 <= arenas <= 2, proc.stderr
+    else:
+        assert arenas > 2, proc.stderr  # what the cap prevents

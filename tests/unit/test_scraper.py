@@ -239,3 +239,59 @@ def test_changing_the_spec_rebaselines_instead_of_counting_history():
         assert e2e.observations == 0 and h.slo.no_traffic    # not the 4 old requests
         assert h.reachable["prefill"] == 0 and h.reachable["decode"] == 1
     asyncio.run(main())
+
+
+def test_a_pod_that_answers_nothing_is_asked_again_after_1_2_then_4_passes(monkeypatch):
+    """At rest a pod that refuses every connection (a wedged engine, a stand-in without /metrics) costs
+    a connection every pass no more: it is asked again after 1, 2, then at most SILENT_MAX_PASSES
+    passes, counting as unreachable (and as a scrape error only when asked) meanwhile; an answer, or a
+    new pod UID, brings it back to every pass at once."""
+    from sglang_pd_operator.metrics.scraper import SILENT_MAX_PASSES
+
+    asked: list[tuple[int, str]] = []
+    alive = {"d0": False, "p0": True, "g0": True}
+    pods = [pod("p0", "prefill", "127.0.0.1"), pod("d0", "decode", "127.0.0.2"), pod("g0", "gateway", "127.0.0.3")]
+
+    async def fake_get(session, url, names):
+        name = next(p["metadata"]["name"] for p in pods if p["status"]["podIP"] in url)
+        asked.append((scraper._pass_no, name))
+        if not alive[name]:
+            return False, None  # refused
+        return True, "# EOF\n"
+
+    metrics = OperatorMetrics()
+    scraper = Scraper(serving_key_of=SERVING, list_deployments=lambda: [pdd()], list_pods=lambda ns: pods,
+                      interval=2.0, metrics=metrics)
+    monkeypatch.setattr(scraper, "_get", fake_get)
+
+    async def passes(n):
+        out = []
+        for _ in range(n):
+            out.append(await scraper.scrape_once())
+        return out
+
+    healths = asyncio.run(passes(12))
+    d0 = [n for n, name in asked if name == "d0"]
+    assert d0 == [1, 2, 4, 8, 12] and SILENT_MAX_PASSES == 4
+    assert {n for n, name in asked if name == "p0"} == set(range(1, 13))  # answering pods: every pass
+    assert all(h[0].reachable["decode"] == 0 for h in healths[1:])
+    errors = sum(v for (n, _), v in _samples(metrics).items() if n == "sglang_pd_operator_scrape_errors_total")
+    assert errors == len(d0)  # one error per attempt, none for a pass it was not asked in
+    # it answers again: found at its next attempt, then asked every pass
+    alive["d0"] = True
+    healths = asyncio.run(passes(5))
+    assert sorted({n for n, name in asked if name == "d0"})[-2:] == [16, 17]  # (filtered, then whole page)
+    assert healths[-1][0].reachable["decode"] == 1
+    # a restarted pod (new UID) is asked at once even while silenced
+    alive["d0"] = False
+    asyncio.run(passes(3))
+    pods[1] = pod("d0", "decode", "127.0.0.2") | {"metadata": {**pods[1]["metadata"], "uid": "uid-d0-new"}}
+    asyncio.run(passes(1))
+    assert asked[-1][0] == 21 and [n for n, name in asked if name == "d0"][-1] == 21
+
+
+def _samples(metrics) -> dict:
+    from prometheus_client import generate_latest
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(generate_latest(metrics.registry).decode()) for s in fam.samples}

@@ -29,23 +29,20 @@ def https_status(url: str, *, ca_cert: Path, timeout_s: float = 2.0) -> int:
     certificate (how a webhook server is probed); 0 when nothing answered. Never raises."""
     parts = urlsplit(url)
     context = ssl.create_default_context(cafile=str(ca_cert))
-    conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout_s, context=context)
-    try:
-        conn.request("GET", parts.path or "/")
-        return conn.getresponse().status
-    except (OSError, http.client.HTTPException):
-        return 0
-    finally:
-        conn.close()
+    return _get_status(http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout_s, context=context),
+                       parts.path)
 
 
 def http_status(url: str, *, timeout_s: float = 2.0) -> int:
     """HTTP status of a plain-HTTP GET of ``url`` (how the oracle service's /readyz is probed);
     0 when nothing answered. Never raises."""
     parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+    return _get_status(http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s), parts.path)
+
+
+def _get_status(conn: http.client.HTTPConnection, path: str) -> int:
     try:
-        conn.request("GET", parts.path or "/")
+        conn.request("GET", path or "/")
         return conn.getresponse().status
     except (OSError, http.client.HTTPException):
         return 0
