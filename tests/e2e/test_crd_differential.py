@@ -12,6 +12,7 @@ benchmarks/bench_crd_differential.py runs 10,000 and prints the same matrix.
 
 from __future__ import annotations
 
+import copy
 import os
 import uuid
 
@@ -56,3 +57,25 @@ def test_kubectl_gives_the_verdict_of_the_direct_call(cluster, diff_namespace):
         assert v.api_ok is ok, (i, v.api_message, stderr)
         seen[ok] += 1
     assert seen[True] and seen[False], seen
+
+
+def test_a_nel_is_folded_by_server_side_apply_and_refused_by_check(cluster, catalog, diff_namespace):
+    """The stricter-by-design class the 10,000-spec run found (seed 26009 #149): the API server
+    decodes an apply patch as YAML, where NEL (U+0085) is a line break folded into a space, so
+    it accepts "x\\x85y" as "x y"; check refuses the value as written. If the API server stops
+    folding, it refuses too and this class must leave crd_stricter_by_design.yaml."""
+    doc = copy.deepcopy(diff.examples()[0])
+    doc["metadata"] = {"name": diff.NAME}
+    doc["spec"]["model"]["servedModelName"] = "served\x85model"
+    v = diff.Verdict(index=0)
+    diff.check_verdict(doc, catalog, v)
+    diff.api_verdict(cluster.api_client(), diff_namespace, doc, v)
+    assert (v.check_ok, v.api_ok) == (False, True), (v.check_first, v.api_message)
+    assert v.check_fields == ("spec.model.servedModelName",), v.check_first
+    assert diff.classify(v, diff.stricter_classes()) == "a NEL (U+0085) that server-side apply turns into a space"
+    # the same value with a character nothing folds (BEL) is refused by both
+    doc["spec"]["model"]["servedModelName"] = "served\x07model"
+    w = diff.Verdict(index=1)
+    diff.check_verdict(doc, catalog, w)
+    diff.api_verdict(cluster.api_client(), diff_namespace, doc, w)
+    assert (w.check_ok, w.api_ok) == (False, False), (w.check_first, w.api_message)
