@@ -46,7 +46,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from . import scheduler_pd, startup
+from . import scheduler_pd, speculative, startup
 from .kernel_standins import take_answered, take_calls
 from .model_checks import model_build_problems
 from .stages import PHASES, STAGES, OracleLimit
@@ -276,6 +276,7 @@ STAGE_STEPS: dict[str, tuple[str, ...]] = {
     "model": ("model: the model's divisions and GPU placement (oracle/model_checks.py, SGLang's ensure_divisibility)",
               *startup.MODEL_STEPS),
     "kv": ("kv: configure_kv_cache_dtype, select_dsv4_kv_layout, pd_kv_layout (mem_cache/)",),
+    "speculative": speculative.SPEC_STEPS,
     "memory": startup.MEMORY_STEPS,
     "pools": scheduler_pd.POOL_STEPS,
     "pd-queues": scheduler_pd.QUEUE_STEPS,
@@ -344,6 +345,37 @@ def _built_model(server_args: Any, key: str) -> tuple[Any, dict[str, Any], list[
     return built
 
 
+#: The speculative stage's outcome per :func:`_cache_key`: the draft worker's checks and its
+#: model depend only on what the target's model does (facts, bytes, assumed) or the refusal.
+_DRAFTS: "dict[str, tuple[dict[str, Any] | None, int, list[str]] | dict[str, Any]]" = {}
+
+
+def _draft_worker(server_args: Any, model: Any, key: str) -> tuple[dict[str, Any] | None, int, list[str]]:
+    """The speculative stage (:mod:`.speculative`) in rank 0's context with the target's model
+    built; reused for the same command (a refusal too). Returns (facts, draft bytes, assumed)."""
+    if key in _DRAFTS:
+        kept = _DRAFTS[key]
+        if isinstance(kept, dict):
+            raise Refusal(dict(kept))
+        return kept
+    try:
+        with startup.scheduler_rank(server_args):
+            runner = startup.target_runner(server_args, model)
+            out = _stage("speculative", speculative.build_draft_worker, server_args, runner)
+    except Refusal as r:
+        if not r.info.get("indeterminate"):
+            _remember(_DRAFTS, key, dict(r.info))
+        raise
+    _remember(_DRAFTS, key, out)
+    return out
+
+
+def _remember(cache: dict, key: str, value: Any) -> None:
+    while len(cache) >= _MODELS_KEPT:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+
+
 def _scheduler_after_model(server_args: Any, model: Any, weight_bytes: int) -> tuple[dict[str, Any], list[str]]:
     """The scheduler's steps after its model, in rank 0's context with the weights resident:
     memory planning (``memory``), the KV pools (``pools``), the PD queues (``pd-queues``)
@@ -395,7 +427,10 @@ def _startup(argv: list[str], cache_key: str = "", depth: str = "startup") -> tu
         return server_args, _stage("kv", _peer_facts, server_args)
     model, model_facts, assumed = _stage("model", _built_model, server_args, cache_key)
     facts = _stage("kv", _peer_facts, server_args)
-    after, more = _scheduler_after_model(server_args, model, model_facts["weightBytes"])
+    draft, draft_bytes, draft_assumed = _draft_worker(server_args, model, cache_key)
+    after, more = _scheduler_after_model(server_args, model, model_facts["weightBytes"] + draft_bytes)
+    more = [*draft_assumed, *more]
+    facts["speculative"] = draft
     import torch
 
     facts["podGpus"] = torch.cuda.device_count()  # what SGLang saw: the pod's GPUs (emulation.pod_gpus)

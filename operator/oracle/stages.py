@@ -5,7 +5,8 @@ Pure (no torch, no sglang): read by :mod:`.judge` in the caller's process and by
 its ``phase`` is the part of SGLang's startup that refused, as a person (and the
 differential's matrix) groups them: the argument checks ``launch_server`` makes
 (``args``), the scheduler's model construction (``model``), the PD peer facts of the KV
-cache (``kv``), the scheduler's memory planning and KV pool assembly (``memory``), its PD
+cache (``kv``), the draft worker of a speculative role (``speculative``: SGLang builds it
+after the target model, before the memory is planned), the scheduler's memory planning and KV pool assembly (``memory``), its PD
 queues (``pd-queues``), the transfer backend's manager (``transfer``), and the pair's
 bootstrap registration and handshake (``handshake``).
 """
@@ -13,10 +14,10 @@ bootstrap registration and handshake (``handshake``).
 from __future__ import annotations
 
 #: One role's stages, in SGLang's order.
-STAGES = ("parse", "resolve", "validate", "model", "kv", "memory", "pools", "pd-queues", "transfer")
+STAGES = ("parse", "resolve", "validate", "model", "kv", "speculative", "memory", "pools", "pd-queues", "transfer")
 #: stage -> phase (the pair's stages included).
 PHASES = {"parse": "args", "resolve": "args", "validate": "args", "model": "model", "kv": "kv",
-          "memory": "memory", "pools": "memory", "pd-queues": "pd-queues", "transfer": "transfer",
+          "speculative": "speculative", "memory": "memory", "pools": "memory", "pd-queues": "pd-queues", "transfer": "transfer",
           "bootstrap": "handshake", "handshake": "handshake"}
 
 

@@ -36,8 +36,8 @@ What does not run, and is listed in the verdict's ``assumes``: weight loading it
 and ``process_weights_after_loading`` (there are no weights), the other ranks (taken
 to be shaped as rank 0: same widths, same layers up to the pipeline split), the KV pools'
 storage (:mod:`.scheduler_pd` builds them on the meta device), the HiCache tree, the
-draft worker, attention backends and CUDA graph capture (kernels), NCCL/custom
-all-reduce initialisation.
+draft worker's weights, backends and KV pool (:mod:`.speculative` builds its model),
+attention backends and CUDA graph capture (kernels), NCCL/custom all-reduce initialisation.
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ ASSUMED_STEPS = (
     "model: ranks other than rank 0 of node 0 are shaped as rank 0",
     "pools: the pools' storage (built on the meta device: shapes and bytes, nothing allocated; kv_cache_configurator.py _init_pools)",
     "memory: the HiCache radix tree and host pools (mem_cache/kv_cache_builder.py build_kv_cache)",
-    "speculative: the draft worker, its draft model and draft KV pool (speculative/)",
     "kernels: attention backends, CUDA graph capture, NCCL / custom all-reduce (model_runner.py init_attention_backends, init_cuda_graphs)",
 )
 
@@ -371,10 +370,14 @@ def resident_bytes(model: Any) -> int:
     return total
 
 
-def build_model(server_args: Any) -> tuple[Any, dict[str, Any], list[str]]:
+def build_model(server_args: Any, *, model_config: Any = None, load_format: str | None = None,
+                draft: bool = False) -> tuple[Any, dict[str, Any], list[str]]:
     """SGLang's model for rank 0, on the meta device: (model, facts, assumed steps).
 
-    Runs in :func:`scheduler_rank`. ``facts``: {"architecture", "quantization",
+    Runs in :func:`scheduler_rank`. The target's model by default; a draft worker's
+    (``draft=True``, :mod:`.speculative`) with its own ``model_config`` and
+    ``--speculative-draft-load-format`` (``load_format``), without the scheduler's MoE/GEMM
+    step (made once, for the target). ``facts``: {"architecture", "quantization",
     "weightBytes" (device bytes live after the build), "hostBytes" (pinned host bytes),
     "parameters"}. Raises whatever SGLang raises (its refusal).
     """
@@ -388,16 +391,18 @@ def build_model(server_args: Any) -> tuple[Any, dict[str, Any], list[str]]:
 
     from sglang.srt.managers.scheduler import Scheduler
 
-    model_config = model_config_of(server_args)
+    model_config = model_config if model_config is not None else model_config_of(server_args)
     parallel = get_parallel()
-    # The scheduler's own step before its model worker: the MoE and GEMM runtime flags
-    # (managers/scheduler.py init_moe_gemm_config), which the layers read as they are built.
-    scheduler = Scheduler.__new__(Scheduler)
-    scheduler.model_config = model_config
-    scheduler.server_args = server_args
-    scheduler.init_moe_gemm_config()
+    if not draft:
+        # The scheduler's own step before its model worker: the MoE and GEMM runtime flags
+        # (managers/scheduler.py init_moe_gemm_config), which the layers read as they are built.
+        scheduler = Scheduler.__new__(Scheduler)
+        scheduler.model_config = model_config
+        scheduler.server_args = server_args
+        scheduler.init_moe_gemm_config()
     load_config = build_load_config(
-        server_args=server_args, tp_rank=parallel.tp_rank, remote_instance_weight_transporter_engine=None,
+        server_args=server_args, tp_rank=parallel.tp_rank, load_format=load_format,
+        remote_instance_weight_transporter_engine=None,
         remote_instance_weight_transporter_session_id="", draft_model_idx=None,
         weight_cache_mode=get_model().weight_cache_mode, weight_cache_socket=get_model().weight_cache_socket,
     )
@@ -423,6 +428,31 @@ def build_model(server_args: Any) -> tuple[Any, dict[str, Any], list[str]]:
     return model, facts, assumed
 
 
+def target_runner(server_args: Any, model: Any) -> Any:
+    """The target's ``ModelRunner`` as the draft worker reads it (:mod:`.speculative`): its
+    model config, model, device, speculative algorithm and ``spec_aux_config``
+    (``init_spec_aux_hidden_state``, model_runner.py:596: the draft's layer counts and the
+    target layers it captures). The runner's ``__init__`` needs a GPU; these fields are set
+    as it sets them."""
+    from sglang.srt.arg_groups.model_override_base import model_config_of
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.runtime_context import get_device, get_spec
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.model_config = model_config_of(server_args)
+    runner.server_args = server_args
+    runner.model = model
+    runner.device = get_device().device
+    runner.gpu_id = 0
+    runner.is_draft_worker = False
+    runner.draft_model_idx = None
+    runner.spec_algorithm = SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm)
+    runner.dtype = runner.model_config.dtype
+    runner.init_spec_aux_hidden_state()
+    return runner
+
+
 def plan_memory(server_args: Any, model: Any) -> tuple[dict[str, Any], Any, Any]:
     """SGLang's KV memory planning for rank 0 after ``model`` is resident: the pool sizes.
 
@@ -433,37 +463,24 @@ def plan_memory(server_args: Any, model: Any) -> tuple[dict[str, Any], Any, Any]
     Returns ({"maxTotalNumTokens", "maxRunningRequests", "memFractionStatic",
     "freeBeforeWeightsBytes"}, the runner, SGLang's MemoryPoolConfig); raises SGLang's refusal.
     """
-    from sglang.srt.arg_groups.model_override_base import model_config_of
     from sglang.srt.configs.model_config import AttentionArch
-    from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.model_executor.model_runner_components.layer_setup import resolve_layer_indices
     from sglang.srt.model_executor.model_runner_components.load_model_utils import resolve_sliding_window_size
-    from sglang.srt.runtime_context import get_device, get_parallel, get_schedule, get_spec
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.runtime_context import get_parallel, get_schedule
 
-    model_config = model_config_of(server_args)
-    runner = ModelRunner.__new__(ModelRunner)
-    runner.model_config = model_config
-    runner.server_args = server_args
-    runner.model = model
-    runner.device = get_device().device
-    runner.gpu_id = 0
-    runner.is_draft_worker = False
-    runner.draft_model_idx = None
+    runner = target_runner(server_args, model)
+    model_config = runner.model_config
     runner.draft_attention_backend = None
     runner.mem_fraction_static = get_schedule().mem_fraction_static
     runner.memory_pool_config = None
     runner.req_to_token_pool = None
     runner.token_to_kv_pool_allocator = None
-    runner.spec_algorithm = SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm)
     runner.page_size = get_schedule().page_size
     runner.is_hybrid_swa = model_config.is_hybrid_swa
     runner.is_hybrid_swa_compress = model_config.is_hybrid_swa_compress
     runner.use_mla_backend = model_config.attention_arch == AttentionArch.MLA
-    runner.dtype = model_config.dtype
     runner.pp_group = get_parallel().pp_group
     runner.forward_stream = None
-    runner.init_spec_aux_hidden_state()
     runner.configure_kv_cache_dtype()
     runner.sliding_window_size = resolve_sliding_window_size(model, model_config)
     runner.layer_info = resolve_layer_indices(model=model, model_config=model_config, is_draft_worker=False,

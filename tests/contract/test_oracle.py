@@ -317,6 +317,14 @@ def _operator_accepts_role(catalog, doc, role: str) -> bool:
     return not [p for p in problems if p.severity == "error" and p.field.startswith(f"spec.{role}")]
 
 
+def _operator_rules(catalog, doc, role: str) -> set[str]:
+    """The rules of the operator's errors on ``role``."""
+    from sglang_pd_operator.planning.plan import plan_object
+
+    _, problems = plan_object(doc, catalog)
+    return {p.rule for p in problems if p.severity == "error" and p.field.startswith(f"spec.{role}")}
+
+
 def test_every_example_runs_the_whole_startup(oracle, catalog):
     """Every example is judged through the model build and memory planning (no stage skipped),
     with the steps run and assumed named, and the weights' bytes from the meta tensors."""
@@ -437,6 +445,43 @@ def test_pools_pd_queues_and_the_transfer_manager_run(oracle, catalog):
         assert any("background threads" in a for a in role.assumes)
 
 
+def test_a_speculative_role_builds_its_draft_worker(oracle, catalog):
+    """The speculative stage runs SGLang's maybe_init_draft_worker: DSparkWorkerV2's own
+    checks and its draft TpModelWorker, whose draft model (DeepSeek-V4.1's bundled DSpark
+    head) is built on the meta device and its bytes count against the KV memory; where the
+    worker's __init__ meets the emulation's edge is named under assumes."""
+    _, verdict = _judge(oracle, catalog, _example("dsv41-flash-gb300-low-latency.yaml"))
+    decode = verdict.decode
+    assert decode.starts is True, (decode.refusal, decode.indeterminate)
+    draft = decode.facts["speculative"]
+    assert draft["algorithm"] == "DSPARK" and draft["draftArchitecture"] == "DeepseekV4ForCausalLMDSpark", draft
+    assert draft["draftWeightBytes"] > 1 << 30 and draft["draftParameters"] > 0
+    assert any(s.startswith("speculative: the draft TpModelWorker.__init__") for s in decode.steps), decode.steps
+    assert any(a.startswith("speculative: the draft's weights") for a in decode.assumes), decode.assumes
+    # the draft's bytes are resident when the memory is planned (Scheduler.init_model_worker order)
+    plain = _example("qwen3-30b-a3b-paged-experts.yaml")
+    _, qwen = _judge(oracle, catalog, plain)
+    assert qwen.decode.facts["speculative"] is None
+
+
+def test_dspark_attention_dp_with_a_moe_draft_is_refused_by_the_draft_worker(oracle, catalog):
+    """Refusal class (speculative): DSpark with DP attention whose attention TP is above 1 on
+    DeepSeek-V4.1 (a MoE draft): the argument checks accept it, DSparkWorkerV2.__init__
+    refuses it (dspark_worker_v2.py:212); the operator's rule dspark_moe_draft_attention_tp
+    (named after it) refuses it too."""
+    doc = _example("dsv41-flash-gb300-throughput-dep.yaml")
+    for role in ("prefill", "decode"):
+        doc["spec"][role]["parallelism"] = {"tp": 4, "dp": 2, "ep": 4, "dpAttention": True}
+    assert _operator_rules(catalog, doc, "decode") == {"dspark_moe_draft_attention_tp"}
+    _, args_verdict = _judge(oracle, catalog, doc, depth="args")
+    assert args_verdict.decode.starts is True
+    _, verdict = _judge(oracle, catalog, doc)
+    refusal = verdict.decode.refusal
+    assert verdict.decode.starts is False and (refusal.stage, refusal.phase) == ("speculative", "speculative"), refusal
+    assert "requires attn_tp == 1" in refusal.message
+    assert refusal.where.startswith("sglang/srt/speculative/dspark_components/dspark_worker_v2.py:__init__")
+
+
 def test_a_speculative_role_names_the_transfer_stage_it_did_not_run(oracle, catalog):
     """DSpark's transfer manager carries the draft worker's KV pool, which the oracle does not
     build: the PD queue runs, the transfer stage is listed under assumes, not skipped silently."""
@@ -473,9 +518,10 @@ def test_transfer_engine_standin_matches_the_native_library():
 
 def test_a_staging_buffer_on_an_mla_model_is_refused_by_the_pd_queue(oracle, catalog):
     """Refusal class (pd-queues): SGLANG_DISAGG_STAGING_BUFFER=1 on DeepSeek-V4 (an MLA pool):
-    no argument check reads it; PrefillBootstrapQueue.__init__ refuses it."""
+    no argument check reads it; PrefillBootstrapQueue.__init__ refuses it. The operator's
+    rule staging_buffer_non_mla (named after it) refuses it too."""
     doc = _role_doc("dsv41-flash-gb300-throughput-dep.yaml", "prefill", env={"SGLANG_DISAGG_STAGING_BUFFER": "1"})
-    assert _operator_accepts_role(catalog, doc, "prefill")
+    assert _operator_rules(catalog, doc, "prefill") == {"staging_buffer_non_mla"}
     _, args_verdict = _judge(oracle, catalog, doc, depth="args")
     assert args_verdict.prefill.starts is True  # the argument checks accept it
     _, verdict = _judge(oracle, catalog, doc)
@@ -495,9 +541,10 @@ def test_a_staging_buffer_on_an_mla_model_is_refused_by_the_pd_queue(oracle, cat
 def test_an_environment_the_mooncake_manager_refuses(oracle, catalog, role, env, message):
     """Refusal classes (transfer): settings MooncakeKVManager.__init__ checks, which the
     argument checks never read: a thread pool smaller than the transfer queues, a failed-session
-    probe interval above its maximum."""
+    probe interval above its maximum. The operator's rules named after them refuse them too."""
     doc = _role_doc("qwen3-30b-a3b-paged-experts.yaml", role, env=env)
-    assert _operator_accepts_role(catalog, doc, role)
+    rule = "mooncake_thread_pool_queue_size" if role == "prefill" else "mooncake_failed_session_probe"
+    assert _operator_rules(catalog, doc, role) == {rule}
     _, args_verdict = _judge(oracle, catalog, doc, depth="args")
     assert getattr(args_verdict, role).starts is True
     _, verdict = _judge(oracle, catalog, doc)
@@ -505,3 +552,23 @@ def test_an_environment_the_mooncake_manager_refuses(oracle, catalog, role, env,
     assert getattr(verdict, role).starts is False and (refusal.stage, refusal.phase) == ("transfer", "transfer"), refusal
     assert message in refusal.message
     assert refusal.where.startswith("sglang/srt/disaggregation/mooncake/conn.py:__init__")
+
+
+@pytest.mark.parametrize("queues,starts", [(8, True), (9, False)])
+def test_the_default_thread_pool_is_sized_by_the_node_cpus(oracle, catalog, queues, starts):
+    """os.cpu_count() in the pod is the node's (L40S: 128 CPUs), so a Mooncake prefill's default
+    transfer thread pool is min(max(4, 64 // 8), 12) = 8 there (mooncake/conn.py:327), not
+    this machine's: 8 transfer queues start, 9 are refused; the operator's rule agrees."""
+    from sglang_pd_operator.planning.rules.transfer import mooncake_default_thread_pool
+
+    assert catalog.accelerator("l40s").cpus == 128 and mooncake_default_thread_pool(128) == 8
+    doc = _role_doc("qwen3-30b-a3b-paged-experts.yaml", "prefill",
+                    env={"SGLANG_DISAGGREGATION_QUEUE_SIZE": str(queues)})
+    assert _operator_rules(catalog, doc, "prefill") == (set() if starts else {"mooncake_thread_pool_queue_size"})
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.prefill.starts is starts, verdict.prefill.refusal
+    if starts:
+        assert verdict.prefill.facts["transfer"]["manager"] == "MooncakeKVManager"
+    else:
+        assert "SGLANG_DISAGGREGATION_THREAD_POOL_SIZE=8 must be greater than or equal to " \
+               "SGLANG_DISAGGREGATION_QUEUE_SIZE=9" in verdict.prefill.refusal.message

@@ -219,6 +219,37 @@ def dspark_dp_attention(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Cata
     return problems
 
 
+def dspark_moe_draft_attention_tp(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """DSpark with attention DP and a DeepSeek-V4 (MoE) draft needs attention TP 1 (dp = tp).
+
+    Source: sglang 0.5.23 speculative/dspark_components/dspark_worker_v2.py:212,
+    ``DSparkWorkerV2.__init__`` ("DSpark + dp attention with a DeepSeek-V4 (MoE) draft
+    requires attn_tp == 1 (set --dp-size == --tp)"), on CUDA and ROCm. The draft is the
+    DeepSeek-V4 checkpoint's bundled head when no other draft model is named
+    (``draft_is_deepseek_v4`` reads the draft path's config). The argument checks accept it;
+    the oracle's ``speculative`` stage found it.
+    """
+    sp = spec.speculative
+    if not _dspark(spec) or role.inputs.attention_dp <= 1 or not role.inputs.is_deepseek_v4:
+        return []
+    if sp.draftModelPath and sp.draftModelPath != spec.model.name:
+        return []  # a separate draft checkpoint: its architecture is not in the catalog
+    attn_tp = role.inputs.attention_tp
+    if attn_tp <= 1:
+        return []
+    p = role.inputs.parallelism
+    return [
+        Problem(
+            field=f"spec.{role.role}.parallelism.dp",
+            message=f"DSpark with attention DP and {spec.model.name}'s DeepSeek-V4 (MoE) draft needs attention TP 1; "
+            f"tp {p.tp} over dp {p.dp} gives attention TP {attn_tp}: SGLang 0.5.23's draft worker refuses to start "
+            "(dspark_worker_v2.py:212)",
+            fix=f"set parallelism.dp to tp ({p.tp}), or turn dpAttention off",
+            rule="dspark_moe_draft_attention_tp",
+        )
+    ]
+
+
 def dspark_pipeline_parallel(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
     """DSpark runs pipeline parallelism only on a PD prefill (speculative_hook._handle_dspark:
     "DSpark pipeline parallelism requires PD prefill; decode and non-disaggregated serving
@@ -672,6 +703,7 @@ def dspark_verify_window(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Cat
 
 ROLE_RULES = (
     dspark_dp_attention,
+    dspark_moe_draft_attention_tp,
     dspark_pipeline_parallel,
     dspark_draft_model,
     dspark_verify_window,
