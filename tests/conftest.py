@@ -46,22 +46,37 @@ def pytest_runtest_makereport(item, call):
 
 
 # ---------------------------------------------------------------- the slowest files first
-# hack/test.sh runs pytest-xdist with --dist loadfile --no-loadscope-reorder: a worker takes
-# a whole file, in collection order. A file of several minutes handed out last runs on
-# alone while the other workers idle, so the files that take minutes go first, slowest
-# first (measured with --durations, docs/images.md "CI"); the rest keep pytest's order.
+# With SGLANG_PD_TEST_WORKERS, hack/test.sh runs pytest-xdist with --dist loadfile
+# --no-loadscope-reorder: a worker takes a whole file, in collection order. A file of
+# several minutes handed out last runs on alone while the other workers idle, so under
+# xdist the files that take minutes go first, slowest first (per-file sums of --durations
+# with 3 workers, docs/images.md "CI"); the rest keep pytest's order. One process keeps
+# pytest's order throughout.
 SLOWEST_FILES = (
-    "tests/e2e/test_kueue.py",
-    "tests/contract/test_oracle_differential.py",
     "tests/e2e/test_crd_differential.py",
-    "tests/e2e/test_no_request_lost_rollout.py",
+    "tests/contract/test_oracle_differential.py",
+    "tests/e2e/test_cluster.py",
+    "tests/e2e/test_sglang_gate.py",
+    "tests/e2e/test_autoscale.py",
+    "tests/e2e/test_demo.py",
+    "tests/e2e/test_operator.py",
+    "tests/e2e/test_multinode.py",
+    "tests/e2e/test_release_upgrade.py",
+    "tests/e2e/test_resilience.py",
+    "tests/e2e/test_rollout.py",
+    "tests/e2e/test_kueue.py",
+    "tests/e2e/test_status_truth.py",
+    "tests/e2e/test_bench_scale.py",
     "tests/e2e/test_no_request_lost.py",
+    "tests/e2e/test_no_request_lost_rollout.py",
 )
 
 
 def pytest_collection_modifyitems(config, items):
     """Move the items of SLOWEST_FILES to the front, in that order (a stable sort: the
     tests of one file stay together and in their order; every xdist worker sorts alike)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: pytest's own order
+        return
     rank = {config.rootpath / path: i for i, path in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path, len(rank)))
 
