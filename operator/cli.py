@@ -29,6 +29,31 @@ from .render import render_all
 EXIT_VALID, EXIT_INVALID, EXIT_UNREADABLE, EXIT_NO_VERDICT = 0, 1, 2, 3
 
 
+def _queue_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--default-queue-name``: a Kueue LocalQueue name (a DNS label, like ``spec.scheduling.queueName``);
+    empty means none."""
+    import re
+
+    from .api.v1alpha1 import DNS_LABEL_PATTERN
+
+    if not value:
+        return None
+    if len(value) > 63 or not re.match(DNS_LABEL_PATTERN, value):
+        raise click.BadParameter("expected a LocalQueue name: a DNS label (lower-case letters, digits and '-', "
+                                 "at most 63), e.g. gb300")
+    return value
+
+
+#: ``run``, ``check`` and ``render`` take the same default queue, so that ``check`` in CI plans (compat key,
+#: rendered labels) what the operator in the cluster will.
+default_queue_option = click.option(
+    "--default-queue-name", "default_queue", default=None, envvar="SGLANG_PD_DEFAULT_QUEUE_NAME",
+    callback=_queue_name, metavar="LOCALQUEUE",
+    help="Kueue LocalQueue for every PDDeployment that names none in spec.scheduling.queueName (the chart's "
+         "scheduling.defaultQueueName): its multi-node replicas are admitted through it. It reaches groups "
+         "created after it is set; a running group keeps its queue (UpgradePending). docs/multi-node.md.")
+
+
 class Unreadable(Exception):
     """A file that cannot be read or is not YAML (exit code 2)."""
 
@@ -83,6 +108,8 @@ def check_result(doc: dict[str, Any], plan: Plan | None, problems: list[Problem]
             for r in (plan.prefill, plan.decode)
         }
         out["compatKey"] = plan.compat_key
+        if plan.queued:
+            out["scheduling"] = {"queueName": plan.queue_name, "queueSource": plan.queue_source}
     return out
 
 
@@ -95,6 +122,9 @@ def _human(path: str, result: dict[str, Any], problems: list[Problem]) -> str:
             layout = r["kvLayout"] or "n/a (not a DeepSeek-V4 model)"
             backend = f" via {r['attentionBackend']}" if r["attentionBackend"] else ""
             lines.append(f"  {role}: KV layout {layout}{backend}")
+        if "scheduling" in result:
+            q = result["scheduling"]
+            lines.append(f"  Kueue queue {q['queueName']} ({'spec' if q['queueSource'] == 'spec' else 'operator default'})")
     else:
         head += f": refused, {len(errors(problems))} problem(s)"
     for p in errors(problems) + warnings(problems):
@@ -158,14 +188,17 @@ def main(verbose: bool) -> None:
                    "(needs `sglang-pd-operator sglang install`; no GPU).")
 @click.option("--sglang-python", default=None, metavar="PYTHON",
               help="Interpreter that has sglang 0.5.23 installed (default: this one).")
+@default_queue_option
 def check(files: tuple[str, ...], output: str, catalog_dir: str | None, with_sglang: bool,
-          sglang_python: str | None) -> None:
+          sglang_python: str | None, default_queue: str | None) -> None:
     """Check PDDeployment FILES ('-' for stdin): exit 0 valid, 1 problems, 2 unreadable, 3 no SGLang verdict.
 
     Other objects in the files (Namespaces, PVCs, KernelBuilds) are skipped with a note on
     stderr. With -o json: one object when one file holds one PDDeployment (or cannot be
     read), else a list; an unreadable file is an entry with ``unreadable: true``. With
     --sglang each entry gains ``sglang``: SGLang's verdict per role and for the pair.
+    With --default-queue-name (the operator's flag) each spec is planned as the operator
+    with that flag plans it: the queue of its multi-node replicas and their compat key.
     """
     catalog = _catalog(catalog_dir)
     oracle, no_oracle = _start_oracle(catalog, sglang_python) if with_sglang else (None, None)
@@ -181,7 +214,7 @@ def check(files: tuple[str, ...], output: str, catalog_dir: str | None, with_sgl
                 continue
             for doc in _pddeployments(path, docs):
                 found = True
-                plan, problems = plan_object(doc, catalog)
+                plan, problems = plan_object(doc, catalog, default_queue=default_queue)
                 result = check_result(doc, plan, problems)
                 result["file"] = path
                 text = _human(path, result, problems)
@@ -300,7 +333,8 @@ def _unreadable_result(path: str, error: str) -> dict[str, Any]:
 @click.argument("files", nargs=-1, required=True)
 @click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml")
 @click.option("--catalog-dir", default=None, help="Catalog folder (default: kernels/).")
-def render(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None:
+@default_queue_option
+def render(files: tuple[str, ...], output: str, catalog_dir: str | None, default_queue: str | None) -> None:
     """Print the child objects the operator would create for FILES (no cluster needed).
 
     Problems go to stderr (warnings too); other objects are skipped with a note. Exit 0,
@@ -317,7 +351,7 @@ def render(files: tuple[str, ...], output: str, catalog_dir: str | None) -> None
             sys.exit(EXIT_UNREADABLE)
         for doc in _pddeployments(path, docs):
             found = True
-            plan, problems = plan_object(doc, catalog)
+            plan, problems = plan_object(doc, catalog, default_queue=default_queue)
             for p in warnings(problems):
                 click.echo(f"{path}: {p.line()}", err=True)  # line() says "warning:" itself
             if plan is None or not plan.valid:
@@ -424,6 +458,7 @@ def crds(out_dir: str | None, check_only: bool) -> None:
                    "(Valid False, SGLangUnavailable) or go on with the rules alone (Valid True, RulesOnly, a Warning).")
 @click.option("--oracle-max-wait", default="5m", show_default=True, metavar="DURATION",
               help="Default of spec.oracle.maxWait: how long a generation waits for SGLang's verdict.")
+@default_queue_option
 def run(
     kubeconfig: str | None,
     namespaces: tuple[str, ...],
@@ -450,6 +485,7 @@ def run(
     oracle_url: str | None,
     oracle_on_unavailable: str,
     oracle_max_wait: str,
+    default_queue: str | None,
 ) -> None:
     """Run the operator (kopf) until interrupted; exits 1 when the CRDs are missing or older, 3 on lost leadership.
 
@@ -531,6 +567,7 @@ def run(
             oracle_url=oracle_url,
             oracle_policy=oracle_on_unavailable,
             oracle_max_wait_s=oracle_wait_s,
+            default_queue=default_queue,
         )
     except CRDSchemaError as e:
         log.error("refusing to run: %s", e)

@@ -28,6 +28,19 @@ def with_fields(doc: dict, changes: dict) -> dict:
     return doc
 
 
+def merge_patched(old, patch):
+    """``old`` with the JSON merge patch ``patch`` applied (RFC 7386: None deletes), e.g. status patches in order."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(old) if isinstance(old, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patched(out.get(k), v)
+    return out
+
+
 def load_script(path: Path, name: str):
     """The Python file ``path`` (a script under hack/, a test file) as a module named ``name``, loaded by path
     (registered in ``sys.modules`` first: dataclasses look their module up while it loads)."""

@@ -1407,6 +1407,17 @@ class SGLangVerdictStatus(BaseModel):
     seconds: float | None = Field(default=None, description="How long SGLang took to judge (the service's figure).")
 
 
+class SchedulingStatus(BaseModel):
+    """The Kueue queue the target group's LeaderWorkerSets carry (absent when nothing is queued)."""
+
+    queueName: str | None = Field(default=None, description="The Kueue LocalQueue each multi-node replica is admitted through.")
+    queueSource: Literal["spec", "operatorDefault"] | None = Field(
+        default=None,
+        description="spec: spec.scheduling.queueName; operatorDefault: the operator's --default-queue-name "
+        "(the chart's scheduling.defaultQueueName), for a spec that names none.",
+    )
+
+
 class PDDeploymentStatus(BaseModel):
     """Observed state, written only by the operator through the status subresource."""
 
@@ -1426,4 +1437,7 @@ class PDDeploymentStatus(BaseModel):
     )
     sglang: SGLangVerdictStatus | None = Field(
         default=None, description="SGLang's verdict (the oracle service) on the latest generation whose rules pass."
+    )
+    scheduling: SchedulingStatus | None = Field(
+        default=None, description="Which Kueue queue admits the multi-node replicas, and from where (docs/multi-node.md)."
     )

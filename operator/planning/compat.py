@@ -14,6 +14,9 @@ accept them. The inputs (documented in docs/compat-key.md) are:
   help texts in arg_groups/fields/disagg.py: "set the same ... on both roles");
 - the speculative configuration (DSpark layout is part of the handshake);
 - the kernel cache digest, when a KernelBuild is mounted (issue: kernels travel with pods).
+- the Kueue queue of a plan whose multi-node roles are queued (``plan.with_queue_compat``):
+  not SGLang's, but Kueue refuses to change a running LeaderWorkerSet's queue, so another
+  queue must be another group.
 
 Anything else (replicas, resources, gateway policy, node selectors) is deliberately
 left out: changing it must not start a new compat group.

@@ -188,8 +188,8 @@ def schema_problem(error: FieldError) -> Problem:
     return Problem(field=error.field, message=error.message, fix=error.fix, rule="schema")
 
 
-def plan_object(obj: dict[str, Any], catalog: Catalog, *,
-                rule_memo: RuleMemo | None = None) -> tuple[Plan | None, list[Problem]]:
+def plan_object(obj: dict[str, Any], catalog: Catalog, *, rule_memo: RuleMemo | None = None,
+                default_queue: str | None = None) -> tuple[Plan | None, list[Problem]]:
     """Validate and plan one object as read from YAML or the API: (plan or None, every problem).
 
     The schema first (None and the schema errors when it fails: nothing can be planned),
@@ -197,13 +197,13 @@ def plan_object(obj: dict[str, Any], catalog: Catalog, *,
     problem. A CEL problem on a field a planning rule already refuses is left out (the
     rule's message is the more specific one). Used by ``check``, ``render`` and the
     reconciler alike; the reconciler passes a ``rule_memo`` (objects read from the API
-    server have a uid and a generation).
+    server have a uid and a generation). ``default_queue``: see :func:`build_plan`.
     """
     try:
         pdd = parse_pddeployment(obj)
     except SpecError as e:
         return None, [schema_problem(err) for err in e.errors]
-    plan = build_plan(pdd, catalog)
+    plan = build_plan(pdd, catalog, default_queue=default_queue)
     refused_fields = {p.field for p in errors(plan.problems)}
     found = rule_memo.violations(obj) if rule_memo is not None else rule_violations(obj)
     extra = [schema_problem(err) for err in found if err.field not in refused_fields]
@@ -212,18 +212,20 @@ def plan_object(obj: dict[str, Any], catalog: Catalog, *,
     return plan, list(plan.problems)
 
 
-def build_plan(pdd: PDDeployment, catalog: Catalog) -> Plan:
+def build_plan(pdd: PDDeployment, catalog: Catalog, *, default_queue: str | None = None) -> Plan:
     """Plan a PDDeployment: both roles and every problem of every rule.
 
     Never raises for a bad spec (pydantic validation of the YAML happens before, in
-    ``api``); problems carry the field path, the reason and the fix.
+    ``api``); problems carry the field path, the reason and the fix. ``default_queue``:
+    the operator's default Kueue LocalQueue (``--default-queue-name``; None: none), used
+    where ``spec.scheduling.queueName`` is unset (:func:`with_queue_compat`).
     """
     spec = pdd.spec
     prefill, decode = (
         plan_role(spec=spec, role=r, catalog=catalog, name=pdd.name, namespace=pdd.namespace) for r in ROLES
     )
     problems = tuple(run_all_rules(spec=spec, prefill=prefill, decode=decode, catalog=catalog))
-    return Plan(
+    return with_queue_compat(Plan(
         name=pdd.name,
         namespace=pdd.namespace,
         generation=pdd.generation,
@@ -231,4 +233,28 @@ def build_plan(pdd: PDDeployment, catalog: Catalog) -> Plan:
         prefill=prefill,
         decode=decode,
         problems=problems,
-    )
+        default_queue=default_queue,
+    ))
+
+
+#: The compat input naming the Kueue LocalQueue of a queued plan (docs/compat-key.md).
+QUEUE_COMPAT_INPUT = "kueueQueue"
+
+
+def with_queue_compat(plan: Plan) -> Plan:
+    """``plan`` with its Kueue queue in both roles' compat inputs when :attr:`Plan.queued` (pure).
+
+    Kueue's LeaderWorkerSet webhook refuses to add, change or remove the queue label of a
+    running LeaderWorkerSet (pkg/controller/jobs/leaderworkerset, queue name immutable), so
+    a group's queue is fixed for its life: another queue, from the spec or from the
+    operator's default, is another compat group (a paired rollout), never an in-place
+    update Kueue would refuse. Absent when nothing is queued, so every other key is
+    unchanged. Merged after the roles are planned, like the kernel digest
+    (``kernelbuild.gate.with_kernel_compat``): the engine's arguments (the HiCache tag)
+    keep the key of SGLang's own inputs.
+    """
+    if not plan.queued:
+        return plan
+    extra = {QUEUE_COMPAT_INPUT: plan.queue_name}
+    return replace(plan, prefill=replace(plan.prefill, compat_inputs={**plan.prefill.compat_inputs, **extra}),
+                   decode=replace(plan.decode, compat_inputs={**plan.decode.compat_inputs, **extra}))

@@ -58,7 +58,13 @@ class RolePlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """The resolved deployment: both roles, the compat key and every problem found."""
+    """The resolved deployment: both roles, the compat key and every problem found.
+
+    ``default_queue``: the operator's default Kueue LocalQueue (``run --default-queue-name``,
+    the chart's ``scheduling.defaultQueueName``; ``check --default-queue-name``) the plan was
+    made with, an explicit input like the catalog: None when the operator has none. It
+    applies only where ``spec.scheduling.queueName`` is unset (:attr:`queue_name`).
+    """
 
     name: str
     namespace: str
@@ -67,6 +73,26 @@ class Plan:
     prefill: RolePlan
     decode: RolePlan
     problems: tuple[Problem, ...]
+    default_queue: str | None = None
+
+    @property
+    def queue_name(self) -> str | None:
+        """The Kueue LocalQueue of the plan's LeaderWorkerSets: ``spec.scheduling.queueName``, else
+        :attr:`default_queue`, else None (no queue label from the operator)."""
+        return self.spec.scheduling.queueName or self.default_queue
+
+    @property
+    def queue_source(self) -> str | None:
+        """Where :attr:`queue_name` comes from: ``spec``, ``operatorDefault``, or None without a queue."""
+        if self.spec.scheduling.queueName:
+            return "spec"
+        return "operatorDefault" if self.default_queue else None
+
+    @property
+    def queued(self) -> bool:
+        """Kueue admits this plan's groups: a queue applies and at least one role spans nodes (only
+        LeaderWorkerSets carry the queue label, render/multinode.py)."""
+        return bool(self.queue_name) and (self.prefill.inputs.multi_node or self.decode.inputs.multi_node)
 
     @property
     def valid(self) -> bool:

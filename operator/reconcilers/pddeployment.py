@@ -105,8 +105,15 @@ def reconcile(
     cd_served: bool = False,
     oracle: OracleSettings | None = None,
     catalog_overrides: dict[str, str] | None = None,
+    default_queue: str | None = None,
 ) -> Outcome:
     """Converge the children of the PDDeployment ``body`` (a dict as read from the API).
+
+    ``default_queue``: the operator's default Kueue LocalQueue (``run --default-queue-name``)
+    for a spec without ``scheduling.queueName`` (``planning.plan.build_plan``). It enters
+    the compat key of a queued plan, so a serving group rendered under another default is
+    held as an operator change (``upgrade.operator_changes``, UpgradePending) until the
+    user changes its spec or opts in: the default reaches new groups only.
 
     ``oracle``: the SGLang oracle service (``run --oracle-url``): a generation whose rules
     pass creates or changes nothing until SGLang's verdict allows it
@@ -145,7 +152,7 @@ def reconcile(
         return _reconcile(kube=tracked, body=body, catalog=catalog, now=now, health=health,  # type: ignore[arg-type]
                           monitoring=monitoring, health_stale=health_stale, rule_memo=rule_memo,
                           lws_served=lws_served, autoscalers=autoscalers, cd_served=cd_served, oracle=oracle,
-                          catalog_overrides=catalog_overrides)
+                          catalog_overrides=catalog_overrides, default_queue=default_queue)
     except ApiException as e:
         if e.status == 409:  # the object changed since it was read (a status write's precondition): no
             raise            # failure to record; the retry reads the newer object
@@ -169,6 +176,7 @@ def _reconcile(
     cd_served: bool = False,
     oracle: OracleSettings | None = None,
     catalog_overrides: dict[str, str] | None = None,
+    default_queue: str | None = None,
 ) -> Outcome:
     writes_before = kube.total_writes
     meta = body["metadata"]
@@ -176,7 +184,7 @@ def _reconcile(
     previous = body.get("status") or {}
 
     # 1. validate the object against the v1alpha1 schema and every SGLang rule
-    plan, problems = plan_object(body, catalog, rule_memo=rule_memo)
+    plan, problems = plan_object(body, catalog, rule_memo=rule_memo, default_queue=default_queue)
     if plan is None or not plan.valid:
         outcome = _refuse(kube, body, problems, previous, generation, now)
         outcome.writes = kube.total_writes - writes_before
@@ -221,7 +229,7 @@ def _reconcile(
     spec_objects = render_group(spec_plan)
     hold = operator_changes(
         body=body, observed=observed, previous=previous, spec_objects=spec_objects, new_key=spec_plan.compat_key,
-        catalog=catalog,
+        catalog=catalog, default_queue=default_queue,
         live_objects=lambda: live_group_objects(kube, name=name, namespace=namespace, key=observed.serving_key or "",
                                                 lws_served=lws_served))
     target = hold.key if hold is not None else plan.compat_key
@@ -284,6 +292,7 @@ def _reconcile(
         valid=S.Cond("Valid", *verdict.valid) if verdict is not None else None,
     )
     new_status["autoscaling"] = scaling.status
+    new_status["scheduling"] = _scheduling_status(plan, previous, hold)
     new_status["sglang"] = verdict.record if verdict is not None else None
     steps = [t for t in (next_step_in(decision, _rollout_settings(plan), now), scaling.next_look_s,
                          verdict.requeue_after if verdict is not None else None) if t is not None]
@@ -660,6 +669,15 @@ def _attention_backends(plan: Plan, previous: dict[str, Any], hold: Hold | None)
     if hold is not None:
         return {r: (previous.get(r) or {}).get("attentionBackend") for r in ("prefill", "decode")}
     return {r: (plan.role(r).layout.attention_backend if plan.role(r).layout else None) for r in ("prefill", "decode")}
+
+
+def _scheduling_status(plan: Plan, previous: dict[str, Any], hold: Hold | None) -> dict[str, str] | None:
+    """``status.scheduling``: the Kueue queue of the target group's LeaderWorkerSets and where it comes
+    from (``spec`` or ``operatorDefault``); None when nothing is queued. A held group keeps what status
+    said of it (its queue is the one it was created with, not the operator's current default)."""
+    if hold is not None:
+        return previous.get("scheduling")
+    return {"queueName": plan.queue_name, "queueSource": plan.queue_source} if plan.queued else None
 
 
 def _upgrade_conditions(hold: Hold | None) -> list[S.Cond]:

@@ -105,6 +105,9 @@ class Runtime:
     rule_memo: RuleMemo = field(default_factory=RuleMemo)
     #: The SGLang oracle service every new generation waits for (``sglang_gate``); None: the rules alone.
     oracle: OracleSettings | None = None
+    #: The default Kueue LocalQueue of PDDeployments without ``spec.scheduling.queueName`` (``run
+    #: --default-queue-name``, the chart's ``scheduling.defaultQueueName``); None: none.
+    default_queue: str | None = None
 
     def __post_init__(self) -> None:
         if self.served is None:
@@ -221,6 +224,7 @@ class Runtime:
                 autoscalers=self.autoscalers,
                 oracle=self.oracle,
                 catalog_overrides=self.catalog_source.overrides or None,
+                default_queue=self.default_queue,
             )
             self.uses.record(meta["namespace"], meta["name"], outcome.kernelbuilds)
             self.planner.mark(meta["namespace"], meta["name"], outcome.autoscaled)

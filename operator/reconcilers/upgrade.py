@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from ..api import lws
+from ..api import kueue, lws
 from ..api.load import SpecError, parse_pddeployment
 from ..catalog import Catalog
 from ..planning.plan import build_plan
@@ -74,6 +74,14 @@ KNOWN_CHANGES: tuple[KnownChange, ...] = (
     KnownChange("0.2.0", "preStop", "engines and gateways drain before they stop: a preStop waits until SGLang's "
                 "own metrics show no running or queued request, bounded by rollout.drainGracePeriod"),
 )
+
+
+#: The words of the change line a different Kueue queue writes (:func:`describe_changes`), and why it is held:
+#: with the spec unchanged, only the operator's default queue can have moved.
+QUEUE_CHANGE = "Kueue queue"
+QUEUE_REASON = ("the operator's default Kueue queue (run --default-queue-name, the chart's "
+                "scheduling.defaultQueueName) is not the one this group was admitted through; a running group keeps "
+                "its queue (Kueue refuses to change it on a running LeaderWorkerSet) and the default reaches new groups")
 
 
 @dataclass(frozen=True)
@@ -127,46 +135,52 @@ def reasons_for(changes: list[str], rendered_by: str) -> tuple[str, ...]:
 
 #: render hashes of recorded specs, by (catalog id, metadata, spec) JSON: a rollout the user started
 #: asks about the serving group's recorded spec on every reconcile until it completes.
-_HASH_MEMO: dict[tuple[int, str, str], str | None] = {}
+_HASH_MEMO: dict[tuple[int, str, str, str | None], str | None] = {}
 _HASH_MEMO_SIZE = 256
 
 
-def renders_alike(*, body: dict[str, Any], spec: dict[str, Any], catalog: Catalog, expected_hash: str) -> bool:
+def renders_alike(*, body: dict[str, Any], spec: dict[str, Any], catalog: Catalog, expected_hash: str,
+                  default_queue: str | None = None) -> bool:
     """Whether this operator renders ``spec`` (in ``body``'s metadata) to ``expected_hash``.
 
-    False when the spec no longer parses or plans valid (the operator cannot know what it
-    would make of it, so the user's current spec counts as a change).
+    ``default_queue``: the operator's default Kueue queue, as for the current spec
+    (``planning.plan.build_plan``). False when the spec no longer parses or plans valid
+    (the operator cannot know what it would make of it, so the user's current spec counts
+    as a change).
     """
     meta = {k: body["metadata"].get(k) for k in ("name", "namespace")}
-    memo_key = (id(catalog), canonical_json(meta), canonical_json(spec))
+    memo_key = (id(catalog), canonical_json(meta), canonical_json(spec), default_queue)
     if memo_key not in _HASH_MEMO:
         if len(_HASH_MEMO) >= _HASH_MEMO_SIZE:
             _HASH_MEMO.pop(next(iter(_HASH_MEMO)))
-        _HASH_MEMO[memo_key] = _hash_of(body, spec, catalog)
+        _HASH_MEMO[memo_key] = _hash_of(body, spec, catalog, default_queue)
     return _HASH_MEMO[memo_key] == expected_hash
 
 
-def _hash_of(body: dict[str, Any], spec: dict[str, Any], catalog: Catalog) -> str | None:
+def _hash_of(body: dict[str, Any], spec: dict[str, Any], catalog: Catalog, default_queue: str | None) -> str | None:
     try:
         pdd = parse_pddeployment({"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
                                   "metadata": body["metadata"], "spec": spec})
     except SpecError:
         return None
-    plan = build_plan(pdd, catalog)
+    plan = build_plan(pdd, catalog, default_queue=default_queue)
     return render_hash(render_group(plan)) if plan.valid else None
 
 
 def operator_changes(
     *, body: dict[str, Any], observed: Observed, previous: dict[str, Any], spec_objects: list[dict[str, Any]],
     live_objects: Callable[[], list[dict[str, Any]]], new_key: str, catalog: Catalog,
+    default_queue: str | None = None,
 ) -> Hold | None:
     """The hold of the serving group, or None when this operator may apply its own rendering.
 
     ``spec_objects``: ``render_group`` of the current spec alone (no owner, no kernel gate,
     no counts); ``live_objects``: reads the serving group's objects as they exist (called
-only when a hold is likely);
-    ``new_key``: the compat key the current plan gives. None when there is no serving
-    group, the user opted in, the user's spec changed the group, or nothing would change.
+    only when a hold is likely); ``new_key``: the compat key the current plan gives;
+    ``default_queue``: the operator's default Kueue queue the current plan was made with (a
+    changed default is an operator change like a new release: held, :data:`QUEUE_REASON`).
+    None when there is no serving group, the user opted in, the user's spec changed the
+    group, or nothing would change.
     """
     serving = observed.serving_key
     group = observed.groups.get(serving) if serving else None
@@ -181,7 +195,8 @@ only when a hold is likely);
         if record.render_hash == new_hash:
             return None  # this operator renders it as it was
         unchanged = canonical_json(record.spec) == canonical_json(spec) or (
-            renders_alike(body=body, spec=record.spec, catalog=catalog, expected_hash=new_hash))
+            renders_alike(body=body, spec=record.spec, catalog=catalog, expected_hash=new_hash,
+                          default_queue=default_queue))
         if not unchanged:
             return None  # the user changed the group: it is rendered by this operator
         rendered_by = record.operator_version
@@ -196,8 +211,11 @@ only when a hold is likely);
     changes = describe_changes(live=live_objects(), desired=spec_objects, old_key=serving, new_key=new_key)
     if not changes:
         return None
+    reasons = reasons_for(changes, rendered_by)
+    if any(QUEUE_CHANGE in c for c in changes):
+        reasons += (QUEUE_REASON,)
     return Hold(key=serving, new_key=new_key, rendered_by=rendered_by, adopt=adopt, changes=tuple(changes),
-                reasons=reasons_for(changes, rendered_by))
+                reasons=reasons)
 
 
 # --------------------------------------------------------------------------- what would change
@@ -277,9 +295,15 @@ def _container_changes(where: str, desired: dict[str, Any], live: dict[str, Any]
     return out
 
 
+def _queue_of(obj: dict[str, Any]) -> str:
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(kueue.QUEUE_LABEL) or "none"
+
+
 def _workload_changes(component: str, desired: dict[str, Any], live: dict[str, Any]) -> list[str]:
     dp, lp = _pod_spec(desired), _pod_spec(live)
     out = []
+    if desired.get("kind") == lws.KIND and _queue_of(desired) != _queue_of(live):
+        out.append(f"{component}: {QUEUE_CHANGE} {_queue_of(live)} -> {_queue_of(desired)}")
     live_containers = {c["name"]: c for c in lp.get("containers") or []}
     for c in dp.get("containers") or []:
         where = f"{component} {c['name']}"
@@ -339,7 +363,8 @@ def describe_changes(*, live: list[dict[str, Any]], desired: list[dict[str, Any]
     if old_key != new_key:
         out.append(f"compat key {old_key[:L.GROUP_ID_LENGTH]} -> {new_key[:L.GROUP_ID_LENGTH]}")
     by = {(o["kind"], _component(o)): _swap_key(o, old_key, new_key) for o in live}
-    for obj in desired:
+    kinds = {kind for _, kind in GROUP_OBJECT_KINDS}  # what live_group_objects reads (a ComputeDomain is per key)
+    for obj in (o for o in desired if o["kind"] in kinds):
         component, kind = _component(obj), obj["kind"]
         other = by.get((kind, component))
         if other is None:

@@ -58,9 +58,11 @@ Choices, and why:
   count at creation; the driver uses it only for its global ``status.status`` in its
   default mode), and counts each group Ready only when every node of its pods is Ready in
   ``status.nodes`` (reconcilers/observe.py).
-- Gang admission (``spec.scheduling.queueName``, api/kueue.py): the LeaderWorkerSet carries
-  Kueue's queue label, so Kueue's LWS integration makes one Workload per group and keeps
-  every pod of the group behind its scheduling gate until the whole group is admitted;
+- Gang admission (``spec.scheduling.queueName``, else the operator's ``--default-queue-name``:
+  ``Plan.queue_name``; api/kueue.py): the LeaderWorkerSet carries Kueue's queue label, so
+  Kueue's LWS integration makes one Workload per group and keeps every pod of the group
+  behind its scheduling gate until the whole group is admitted (the queue is a compat
+  input, ``planning.plan.with_queue_compat``: Kueue refuses a queue change in place);
   with NVLink placement the pod templates also ask Kueue's topology-aware scheduling for
   one clique for leader and workers together (:func:`kueue_annotations`). The pod
   affinity stays: it is what the kube-scheduler enforces should Kueue be absent.
@@ -156,7 +158,7 @@ def leader_worker_set(
     if count is not None:
         spec = {"replicas": count, **spec}
     labels = L.component_labels(name, component, key)
-    queue = plan.spec.scheduling.queueName
+    queue = plan.queue_name  # spec.scheduling.queueName, else the operator's default
     if queue:  # Kueue admits each group whole (api/kueue.py)
         labels = {**labels, kueue.QUEUE_LABEL: queue}
     return {
@@ -169,7 +171,7 @@ def leader_worker_set(
 
 
 def kueue_annotations(plan: Plan, role: RolePlan) -> dict[str, str]:
-    """Pod template annotations of a multi-node ``role`` queued through Kueue (``spec.scheduling.queueName``).
+    """Pod template annotations of a multi-node ``role`` queued through Kueue (:attr:`Plan.queue_name`).
 
     With NVLink placement required (preferred) on the accelerator's clique label: Kueue's
     topology-aware scheduling must (should) find one domain of that level for the whole
@@ -180,7 +182,7 @@ def kueue_annotations(plan: Plan, role: RolePlan) -> dict[str, str]:
     Kueue apis/kueue/v1beta2/topology_types.go, pkg/controller/jobs/leaderworkerset
     (its webhook validates the group: exactly two pod sets, one of them of one pod).
     """
-    if not plan.spec.scheduling.queueName or not role.inputs.multi_node:
+    if not plan.queue_name or not role.inputs.multi_node:
         return {}
     mode, label = nvlink_mode(plan.spec, role), clique_label(role)
     if mode == "none" or label is None:

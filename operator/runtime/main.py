@@ -94,6 +94,7 @@ def run_operator(
     oracle_url: str | None = None,
     oracle_policy: str = "wait",
     oracle_max_wait_s: float = 300.0,
+    default_queue: str | None = None,
 ) -> None:
     """Run until interrupted. Watches ``namespaces`` (None: the whole cluster).
 
@@ -113,6 +114,8 @@ def run_operator(
     ``oracle_url``: the SGLang oracle service every new generation waits for
     (``reconcilers.sglang_gate``), with the defaults of ``spec.oracle``: ``oracle_policy``
     (wait | rulesOnly) and ``oracle_max_wait_s``; None: the rules alone.
+    ``default_queue``: the Kueue LocalQueue of PDDeployments without ``spec.scheduling.queueName``
+    (``--default-queue-name``; None: none), handed to every reconcile (``Runtime.default_queue``).
     """
     if not log.isEnabledFor(logging.DEBUG):
         # kopf logs every handler call at INFO ("Handler 'observe-pods' succeeded."): one line
@@ -133,7 +136,8 @@ def run_operator(
     book = VerdictBook(client=OracleClient(oracle_url)) if oracle_url else None
     runtime = Runtime(kube=kube, operator_namespace=operator_namespace, hooks=hooks,
                       oracle=OracleSettings(book=book, default_policy=oracle_policy,
-                                            default_max_wait_s=oracle_max_wait_s) if book else None)
+                                            default_max_wait_s=oracle_max_wait_s) if book else None,
+                      default_queue=default_queue)
     kernelbuilds = KernelBuildRuntime(
         kube=kube, catalog=runtime.catalog,
         in_use=lambda ns: runtime.builds_in_use(ns, _deployments_in(kube.cache, ns)))
@@ -151,6 +155,9 @@ def run_operator(
         book.on_answer = lambda ns, name: controller.trigger((PDDEPLOYMENT, ns, name))
         log.info("SGLang's verdict comes from the oracle service at %s (default policy %s, at most %.0f s)",
                  oracle_url, oracle_policy, oracle_max_wait_s)
+    if default_queue:
+        log.info("PDDeployments without spec.scheduling.queueName are queued through Kueue LocalQueue %s "
+                 "(--default-queue-name; groups created from now on)", default_queue)
     log.info("sglang-pd-operator starting (namespaces: %s)", namespaces or "all")
     settings = kopf_settings(timeouts)
 

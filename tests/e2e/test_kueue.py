@@ -20,6 +20,11 @@ operator labels each LeaderWorkerSet with it and asks Kueue for one clique per r
 3. A group whose queue offers only the 4-tray partial rack never fits: all 16 pods stay
    gated, none bound, and the PDDeployment says WaitingForCapacity with Kueue's reason.
 
+The operator runs with the chart's ``scheduling.defaultQueueName`` (its rendered
+``--default-queue-name`` flag): test 2's PDDeployment names no queue and is admitted
+through the default one (``status.scheduling`` says ``operatorDefault``); tests 1 and 3
+name their own, which wins over the default.
+
 Real: kube-apiserver, kube-scheduler (binds Kueue's assignments, allocates the IMEX claims),
 kube-controller-manager, Kueue, LWS, the operator. Stand-ins: kwok's pods and nodes, the
 ComputeDomain controller (devtools imex.py).
@@ -33,7 +38,7 @@ import pytest
 from helpers import load_example
 from opkit import condition, kapply, kget, looked, ready_now, wait_for
 from opkit import pods as list_pods
-from test_multinode import WIDE_EP, _engine_pods, chart_operator, lws_cluster  # noqa: F401 (fixtures)
+from test_multinode import WIDE_EP, _engine_pods, lws_cluster, start_chart_operator, stop_chart_operator  # noqa: F401
 
 from sglang_pd_operator.api import kueue, lws
 from sglang_pd_operator_dev.cluster import build
@@ -43,6 +48,8 @@ from sglang_pd_operator_dev.cluster import kueue as dev_kueue
 CLIQUE = "nvidia.com/gpu.clique"
 QUEUE = "gb300"
 PREFILL_RACK = [f"gb300-{i}" for i in range(36, 40)]  # the partial rack: prefill pods in test 1
+#: The chart's scheduling.defaultQueueName for this module's operator: the LocalQueue of test 2.
+DEFAULT_QUEUE = "all-racks"
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +62,18 @@ def kueue_cluster(lws_cluster, cluster_log):
     cluster_log(f"kueue: serving its webhooks {time.monotonic() - started:.1f}s after start")
     yield lws_cluster
     devcluster.stop_kueue(lws_cluster.run_dir)
+
+
+@pytest.fixture(scope="module")
+def queue_operator(lws_cluster, tmp_path_factory):
+    """The operator as the chart's ServiceAccount (test_multinode's ``chart_operator``) with the chart's
+    ``scheduling.defaultQueueName`` set: its rendered ``--default-queue-name`` is passed on."""
+    op = start_chart_operator(lws_cluster, tmp_path_factory.mktemp("chart-sa-kueue"),
+                              sets=(f"scheduling.defaultQueueName={DEFAULT_QUEUE}",),
+                              chart_flags=("--default-queue-name",))
+    assert f"--default-queue-name={DEFAULT_QUEUE}" in op.extra_args
+    yield op
+    stop_chart_operator(op)
 
 
 def _clique(c, node: str) -> str:
@@ -77,10 +96,12 @@ def _drop_queue(c, name: str) -> None:
         c.kubectl("delete", f"{kind}.kueue.x-k8s.io", name, "--wait=false", check=False)
 
 
-def _doc(ns: str, name: str, *, queue: str, decode_replicas: int = 1, prefill_clique: str | None = None) -> dict:
+def _doc(ns: str, name: str, *, queue: str | None, decode_replicas: int = 1, prefill_clique: str | None = None) -> dict:
+    """The wide-EP example in ``ns``; ``queue``: its spec.scheduling.queueName (None: the operator's default)."""
     doc = load_example(WIDE_EP)
     doc["metadata"].update(namespace=ns, name=name)
-    doc["spec"]["scheduling"] = {"queueName": queue}
+    if queue is not None:
+        doc["spec"]["scheduling"] = {"queueName": queue}
     doc["spec"]["decode"]["replicas"] = decode_replicas
     if prefill_clique:  # keep the (single-node, unqueued) prefill out of the contested rack
         doc["spec"]["prefill"]["nodeSelector"] = {CLIQUE: prefill_clique}
@@ -95,7 +116,7 @@ def _workloads(c, ns: str) -> list[dict]:
     return (kget(c, "workloads.kueue.x-k8s.io", "-n", ns) or {}).get("items") or []
 
 
-def test_two_groups_competing_for_one_rack_are_admitted_one_at_a_time(kueue_cluster, chart_operator, ns):
+def test_two_groups_competing_for_one_rack_are_admitted_one_at_a_time(kueue_cluster, queue_operator, ns):
     c = kueue_cluster
     rack0 = _clique(c, "gb300-0")
     _queue(c, ns, QUEUE, node_labels={CLIQUE: rack0})
@@ -179,12 +200,13 @@ def _compete(c, ns: str, rack0: str, *, prefill_clique: str) -> None:
         print(f"  {second} decode rank {rank:2d} -> {node} -> clique {rack0}")
 
 
-def test_two_replicas_fill_two_cliques(kueue_cluster, chart_operator, ns):
+def test_two_replicas_fill_two_cliques(kueue_cluster, queue_operator, ns):
+    """Also the operator's default queue: the PDDeployment names none, the chart's default admits it."""
     c = kueue_cluster
     name = "wide-ep-x2"
-    _queue(c, ns, "all-racks", node_labels={"pd.sglang-operator.io/accelerator": "gb300"})
+    _queue(c, ns, DEFAULT_QUEUE, node_labels={"pd.sglang-operator.io/accelerator": "gb300"})
     try:
-        kapply(c, _doc(ns, name, queue="all-racks", decode_replicas=2))
+        kapply(c, _doc(ns, name, queue=None, decode_replicas=2))
         started = time.monotonic()
         obj = wait_for(lambda: ready_now(kget(c, "pdd", name, "-n", ns)), timeout=420, what="two replicas Ready")
         converged = time.monotonic() - started
@@ -205,17 +227,24 @@ def test_two_replicas_fill_two_cliques(kueue_cluster, chart_operator, ns):
         assert obj["status"]["decode"]["replicas"] == "2/2"
         admitted = [w for w in _workloads(c, ns) if kueue.admitted(w)]
         assert len(admitted) == 2
-        print(f"\nKueue, two DEP64 replicas of {name}: Ready {converged:.1f}s after apply, one clique each")
+        # through the default queue: the LeaderWorkerSet's label, Kueue's Workloads, and status say so
+        assert "scheduling" not in kget(c, "pdd", name, "-n", ns)["spec"]
+        group = kget(c, "leaderworkersets.leaderworkerset.x-k8s.io", f"{name}-{key[:6]}-decode", "-n", ns)
+        assert group["metadata"]["labels"][kueue.QUEUE_LABEL] == DEFAULT_QUEUE
+        assert {w["spec"]["queueName"] for w in admitted} == {DEFAULT_QUEUE}
+        assert obj["status"]["scheduling"] == {"queueName": DEFAULT_QUEUE, "queueSource": "operatorDefault"}
+        print(f"\nKueue, two DEP64 replicas of {name} (no queueName: the operator's default {DEFAULT_QUEUE}): "
+              f"Ready {converged:.1f}s after apply, one clique each")
         for group in sorted(by_group):
             for rank, node, clique in sorted(by_group[group]):
                 print(f"  decode group {group} rank {rank:2d} -> {node} -> clique {clique}")
     finally:
         c.kubectl("delete", "pdd", name, "-n", ns, "--wait=false", check=False)
-        c.kubectl("delete", "localqueue", "all-racks", "-n", ns, "--wait=false", check=False)
-        _drop_queue(c, "all-racks")
+        c.kubectl("delete", "localqueue", DEFAULT_QUEUE, "-n", ns, "--wait=false", check=False)
+        _drop_queue(c, DEFAULT_QUEUE)
 
 
-def test_a_group_that_fits_no_clique_waits_whole_and_says_why(kueue_cluster, chart_operator, ns):
+def test_a_group_that_fits_no_clique_waits_whole_and_says_why(kueue_cluster, queue_operator, ns):
     """The queue's only flavor is the partial rack (4 trays): a 16-rank group never fits. Kueue keeps all 16
     pods gated (none bound, ever: unlike the kube-scheduler alone, whose leader takes a tray while it waits,
     tests/e2e/test_nvlink.py), and the PDDeployment says WaitingForCapacity with Kueue's reason."""
@@ -238,9 +267,10 @@ def test_a_group_that_fits_no_clique_waits_whole_and_says_why(kueue_cluster, cha
         reason = kueue.waiting_reason(workload)
         message = condition(st, "Ready")["message"]
         assert reason in message and "decode group 0" in message, (message, reason)
+        assert st["status"]["scheduling"] == {"queueName": "partial", "queueSource": "spec"}  # the spec's wins
         # still none bound, and still waiting, after the operator looked again (its reconcile counter)
         c.kubectl("annotate", "pdd", name, "-n", ns, "e2e/poke=1", "--overwrite")
-        looked(chart_operator, "PDDeployment", ns, name, more=1)
+        looked(queue_operator, "PDDeployment", ns, name, more=1)
         assert (condition(kget(c, "pdd", name, "-n", ns), "Ready") or {}).get("reason") == "WaitingForCapacity"
         pods = _engine_pods(c, ns, name, "decode")
         assert len(pods) == 16 and not _bound(pods), [p["spec"].get("nodeName") for p in pods]

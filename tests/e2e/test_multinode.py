@@ -187,20 +187,37 @@ def lws_cluster(cluster, crds):
 def chart_operator(lws_cluster, tmp_path_factory):
     """``sglang-pd-operator run`` as the chart's ServiceAccount: the chart's ServiceAccount and RBAC
     (``helm template``, nothing else of the chart) applied, and a TokenRequest token of it."""
-    c = lws_cluster
+    op = start_chart_operator(lws_cluster, tmp_path_factory.mktemp("chart-sa"))
+    yield op
+    stop_chart_operator(op)
+
+
+def start_chart_operator(c, tmp: Path, *, sets: tuple[str, ...] = (), chart_flags: tuple[str, ...] = ()) -> OperatorProcess:
+    """The operator of :func:`chart_operator`, started: the chart rendered with ``--set`` ``sets``, its
+    ServiceAccount and RBAC applied, and of the operator container's rendered args those whose flag is in
+    ``chart_flags`` (e.g. ``--default-queue-name``) passed on, so the chart's value is what reaches the flag."""
     c.kubectl("create", "namespace", OPERATOR_NS, check=False)
-    out = c.helm("template", RELEASE, str(CHART), "--namespace", OPERATOR_NS).stdout
-    rbac = [d for d in yaml.safe_load_all(out) if d and d["kind"] in
-            ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    args = ["template", RELEASE, str(CHART), "--namespace", OPERATOR_NS]
+    for s in sets:
+        args += ["--set", s]
+    docs = [d for d in yaml.safe_load_all(c.helm(*args).stdout) if d]
+    rbac = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
     for d in rbac:
         if d["kind"] in ("ServiceAccount", "Role", "RoleBinding"):
             d["metadata"].setdefault("namespace", OPERATOR_NS)
     kapply(c, rbac)
-    tmp = tmp_path_factory.mktemp("chart-sa")
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    rendered = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    passed = [a for a in rendered if a.split("=", 1)[0] in chart_flags]
+    assert len(passed) >= len(chart_flags), f"the chart rendered none of {chart_flags} with {sets}: {rendered}"
     kubeconfig = sa_kubeconfig(c, tmp / "kubeconfig", namespace=OPERATOR_NS, sa=SA)  # checks `auth whoami`
-    op = OperatorProcess(kubeconfig=kubeconfig, log_path=tmp / "operator.log", extra_args=[
-        "--leader-elect", f"--leader-elect-lease={SA}"], env={"POD_NAME": "mn-0", "POD_NAMESPACE": OPERATOR_NS}).start()
-    yield op
+    return OperatorProcess(kubeconfig=kubeconfig, log_path=tmp / "operator.log", extra_args=[
+        "--leader-elect", f"--leader-elect-lease={SA}", *passed],
+        env={"POD_NAME": "mn-0", "POD_NAMESPACE": OPERATOR_NS}).start()
+
+
+def stop_chart_operator(op: OperatorProcess) -> None:
+    """Stop ``op``; fail when its log shows an RBAC denial (the chart's ServiceAccount lacks a permission)."""
     op.stop()
     log = op.log_path.read_text(errors="replace")
     bad = [ln for ln in log.splitlines() if re.search(r"Forbidden|forbidden|\(403\)|status=403", ln)]

@@ -175,6 +175,18 @@ def test_slo_source_values_become_flags_the_cli_accepts_and_a_mounted_secret(ren
     assert ctx.params["slo_source"] == "prometheus" and ctx.params["prometheus_url"].startswith("https://")
 
 
+def test_the_default_queue_value_becomes_the_flag_the_cli_accepts(rendered):
+    """scheduling.defaultQueueName -> run --default-queue-name (the queue of PDDeployments that name none)."""
+    from sglang_pd_operator.cli import main
+
+    for objs in rendered.values():  # empty by default: no flag, nothing queued by the operator
+        assert not [a for a in operator_args(objs) if a.startswith("--default-queue-name")]
+    args = operator_args(cc.helm_template(sets=["scheduling.defaultQueueName=gb300"]))
+    assert "--default-queue-name=gb300" in args
+    ctx = main.commands["run"].make_context("run", args[args.index("run") + 1:])
+    assert ctx.params["default_queue"] == "gb300"
+
+
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
@@ -192,6 +204,7 @@ def test_slo_source_values_become_flags_the_cli_accepts_and_a_mounted_secret(ren
         (["slo.source=prom"], "/slo/source"),
         (["slo.source=prometheus"], "/slo/prometheus/url"),
         (["slo.prometheus.url=prometheus:9090"], "/slo/prometheus/url"),
+        (["scheduling.defaultQueueName=Team_A"], "/scheduling/defaultQueueName"),
     ],
 )
 def test_wrong_values_fail_at_render_naming_the_value(sets, message):

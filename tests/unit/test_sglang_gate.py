@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from helpers import load_example, load_script, ROOT
+from helpers import ROOT, load_example, load_script, merge_patched
 
 from sglang_pd_operator.reconcilers import pddeployment as P
 from sglang_pd_operator.reconcilers.sglang_gate import (
@@ -73,24 +73,11 @@ def _answered(client, book):
         threading.Event().wait(0.01)
 
 
-def _apply_patch(target, patch):
-    """RFC 7386 merge patch (what the status subresource does with the reconciler's patches)."""
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = _apply_patch(out.get(k), v)
-    return out
-
-
 def _status(kube):
     """The status the API server holds after every patch the reconciler sent."""
     out = {}
     for patch in kube.status:
-        out = _apply_patch(out, patch)
+        out = merge_patched(out, patch)
     return out
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import EXAMPLES, load_example
+from helpers import EXAMPLES, load_example, merge_patched
 
 from sglang_pd_operator.planning import compat
 from sglang_pd_operator.reconcilers import pddeployment as P
@@ -113,21 +113,9 @@ def _body(kube: MemoryKube | None = None, generation: int = 1, **fields) -> dict
     if kube is not None and kube.status:
         status: dict = {}
         for s in kube.status:  # merge patches, in order
-            status = _merge(status, s)
+            status = merge_patched(status, s)
         doc["status"] = status
     return doc
-
-
-def _merge(old, patch):
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(old) if isinstance(old, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = _merge(out.get(k), v)
-    return out
 
 
 def _conds(kube: MemoryKube, body: dict) -> dict:
