@@ -58,7 +58,7 @@ from ..reconcilers.observe import unschedulable_reason
 from ..reconcilers.runtime import HealthChange, KernelBuildRuntime, Runtime
 from ..render.labels import LABEL_DEPLOYMENT
 from .cache import WATCHED, Change, ObjectCache, WatchedKind
-from .heap import TrimPolicy, trim_heap
+from .heap import TrimPolicy, settle_heap
 from .informer import Reflector
 from .liveness import Heartbeats
 from .workqueue import ShutDown, WorkQueue
@@ -460,7 +460,7 @@ class Controller:
         with self._resync_lock:
             trim = self._trim.due(now=now, idle=stats.depth == 0 and stats.processing == 0)
         if trim:  # a burst ended: give what it freed back to the OS (heap.py)
-            log.debug("reconcile burst over: heap trimmed (%s)", "released" if trim_heap() else "nothing to release")
+            log.debug("reconcile burst over: heap settled (%s)", "released" if settle_heap() else "nothing to release")
         if self.metrics is not None:
             longest = self.heartbeats.longest_busy("reconcile ")
             self.metrics.record_queue(stats, resync_pass_s=self._last_pass_s, resync_lag_s=self._last_lag_s,
