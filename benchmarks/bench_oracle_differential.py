@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=13, help="generator seed, default 13 (the CI seed)")
     ap.add_argument("--examples", type=int, default=10, help="print the smallest spec of this many false-accept groups")
     ap.add_argument("--report", type=Path, default=None, help="also write the matrix and examples to this file")
+    ap.add_argument("--depth", choices=("startup", "args"), default="startup",
+                    help="how far each role's startup runs: startup (model build, memory planning; default) or args "
+                         "(the CI gate's depth)")
     ap.add_argument("--progress", type=int, default=1000, help="print a progress line every this many specs (0: never)")
     args = ap.parse_args(argv)
 
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             el = time.monotonic() - start
             print(f"  {i + 1}/{len(docs)} judged, {el:.0f} s, {(i + 1) / el:.1f} specs/s", flush=True)
 
-    with Oracle(catalog=catalog, max_workers=len(catalog.accelerators)) as oracle:
+    with Oracle(catalog=catalog, max_workers=len(catalog.accelerators), depth=args.depth) as oracle:
         rows = diff.judge_corpus(docs, oracle, catalog, progress=progress)
         wall = time.monotonic() - start
         starts = list(oracle.pool.started_s)

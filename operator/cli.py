@@ -288,9 +288,13 @@ def _sglang_verdict(oracle, plan: Plan, ours_valid: bool) -> tuple[dict[str, Any
         if rv.starts:
             facts = rv.facts or {}
             layout = f", KV layout {facts['kvLayout']}" if facts.get("kvLayout") else ""
-            state = f"starts (attention TP {facts.get('attnTpSize')}, page {facts.get('pageSize')}{layout})"
+            memory = facts.get("memory") or {}
+            weights = (facts.get("model") or {}).get("weightBytes")
+            sized = (f", weights {weights / (1 << 30):.1f} GiB/GPU, KV {memory['maxTotalNumTokens']} tokens"
+                     if weights is not None and memory.get("maxTotalNumTokens") else "")
+            state = f"starts (attention TP {facts.get('attnTpSize')}, page {facts.get('pageSize')}{layout}{sized})"
         elif rv.starts is False and rv.refusal is not None:
-            state = f"refused at {rv.refusal.stage}: {rv.refusal.line()}"
+            state = f"refused at {rv.refusal.phase or rv.refusal.stage} ({rv.refusal.stage}): {rv.refusal.line()}"
         else:
             state = f"no verdict: {rv.indeterminate}"
         lines.append(f"    {rv.role} on {rv.accelerator}: {state}")
@@ -302,6 +306,9 @@ def _sglang_verdict(oracle, plan: Plan, ours_valid: bool) -> tuple[dict[str, Any
     else:
         lines.append(f"    pair: not tried: {pair.indeterminate}")
     for note in verdict.assumptions:
+        lines.append(f"    assumes: {note}")
+    # the startup steps that did not run (the same for both roles unless a stand-in was used)
+    for note in dict.fromkeys(n for rv in (verdict.prefill, verdict.decode) for n in rv.assumes):
         lines.append(f"    assumes: {note}")
     if verdict.accepted is False:
         return data, "\n".join(lines), EXIT_INVALID

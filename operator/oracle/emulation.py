@@ -26,12 +26,13 @@ probe that reads a source this module does not emulate).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import stat
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .device import DeviceFacts
 
@@ -78,7 +79,7 @@ def _nvidia_smi(facts: DeviceFacts) -> str:
         "compute_cap": f"{major}.{minor}",
     }
     cases = "\n".join(
-        f'  *"--query-gpu={q}"*) for i in $(seq {facts.count}); do echo "{a}"; done; exit 0;;'
+        f'  *"--query-gpu={q}"*) for i in $(seq ${{{GPU_COUNT_ENV}:-{facts.count}}}); do echo "{a}"; done; exit 0;;'
         for q, a in answers.items()
     )
     return (
@@ -97,11 +98,13 @@ def _rocminfo(facts: DeviceFacts) -> str:
     )
     return (
         "#!/bin/sh\n# emulated by sglang-pd-operator's SGLang oracle (no GPU here)\n"
-        f'for i in $(seq {facts.count}); do printf "{agent}"; done\n'
+        f'for i in $(seq ${{{GPU_COUNT_ENV}:-{facts.count}}}); do printf "{agent}"; done\n'
     )
 
 
 IB_SYSFS = "/sys/class/infiniband"
+#: The variable the emulated vendor tools read their GPU count from (the pod's, :func:`pod_gpus`).
+GPU_COUNT_ENV = "SGLANG_PD_ORACLE_POD_GPUS"
 
 
 def _emulate_sysfs(devices: tuple[str, ...]) -> None:
@@ -130,6 +133,172 @@ def _emulate_sysfs(devices: tuple[str, ...]) -> None:
     os.listdir, os.path.isdir, os.path.exists = listdir, isdir, exists
 
 
+#: What the NVIDIA driver and the CUDA context take of each GPU before SGLang allocates
+#: (about 0.5-1 GiB on Hopper/Blackwell with CUDA 12-13; the upper end is used).
+CUDA_CONTEXT_BYTES = 1 << 30
+
+class DeviceMemory:
+    """The emulated GPU's memory as the CUDA driver reports it: ``total`` per GPU (the
+    catalog's), less the driver and CUDA context, less what is resident (:meth:`resident`)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._resident: int | None = None
+
+    @property
+    def allocated(self) -> int:
+        """Bytes held on the device now (the role's weights while its memory is planned)."""
+        return self._resident or 0
+
+    def mem_get_info(self, device: Any = None) -> tuple[int, int]:
+        """(free, total) bytes as ``torch.cuda.mem_get_info`` reports them."""
+        used = self._resident or 0
+        return max(0, self.total - CUDA_CONTEXT_BYTES - used), self.total
+
+    @contextlib.contextmanager
+    def resident(self, nbytes: int) -> Iterator[None]:
+        """While the block runs, the device holds exactly ``nbytes`` (one role's weights;
+        the worker keeps several roles' meta models, which a pod would not)."""
+        saved = self._resident
+        self._resident = nbytes
+        try:
+            yield
+        finally:
+            self._resident = saved
+
+
+#: The one emulated device of this worker process (emulation.install wires mem_get_info to it).
+DEVICE = DeviceMemory()
+
+
+class _Stream:
+    """A CUDA stream of the emulated GPU: work is never queued, so every wait returns at once."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.priority = kwargs.get("priority", 0)
+
+    def wait_stream(self, *args: Any) -> None:
+        return None
+
+    def wait_event(self, *args: Any) -> None:
+        return None
+
+    def record_event(self, *args: Any) -> "_Event":
+        return _Event()
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def __enter__(self) -> "_Stream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class _Event(_Stream):
+    """A CUDA event of the emulated GPU."""
+
+    def record(self, *args: Any) -> None:
+        return None
+
+    def wait(self, *args: Any) -> None:
+        return None
+
+    def elapsed_time(self, *args: Any) -> float:
+        return 0.0
+
+
+def _emulate_cuda_runtime(cuda: Any) -> None:
+    """The CUDA runtime calls SGLang's scheduler makes before a kernel runs: streams and
+    events (``get_stream``, model constructors' alternate streams), ``set_device``
+    (model_runner.py), ``synchronize``, ``empty_cache`` and the allocator's counters
+    (read from :data:`DEVICE`)."""
+    cuda.Stream = _Stream
+    cuda.Event = _Event
+    cuda.ExternalStream = _Stream
+    cuda.set_device = lambda device: None
+    cuda.current_stream = lambda device=None: _Stream()
+    cuda.default_stream = lambda device=None: _Stream()
+    cuda.stream = lambda stream=None: contextlib.nullcontext(stream)
+    cuda.synchronize = lambda device=None: None
+    cuda.empty_cache = lambda: None
+    cuda.memory_allocated = lambda device=None: DEVICE.allocated
+    cuda.memory_reserved = lambda device=None: DEVICE.allocated
+    cuda.max_memory_allocated = lambda device=None: DEVICE.allocated
+    cuda.reset_peak_memory_stats = lambda device=None: None
+
+
+def _emulate_triton_driver(facts: DeviceFacts) -> None:
+    """Triton's active driver answers for the emulated GPU's target without its native runtime.
+
+    On ROCm, SGLang's modules ask at import ``triton.runtime.driver.active.get_current_target()``
+    (e.g. kernels/ops/attention/rocm_mla_decode_rope.py ``is_hip``), which loads
+    ``libamdhip64.so`` (triton/backends/amd/driver.py). The emulated driver gives the target
+    (``GPUTarget("hip", "gfx950", 64)``) and raises on anything that needs the runtime.
+    CUDA's driver is left as it is (SGLang's CUDA imports do not reach it).
+    """
+    if facts.vendor != "amd":
+        return
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    target = GPUTarget("hip", facts.isa, 64)
+
+    class EmulatedHIPDriver:
+        def is_active(self) -> bool:
+            return True
+
+        def get_current_target(self) -> GPUTarget:
+            return target
+
+        def get_current_device(self) -> int:
+            return 0
+
+        def get_active_torch_device(self) -> Any:
+            import torch
+
+            return torch.device("cuda", 0)
+
+        def __getattr__(self, name: str) -> Any:
+            raise RuntimeError(f"the oracle's emulated HIP driver has no {name} (no ROCm runtime here)")
+
+    driver.set_active(EmulatedHIPDriver())
+
+
+#: The pod being judged: ``gpus`` is the count of GPUs the device plugin gives it
+#: (``torch.cuda.device_count()``, ``nvidia-smi``'s lines); the node's count until a role sets it.
+POD: dict[str, int] = {"gpus": 0, "node": 0}
+
+
+def pod_gpus(count: int | None):
+    """A context in which the emulated pod has ``count`` GPUs (None: the node's count).
+
+    In a Kubernetes pod the NVIDIA / AMD device plugin exposes only the GPUs the container
+    requests, numbered from 0 (the container runtime mounts those device nodes; no
+    ``CUDA_VISIBLE_DEVICES`` is set): SGLang's ``torch.cuda.device_count()``
+    (entrypoints/engine.py GPU placement, utils/common.py ``get_available_gpu_memory``)
+    and ``nvidia-smi`` (``get_nvgpu_memory_capacity``) see that many.
+    """
+    import contextlib
+
+    @contextlib.contextmanager
+    def scope():
+        saved = POD["gpus"]
+        POD["gpus"] = count if count else POD["node"]
+        os.environ[GPU_COUNT_ENV] = str(POD["gpus"])
+        try:
+            yield
+        finally:
+            POD["gpus"] = saved
+            os.environ[GPU_COUNT_ENV] = str(saved)
+
+    return scope()
+
+
 def install(facts: DeviceFacts, tools_dir: Path) -> None:
     """Emulate ``facts`` for the rest of this process (call before importing SGLang).
 
@@ -149,15 +318,19 @@ def install(facts: DeviceFacts, tools_dir: Path) -> None:
     props = _props(facts)
     cuda = torch.cuda
     cuda.is_available = lambda: True
-    cuda.device_count = lambda: facts.count
+    POD["gpus"] = POD["node"] = facts.count
+    cuda.device_count = lambda: POD["gpus"]
     cuda.get_device_capability = lambda device=None: facts.capability
     cuda.get_device_name = lambda device=None: facts.name
     cuda.get_device_properties = lambda device=None: props
-    cuda.mem_get_info = lambda device=None: (facts.total_memory, facts.total_memory)
+    DEVICE.total = facts.total_memory
+    cuda.mem_get_info = DEVICE.mem_get_info
     cuda.current_device = lambda: 0
+    _emulate_cuda_runtime(cuda)
     torch.version.cuda = facts.cuda_version
     torch.version.hip = facts.hip_version
 
+    _emulate_triton_driver(facts)
     _emulate_sysfs(facts.rdma_devices)
     tools_dir.mkdir(parents=True, exist_ok=True)
     if facts.vendor == "nvidia":

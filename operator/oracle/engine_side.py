@@ -46,14 +46,15 @@ from typing import Any, Iterator
 
 import yaml
 
-from .kernel_standins import take_calls
+from . import scheduler_pd, startup
+from .kernel_standins import take_answered, take_calls
 from .model_checks import model_build_problems
+from .stages import PHASES, STAGES, OracleLimit
 
 log = logging.getLogger(__name__)
 
 #: The stages of one role's startup, in order; a refusal names the stage it came from
 #: (then ``bootstrap`` and ``handshake`` for the pair).
-STAGES = ("parse", "resolve", "validate", "model", "kv")
 POD_IP = "127.0.0.1"
 #: The variable a rank's address comes from (utils/network.py get_local_ip_auto reads it first).
 HOST_IP_ENV = "SGLANG_HOST_IP"
@@ -84,7 +85,10 @@ def describe(exc: BaseException, stage: str) -> dict[str, Any]:
         return {"stage": stage, "type": "SystemExit", "message": f"argparse exit {exc.code}", "where": None}
     message = str(exc) or exc.__class__.__name__
     info = {"stage": stage, "type": type(exc).__name__, "message": message, "where": sglang_frame(exc.__traceback__)}
-    if isinstance(exc, OracleLimit):
+    limit = _emulation_limit(exc)
+    if limit is not None:
+        info["indeterminate"] = f"{stage}: {limit}"
+    elif isinstance(exc, OracleLimit):
         info["indeterminate"] = message
     elif isinstance(exc, ImportError):
         # A module SGLang imports is missing from the oracle's environment: not a verdict.
@@ -93,6 +97,24 @@ def describe(exc: BaseException, stage: str) -> dict[str, Any]:
         # A draft model or tokenizer named by a hub id: the oracle has no network (HF_HUB_OFFLINE=1).
         info["indeterminate"] = f"SGLang wanted files of a model the oracle does not have (no hub access): {message}"
     return info
+
+
+#: Messages of the oracle's own stand-ins reaching their edge (the meta device holds no
+#: data, the stub CUDA libraries run nothing): the step needs a GPU, not a verdict.
+_LIMIT_MARKERS = ("meta tensor", "on meta", "'meta'", "meta device", "CUDA stub library", "no GPU on this machine",
+                  "is a GPU kernel the oracle cannot run", "the oracle cannot know", "emulated HIP driver",
+                  "No CUDA GPUs are available", "Found no NVIDIA driver", "emulated CUDA driver",
+                  "kernel stand-in", "oracle emulated process group", "_EmulatedProcessGroup",
+                  "the oracle's emulated")
+
+
+def _emulation_limit(exc: BaseException) -> str | None:
+    """Why ``exc`` is the oracle's emulation reaching its edge (a step that needs the GPU),
+    or None when it is SGLang's refusal."""
+    text = str(exc)
+    if type(exc).__name__ in ("AcceleratorError", "KernelUsed") or any(m in text for m in _LIMIT_MARKERS):
+        return f"the step needs what the oracle emulates without (a GPU, kernel or data): {type(exc).__name__}: {text[:300]}"
+    return None
 
 
 def _needs_the_hub(exc: BaseException) -> bool:
@@ -197,26 +219,39 @@ def resolve_role(request: dict[str, Any]) -> tuple[dict[str, Any], RoleState | N
     """
     role = request["role"]
     env = dict(request.get("env") or {})
-    with tempfile.TemporaryDirectory(prefix="sglang-oracle-") as tmp, role_environment(env):
+    from . import emulation
+
+    with emulation.pod_gpus(request.get("gpus")), tempfile.TemporaryDirectory(prefix="sglang-oracle-") as tmp, \
+            role_environment(env):
         config = _write_config(request["configYaml"], request["modelDir"], Path(tmp))
         argv = ["--config", str(config), *_cli_args(request["args"])]
         try:
-            server_args, facts = _startup(argv)
+            server_args, facts = _startup(argv, cache_key=_cache_key(request),
+                                          depth=request.get("depth") or "startup")
         except Refusal as r:
+            take_answered()
             used = take_calls()
+            r.info.setdefault("phase", PHASES.get(r.info.get("stage", ""), r.info.get("stage")))
             if r.info.get("indeterminate"):
                 return {"role": role, "starts": None, "refusal": None, "facts": None,
-                        "indeterminate": r.info["indeterminate"]}, None
+                        "indeterminate": r.info["indeterminate"], "steps": _steps_until(r.info.get("stage"))}, None
             if used or r.info.get("type") == "KernelUsed":
                 return {"role": role, "starts": None, "refusal": None, "facts": None,
                         "indeterminate": f"SGLang called GPU kernels the oracle cannot run: {', '.join(used)}"}, None
-            return {"role": role, "starts": False, "refusal": r.info, "facts": None}, None
+            return {"role": role, "starts": False, "refusal": r.info, "facts": None,
+                    "steps": _steps_until(r.info.get("stage"))}, None
         used = take_calls()
         if used:
             return {"role": role, "starts": None, "refusal": None, "facts": None,
                     "indeterminate": f"SGLang called GPU kernels the oracle cannot run: {', '.join(used)}"}, None
     state = RoleState(role, server_args, facts, host_ip=env.get(HOST_IP_ENV, POD_IP))
-    return {"role": role, "starts": True, "refusal": None, "facts": facts}, state
+    depth = request.get("depth") or "startup"
+    steps = list(ALL_STEPS) if depth == "startup" else [s for s in ALL_STEPS if s.split(":")[0] in ("args", "kv")
+                                                        or s.startswith("model: the model's divisions")]
+    not_run = [f"{s} (not run: depth {depth})" for s in ALL_STEPS if s not in steps]
+    assumes = [*facts.pop("assumedSteps", []), *take_answered(), *not_run, *startup.ASSUMED_STEPS]
+    return {"role": role, "starts": True, "refusal": None, "facts": facts, "steps": steps,
+            "assumes": assumes}, state
 
 
 def _stage(stage: str, fn, *args):
@@ -233,7 +268,119 @@ def _stage(stage: str, fn, *args):
             raise Refusal(describe(e, stage)) from None
 
 
-def _startup(argv: list[str]) -> tuple[Any, dict[str, Any]]:
+#: The startup steps each stage runs, in SGLang's order (sglang/srt/... file:line).
+STAGE_STEPS: dict[str, tuple[str, ...]] = {
+    "parse": ("args: prepare_server_args (server_args.py)",),
+    "resolve": ("args: ServerArgs.resolve_once (arg_groups/pipeline.py)",),
+    "validate": ("args: ServerArgs.check_server_args (arg_groups/validation_hook.py)",),
+    "model": ("model: the model's divisions and GPU placement (oracle/model_checks.py, SGLang's ensure_divisibility)",
+              *startup.MODEL_STEPS),
+    "kv": ("kv: configure_kv_cache_dtype, select_dsv4_kv_layout, pd_kv_layout (mem_cache/)",),
+    "memory": startup.MEMORY_STEPS,
+    "pools": scheduler_pd.POOL_STEPS,
+    "pd-queues": scheduler_pd.QUEUE_STEPS,
+    "transfer": scheduler_pd.TRANSFER_STEPS,
+}
+ALL_STEPS = tuple(step for stage in STAGES for step in STAGE_STEPS[stage])
+
+
+def _steps_until(stage: str | None) -> list[str]:
+    """The steps run up to and including ``stage`` (the one that refused)."""
+    out: list[str] = []
+    for name in STAGES:
+        out.extend(STAGE_STEPS[name])
+        if name == stage:
+            break
+    return out
+
+
+#: Flags that only size memory, schedule requests or name addresses: the model SGLang
+#: builds does not read them (the memory stage, which does, runs for every role anew), so
+#: two commands that differ only in them share one meta-device model.
+NOT_MODEL_SHAPE = frozenset({
+    "mem-fraction-static", "max-running-requests", "max-total-tokens", "chunked-prefill-size",
+    "max-prefill-tokens", "schedule-policy", "schedule-conservativeness", "port", "host",
+    "disaggregation-bootstrap-port", "dist-init-addr", "node-rank", "nccl-port", "log-level",
+    "served-model-name", "api-key", "watchdog-timeout", "disaggregation-ib-device", "enable-metrics",
+})
+
+
+def _cache_key(request: dict[str, Any]) -> str:
+    """What decides a role's model: its config file and flags (less :data:`NOT_MODEL_SHAPE`),
+    its environment and the model directory."""
+    import json
+
+    config = {k: v for k, v in (yaml.safe_load(request.get("configYaml") or "") or {}).items()
+              if str(k).replace("_", "-") not in NOT_MODEL_SHAPE}
+    args, skip = [], False
+    for arg in _cli_args(list(request.get("args") or [])):
+        if skip:
+            skip = False
+            continue
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
+        if name in NOT_MODEL_SHAPE:
+            skip = "=" not in arg
+            continue
+        args.append(arg)
+    return json.dumps([config, args, sorted((request.get("env") or {}).items()), request.get("modelDir")],
+                      sort_keys=True, default=str)
+
+
+#: Models built on the meta device, by :func:`_cache_key` (the last few; they hold no data).
+_MODELS: "dict[str, tuple[Any, dict[str, Any], list[str]]]" = {}
+_MODELS_KEPT = 8
+
+
+def _built_model(server_args: Any, key: str) -> tuple[Any, dict[str, Any], list[str]]:
+    """The role's model built on the meta device (rank 0), reused for the same command."""
+    if key in _MODELS:
+        return _MODELS[key]
+    with startup.scheduler_rank(server_args):
+        built = startup.build_model(server_args)
+    built[2].extend(take_answered())  # kept with the model: a reuse lists them too
+    while len(_MODELS) >= _MODELS_KEPT:
+        _MODELS.pop(next(iter(_MODELS)))
+    _MODELS[key] = built
+    return built
+
+
+def _scheduler_after_model(server_args: Any, model: Any, weight_bytes: int) -> tuple[dict[str, Any], list[str]]:
+    """The scheduler's steps after its model, in rank 0's context with the weights resident:
+    memory planning (``memory``), the KV pools (``pools``), the PD queues (``pd-queues``)
+    and the transfer backend's manager (``transfer``), each refusal tagged with its stage.
+    Returns ({"memory", "pools", "queue", "transfer"}, assumed steps)."""
+    from sglang.srt.runtime_context import get_spec
+
+    assumed: list[str] = []
+    with startup.scheduler_rank(server_args), startup.DEVICE.resident(weight_bytes):
+        memory, runner, config = _stage("memory", startup.plan_memory, server_args, model)
+        runner.req_to_token_pool = runner.token_to_kv_pool_allocator = None
+        pools = _stage("pools", scheduler_pd.assemble_pools, runner, config)
+        _, manager_request, queue = _stage("pd-queues", scheduler_pd.build_queues, server_args, runner)
+        transfer = None
+        algorithm = str(get_spec().speculative_algorithm or "").upper()
+        if algorithm not in ("", "NONE"):
+            assumed.append(f"transfer: not run for a speculative role ({algorithm}): the draft worker and its KV pool, "
+                           "which the transfer manager carries too, are not built (speculative/)")
+        else:
+            try:
+                transfer = _stage("transfer", scheduler_pd.build_manager, server_args, manager_request)
+            except Refusal as r:
+                if not r.info.get("indeterminate"):
+                    raise
+                assumed.append(f"transfer: not run: {r.info['indeterminate']}")
+            else:
+                assumed.extend(scheduler_pd.ASSUMED)
+    return {"memory": memory, "pools": pools, "queue": queue, "transfer": transfer}, assumed
+
+
+#: How far a role's startup runs: ``startup`` (every stage; the default) or ``args`` (the
+#: argument checks, the model's divisions and the PD peer facts, without building the model
+#: or planning memory: what the CI differential judges, see docs/sglang-oracle.md).
+DEPTHS = ("startup", "args")
+
+
+def _startup(argv: list[str], cache_key: str = "", depth: str = "startup") -> tuple[Any, dict[str, Any]]:
     from sglang.srt.server_args import prepare_server_args
 
     server_args = _stage("parse", prepare_server_args, argv)
@@ -244,7 +391,17 @@ def _startup(argv: list[str]) -> tuple[Any, dict[str, Any]]:
         first = problems[0]
         raise Refusal({"stage": "model", "type": first.type, "message": "; ".join(p.message for p in problems),
                        "where": first.where})
+    if depth == "args":
+        return server_args, _stage("kv", _peer_facts, server_args)
+    model, model_facts, assumed = _stage("model", _built_model, server_args, cache_key)
     facts = _stage("kv", _peer_facts, server_args)
+    after, more = _scheduler_after_model(server_args, model, model_facts["weightBytes"])
+    import torch
+
+    facts["podGpus"] = torch.cuda.device_count()  # what SGLang saw: the pod's GPUs (emulation.pod_gpus)
+    facts["model"] = dict(model_facts)
+    facts.update(after)
+    facts["assumedSteps"] = [*assumed, *more]
     return server_args, facts
 
 
@@ -527,10 +684,6 @@ class GroupStandIn:
 
     def __getattr__(self, name: str) -> Any:
         raise OracleLimit(f"the oracle has no process group to run {name} on")
-
-
-class OracleLimit(RuntimeError):
-    """The oracle cannot run this part of SGLang (a collective across processes): no verdict."""
 
 
 def _prefill_ranks(facts: dict[str, Any]) -> Iterator[tuple[int, int | None]]:

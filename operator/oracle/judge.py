@@ -28,6 +28,7 @@ from ..catalog import Catalog, hf_config_path
 from ..planning.structs import Plan, RolePlan
 from ..render.engine import role_launch
 from .pool import WorkerPool
+from .stages import PHASES
 from .standin_plugins import assumed_features
 
 #: What the oracle substitutes in the pod's environment (there is no pod): the pod IP
@@ -77,21 +78,25 @@ def expand_refs(text: str, env: dict[str, str]) -> str:
 
 @dataclass(frozen=True)
 class Refusal:
-    """SGLang's exception: ``stage`` (parse | resolve | validate | model | kv | bootstrap |
-    handshake), exception ``type``, its ``message`` and ``where`` (sglang/<file>:<function>:<line>)."""
+    """SGLang's exception: ``stage`` (parse | resolve | validate | model | kv | memory |
+    bootstrap | handshake), exception ``type``, its ``message``, ``where``
+    (sglang/<file>:<function>:<line>) and ``phase``, the part of SGLang's startup the stage
+    belongs to (args | model | kv | memory | handshake; engine_side.PHASES)."""
 
     stage: str
     type: str
     message: str
     where: str | None = None
+    phase: str = ""
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> "Refusal | None":
         """Read the worker's JSON (None stays None)."""
         if not data:
             return None
-        return cls(stage=data.get("stage", ""), type=data.get("type", ""), message=data.get("message", ""),
-                   where=data.get("where"))
+        stage = data.get("stage", "")
+        return cls(stage=stage, type=data.get("type", ""), message=data.get("message", ""),
+                   where=data.get("where"), phase=data.get("phase") or PHASES.get(stage, stage))
 
     def line(self) -> str:
         """One line for a person: SGLang's message and where it raised."""
@@ -101,7 +106,11 @@ class Refusal:
 
 @dataclass(frozen=True)
 class RoleVerdict:
-    """One role: ``starts`` True / False, None when indeterminate (``indeterminate`` says why)."""
+    """One role: ``starts`` True / False, None when indeterminate (``indeterminate`` says why).
+
+    ``steps``: SGLang's startup steps that ran for it (up to the refusing one), each naming
+    its sglang source; ``assumes``: the steps that did not run here (no GPU, no weights)
+    and the stand-ins a step used, taken as passing."""
 
     role: str
     accelerator: str
@@ -109,6 +118,8 @@ class RoleVerdict:
     refusal: Refusal | None = None
     facts: dict[str, Any] | None = field(default=None, hash=False, compare=False)
     indeterminate: str | None = None
+    steps: tuple[str, ...] = field(default=(), hash=False, compare=False)
+    assumes: tuple[str, ...] = field(default=(), hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -158,7 +169,8 @@ class Verdict:
             facts = dict(v.facts or {})
             facts.pop("dsv41SpecLayout", None)
             return {"accelerator": v.accelerator, "starts": v.starts, "refusal": _refusal_dict(v.refusal),
-                    "indeterminate": v.indeterminate, "resolved": facts or None}
+                    "indeterminate": v.indeterminate, "resolved": facts or None, "steps": list(v.steps),
+                    "assumes": list(v.assumes)}
 
         return {
             "accepted": self.accepted,
@@ -171,7 +183,8 @@ class Verdict:
 
 
 def _refusal_dict(r: Refusal | None) -> dict[str, Any] | None:
-    return None if r is None else {"stage": r.stage, "type": r.type, "message": r.message, "where": r.where}
+    return None if r is None else {"stage": r.stage, "phase": r.phase, "type": r.type, "message": r.message,
+                                   "where": r.where}
 
 
 def _pod_env(env: dict[str, Any], *, pod_ip: str = POD_IP) -> dict[str, str]:
@@ -209,6 +222,22 @@ def pod_launches(plan: Plan, role: RolePlan) -> list[dict[str, Any]]:
     return out
 
 
+def pod_gpus(plan: Plan, role: RolePlan) -> int | None:
+    """The GPUs one pod of ``role`` requests as the operator renders it (the device plugin's
+    limit, ``render.engine._resources``): what ``torch.cuda.device_count()`` and
+    ``nvidia-smi`` show inside that pod. None when the plan cannot be rendered (an
+    accelerator outside the catalog); the worker then shows the node's GPUs."""
+    from ..render.engine import _resources
+
+    acc = role.inputs.accelerator
+    if acc is None:
+        return None
+    try:
+        return int(_resources(plan, role)["limits"][acc.gpuResource])
+    except (AssertionError, KeyError, ValueError, TypeError):
+        return None
+
+
 def _assumptions(plan: Plan, catalog: Catalog) -> tuple[str, ...]:
     out = []
     for role in (plan.prefill, plan.decode):
@@ -231,8 +260,14 @@ def _assumptions(plan: Plan, catalog: Catalog) -> tuple[str, ...]:
 class Oracle:
     """Judges plans with SGLang's own code, through a :class:`WorkerPool` (close it when done)."""
 
-    def __init__(self, *, catalog: Catalog, pool: WorkerPool | None = None, **pool_options: Any) -> None:
+    def __init__(self, *, catalog: Catalog, pool: WorkerPool | None = None, depth: str = "startup",
+                 **pool_options: Any) -> None:
+        if depth not in ("startup", "args"):
+            raise ValueError(f"depth must be 'startup' or 'args', not {depth!r}")
         self.catalog = catalog
+        #: ``startup``: SGLang's argument checks, the scheduler's model build and memory
+        #: planning; ``args``: without the model build and memory planning (engine_side.DEPTHS).
+        self.depth = depth
         self.pool = pool or WorkerPool(catalog=catalog, **pool_options)
 
     def close(self) -> None:
@@ -246,8 +281,11 @@ class Oracle:
         self.close()
 
     def _requests(self, plan: Plan, role: RolePlan, model_dir: str) -> list[dict[str, Any]]:
-        """One resolve request per pod of a replica of ``role`` (node 0 first)."""
-        return [{"role": role.role, **launch, "modelDir": model_dir} for launch in pod_launches(plan, role)]
+        """One resolve request per pod of a replica of ``role`` (node 0 first), with the GPUs
+        the pod requests (``gpus``): the pod sees those, not the node's."""
+        gpus = pod_gpus(plan, role)
+        return [{"role": role.role, **launch, "modelDir": model_dir, "gpus": gpus, "depth": self.depth}
+                for launch in pod_launches(plan, role)]
 
     @staticmethod
     def _role_verdict(role: RolePlan, ranks: list[dict[str, Any]]) -> RoleVerdict:
@@ -260,13 +298,16 @@ class Oracle:
                 refusal = dict(result.get("refusal") or {})
                 if multi:
                     refusal["message"] = f"node rank {rank} of {len(ranks)}: {refusal.get('message', '')}"
-                return RoleVerdict(role.role, role.inputs.accelerator_name, False, Refusal.from_json(refusal))
+                return RoleVerdict(role.role, role.inputs.accelerator_name, False, Refusal.from_json(refusal),
+                                   steps=tuple(result.get("steps") or ()))
         for rank, result in enumerate(ranks):
             if result.get("starts") is None:
                 why = result.get("indeterminate") or "no verdict"
                 return RoleVerdict(role.role, role.inputs.accelerator_name, None,
-                                   indeterminate=f"node rank {rank}: {why}" if multi else why)
-        return RoleVerdict(role.role, role.inputs.accelerator_name, True, facts=ranks[0].get("facts"))
+                                   indeterminate=f"node rank {rank}: {why}" if multi else why,
+                                   steps=tuple(result.get("steps") or ()))
+        return RoleVerdict(role.role, role.inputs.accelerator_name, True, facts=ranks[0].get("facts"),
+                           steps=tuple(ranks[0].get("steps") or ()), assumes=tuple(ranks[0].get("assumes") or ()))
 
     def judge_plan(self, plan: Plan) -> Verdict:
         """SGLang's verdict on ``plan``: both roles' startup, then the handshake when both start.

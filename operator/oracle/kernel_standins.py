@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import inspect
 import sys
 import types
 from typing import Any
@@ -35,6 +36,30 @@ KERNEL_PACKAGES = (
 )  # fmt: skip
 
 CALLS: list[str] = []
+#: Capability probes of kernel libraries that SGLang's startup asks to pick a backend,
+#: answered from the library's documented support (name -> (answer, what is assumed));
+#: each answer used is listed in the verdict's ``assumes`` (:func:`take_answered`).
+PROBES: dict[str, tuple[Any, str]] = {
+    # sglang/srt/layers/quantization/fp8_utils.py resolve_mxfp8_dense_gemm_backend: FlashInfer's
+    # CuTe-DSL MXFP8 GEMM is built for SM100/SM103 (flashinfer gemm mm_mxfp8 backends).
+    "flashinfer.mm_mxfp8.is_backend_supported": (
+        lambda backend, sm=None, *a, **k: str(backend) in ("cute-dsl", "cutlass") and int(sm or 0) in (100, 103),
+        "kernels: FlashInfer's mm_mxfp8 backend support is taken as cute-dsl/cutlass on SM100/SM103 "
+        "(layers/quantization/fp8_utils.py resolve_mxfp8_dense_gemm_backend)",
+    ),
+}
+#: Kernel-library calls SGLang makes only to overlay performance tuning, inside a
+#: ``try`` that keeps the library's stock behaviour when they fail
+#: (models/deepseek_common/amd/aiter_intree_tune.py install_aiter_intree_tune): their
+#: failure here is not recorded as a kernel use.
+TUNING_ONLY = frozenset({
+    "aiter.ops.triton.utils.config_utils.resolve_config_dir",
+    "aiter.ops.mhc.get_gfx_runtime",
+})
+#: Probes answered since the last :func:`take_answered` (name -> what was assumed).
+ANSWERED: dict[str, str] = {}
+#: Names of kernel-DSL decorators that take options (``@triton.autotune(configs=...)``).
+DECORATOR_FACTORIES = frozenset({"jit", "kernel", "autotune", "heuristics", "compile", "struct", "dsl_user_op"})
 
 
 class KernelUsed(RuntimeError):
@@ -53,6 +78,19 @@ class KernelStandIn:
         return KernelStandIn(f"{self._name}.{attr}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # A kernel *definition* at import (``@cute.jit`` on a function or class, or
+        # ``@cute.kernel(...)`` as a decorator factory) is not a kernel run: the decorated
+        # object stays as written, and calling it later is SGLang's code, not a stand-in.
+        if len(args) == 1 and not kwargs and (inspect.isfunction(args[0]) or inspect.isclass(args[0])):
+            return args[0]
+        if not args and self._name.rsplit(".", 1)[-1] in DECORATOR_FACTORIES:
+            return KernelStandIn(self._name)
+        if self._name in PROBES:
+            answer, why = PROBES[self._name]
+            ANSWERED.setdefault(self._name, why)
+            return answer(*args, **kwargs)
+        if self._name in TUNING_ONLY:
+            raise KernelUsed(f"{self._name} is a GPU kernel library's tuning lookup the oracle cannot run")
         CALLS.append(self._name)
         raise KernelUsed(f"{self._name} is a GPU kernel the oracle cannot run")
 
@@ -118,3 +156,10 @@ def take_calls() -> list[str]:
     calls = list(dict.fromkeys(CALLS))
     CALLS.clear()
     return calls
+
+
+def take_answered() -> list[str]:
+    """What the probes answered since the last call assumed (and forget them)."""
+    out = list(ANSWERED.values())
+    ANSWERED.clear()
+    return out

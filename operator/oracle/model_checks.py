@@ -157,7 +157,8 @@ def _paged_experts_problems(server_args: Any, hf: Any) -> list[BuildProblem]:
 
 
 def _placement_problems(server_args: Any) -> list[BuildProblem]:
-    """The GPU ids this node's schedulers would take (``--node-rank``, 0 by default), against the node's device count."""
+    """The GPU ids this node's schedulers would take (``--node-rank``, 0 by default), against the
+    GPUs the pod sees (the ones it requests: emulation.pod_gpus)."""
     import torch
 
     from sglang.srt.entrypoints.engine import _calculate_rank_ranges
@@ -179,7 +180,7 @@ def _placement_problems(server_args: Any) -> list[BuildProblem]:
     if highest < count:
         return []
     return [BuildProblem(
-        f"CUDA error: invalid device ordinal: a scheduler of node {parallel.node_rank} takes GPU {highest}, the node "
-        f"has {count} GPUs "
+        f"CUDA error: invalid device ordinal: a scheduler of node {parallel.node_rank} takes GPU {highest}, the pod "
+        f"sees {count} GPUs "
         f"(tp {parallel.tp_size}, pp {parallel.pp_size}, dp {parallel.dp_size}, nnodes {parallel.nnodes})",
         "sglang/srt/entrypoints/engine.py:_launch_scheduler_processes", "RuntimeError")]

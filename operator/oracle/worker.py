@@ -48,10 +48,12 @@ def _protocol_streams():
 
 
 def _start(facts: DeviceFacts, workdir: Path) -> None:
-    from . import kernel_standins, standin_plugins
+    from . import cuda_driver, kernel_standins, standin_plugins
 
     emulation.install(facts, workdir / "tools")
     kernel_standins.install()
+    if facts.vendor == "nvidia":
+        cuda_driver.install()
     plugins = json.loads(os.environ.get(standin_plugins.PLUGINS_ENV, "{}"))
     standin_plugins.install_distribution(workdir / "site", plugins)
     import sglang.srt.server_args  # noqa: F401  (after the emulation, on purpose)

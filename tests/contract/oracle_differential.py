@@ -60,6 +60,7 @@ class Row:
     klass: str = ""
     error: str | None = None  # oracle-error / plan-error: the exception and its traceback
     seconds: float = 0.0  # time spent in the oracle
+    depth: str = ""  # "startup" when a false refusal at the args depth was judged again at startup depth
 
     @property
     def name(self) -> str:
@@ -141,6 +142,37 @@ def _items(docs: Iterable[Any]) -> Iterable[tuple[str, dict[str, Any]]]:
             yield str((item.get("metadata") or {}).get("name", "")), item
 
 
+def _take_verdict(row: Row, verdict: Any) -> None:
+    row.sglang = verdict.accepted
+    row.refusals = tuple(verdict.refusals)
+    row.indeterminate = tuple(
+        f"{who}: {why}" for who, why in (("prefill", verdict.prefill.indeterminate),
+                                         ("decode", verdict.decode.indeterminate),
+                                         ("pair", verdict.pair.indeterminate)) if why
+    )  # fmt: skip
+
+
+def _confirm_at_startup(row: Row, plan: Any, oracle: Any, stricter: Mapping[str, str],
+                        dominating: frozenset[str]) -> None:
+    """A false refusal at a shallower depth than ``startup`` is judged again through SGLang's
+    whole emulated startup (model build, memory planning): a rule may catch what SGLang
+    refuses only there (rules/moe.py quantized_moe_block_width: the quantization method's
+    ``create_weights``). The row takes that verdict and records the depth (``row.depth``)."""
+    depth, oracle.depth = oracle.depth, "startup"
+    t0 = time.monotonic()
+    try:
+        verdict = oracle.judge_plan(plan)
+    except Exception as e:  # a bug of the oracle, not a verdict
+        row.error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+    else:
+        _take_verdict(row, verdict)
+        row.depth = "startup"
+    finally:
+        oracle.depth = depth
+        row.seconds += time.monotonic() - t0
+    row.klass = classify(row, stricter, dominating)
+
+
 def judge_corpus(docs: Iterable[Any], oracle: Any, catalog: Any, *, stricter: Mapping[str, str] | None = None,
                  dominating: frozenset[str] | None = None,
                  progress: Callable[[int, Row], None] | None = None) -> list[Row]:
@@ -150,7 +182,10 @@ def judge_corpus(docs: Iterable[Any], oracle: Any, catalog: Any, *, stricter: Ma
     :class:`sglang_pd_operator.oracle.Oracle`; ``stricter`` defaults to the file next to
     this module, ``dominating`` the entries marked ``dominates`` there (load_dominating). A failure of the oracle on one spec is recorded as ``oracle-error`` and
     the run goes on (the pool starts a fresh worker on the next call). ``progress`` is
-    called after each row with its index.
+    called after each row with its index. When the oracle judges at a depth shallower than
+    ``startup`` (the CI gate: ``args``), a row that comes out a false refusal is judged again
+    at ``startup`` depth (:func:`_confirm_at_startup`), so a rule that catches a refusal of
+    the model build or memory planning is scored against that refusal.
     """
     from sglang_pd_operator.planning.plan import plan_object
 
@@ -177,15 +212,11 @@ def judge_corpus(docs: Iterable[Any], oracle: Any, catalog: Any, *, stricter: Ma
             except Exception as e:  # OracleError or a crash while rendering: a bug, not a verdict
                 row.error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
             else:
-                row.sglang = verdict.accepted
-                row.refusals = tuple(verdict.refusals)
-                row.indeterminate = tuple(
-                    f"{who}: {why}" for who, why in (("prefill", verdict.prefill.indeterminate),
-                                                     ("decode", verdict.decode.indeterminate),
-                                                     ("pair", verdict.pair.indeterminate)) if why
-                )  # fmt: skip
+                _take_verdict(row, verdict)
             row.seconds = time.monotonic() - t0
         row.klass = classify(row, stricter, dominating)
+        if row.klass == "false-refuse" and getattr(oracle, "depth", "startup") != "startup":
+            _confirm_at_startup(row, plan, oracle, stricter, dominating)
         rows.append(row)
         if progress is not None:
             progress(i, row)
@@ -295,6 +326,15 @@ def indeterminate_reasons(row: Row) -> set[str]:
     return {why.split(": ", 1)[-1] for why in row.indeterminate}
 
 
+def _phase(row: Row) -> str:
+    """The phase of SGLang's startup of the row's first refusal (stages.PHASES)."""
+    from sglang_pd_operator.oracle.stages import PHASES
+
+    for _, ref in row.refusals:
+        return getattr(ref, "phase", "") or PHASES.get(getattr(ref, "stage", ""), "")
+    return ""
+
+
 def confusion_matrix(rows: list[Row], *, stricter: Mapping[str, str] | None = None, limit: int = 25) -> str:
     """The matrix and the lists a person reads first: false accepts, false refusals, the rest."""
     stricter = load_stricter() if stricter is None else stricter
@@ -315,6 +355,14 @@ def confusion_matrix(rows: list[Row], *, stricter: Mapping[str, str] | None = No
         f"schema-refused (SGLang never sees them): {c['schema']}    oracle errors: {c['oracle-error']}    "
         f"planning errors: {c['plan-error']}",
     ]
+    again = [r for r in rows if r.depth == "startup"]
+    if again:
+        lines.append(f"judged again at startup depth (false refusals at the shallower depth): {len(again)}, "
+                     f"of them SGLang refuses {sum(1 for r in again if r.sglang is False)}")
+    lines += ["", "SGLang's refusals by phase (the first refusal of each spec; operator accepts / refuses):"]
+    for phase in ("args", "model", "kv", "memory", "pd-queues", "transfer", "handshake"):
+        ours = collections.Counter(r.ours for r in rows if r.sglang is False and _phase(r) == phase)
+        lines.append(f"  {phase:<10} {ours['accept']:6d} / {ours['refuse']:6d}")
     fa = false_accept_groups(rows)
     lines += ["", f"False accepts: {c['false-accept']} specs, {len(fa)} distinct SGLang refusals"]
     for (where, msg), members in fa[:limit]:

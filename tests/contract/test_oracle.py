@@ -27,12 +27,21 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 
-def _judge(oracle, catalog, doc):
+def _judge(oracle, catalog, doc, *, depth: str | None = None):
+    """Plan ``doc`` and judge it; ``depth`` ("args" | "startup") for this call only (default: the oracle's).
+
+    Tests of the argument checks and the handshake judge at ``args``: a deeper stage's refusal
+    (the model build, memory) would stop the role before what they test."""
     from sglang_pd_operator.planning.plan import plan_object
 
     plan, _ = plan_object(doc, catalog)
     assert plan is not None, "the spec must pass the schema"
-    return plan, oracle.judge_plan(plan)
+    saved = oracle.depth
+    oracle.depth = depth or saved
+    try:
+        return plan, oracle.judge_plan(plan)
+    finally:
+        oracle.depth = saved
 
 
 def _example(name: str) -> dict:
@@ -85,7 +94,7 @@ def test_plugin_standin_is_judged_by_sglangs_binding(oracle, catalog):
     doc = _example("dsv41-flash-gb300-low-latency.yaml")
     doc["spec"]["decode"]["parallelism"] = {"tp": 2}
     doc["spec"]["prefill"]["parallelism"] = {"tp": 2}
-    _, verdict = _judge(oracle, catalog, doc)
+    _, verdict = _judge(oracle, catalog, doc, depth="args")  # at startup, TP2 prefill's weights leave no KV memory
     assert verdict.decode.starts is False
     assert "--enable-nvidia-megakernel cannot run this setup" in verdict.decode.refusal.message
     assert "tp_size 2 is not one of ['4']" in verdict.decode.refusal.message
@@ -169,7 +178,7 @@ def test_handshake_refusals_come_from_conn_py(oracle, catalog):
     """Both roles start, SGLang's own try_ensure_parallel_info refuses the pair."""
     doc = _example("dsv41-flash-gb300-throughput-dep.yaml")
     doc["spec"]["decode"]["parallelism"] = {"tp": 4}  # DEP prefill, TP decode: attention TP 1 vs 4
-    _, verdict = _judge(oracle, catalog, doc)
+    _, verdict = _judge(oracle, catalog, doc, depth="args")
     assert verdict.prefill.starts and verdict.decode.starts
     assert verdict.pair.pairs is False
     assert verdict.pair.refusal.message == (
@@ -181,7 +190,8 @@ def test_handshake_refusals_come_from_conn_py(oracle, catalog):
     doc["spec"]["prefill"]["accelerator"] = "h200"  # auto layout: v4 on Hopper, v41 on Blackwell
     doc["spec"]["prefill"]["parallelism"] = {"tp": 4}
     doc["spec"]["kvLayout"]["attentionBackend"] = "auto"
-    _, verdict = _judge(oracle, catalog, doc)
+    # at startup, H200's TP4 prefill is refused first: FP4 experts at 576 per rank (quantized_moe_block_width)
+    _, verdict = _judge(oracle, catalog, doc, depth="args")
     assert verdict.pair.pairs is False
     assert verdict.pair.refusal.message.startswith(
         "KV layout mismatch: prefill server has kv_layout=v4,c1:v4,c2:v4, but decode server has "
@@ -234,7 +244,7 @@ def test_a_multi_node_handshake_refusal_comes_from_conn_py(oracle, catalog):
     doc = _example("dsv41-flash-gb300-multi-node.yaml")
     doc["spec"]["decode"]["parallelism"] = {"tp": 8, "nodes": 2}
     doc["spec"]["decode"]["extraArgs"] = []
-    _, verdict = _judge(oracle, catalog, doc)
+    _, verdict = _judge(oracle, catalog, doc, depth="args")
     assert verdict.prefill.starts and verdict.decode.starts, verdict.to_dict()
     assert verdict.pair.pairs is False
     assert "requires the same TP size" in verdict.pair.refusal.message
@@ -284,3 +294,214 @@ def test_check_sglang_exits_1_with_sglangs_text(tmp_path):
     assert out.returncode == 1
     assert "SGLang 0.5.23: refused" in out.stdout
     assert "DSpark with dp attention supports moe_a2a_backend 'none'" in out.stdout
+
+
+# --------------------------------------------------------------------------- the scheduler's startup stages
+
+
+def _role_doc(example: str, role: str, *, extra_args=(), env=None, parallelism=None) -> dict:
+    doc = _example(example)
+    spec = doc["spec"][role]
+    spec["extraArgs"] = [*(spec.get("extraArgs") or []), *extra_args]
+    if env:
+        spec["env"] = [*(spec.get("env") or []), *({"name": k, "value": v} for k, v in env.items())]
+    if parallelism is not None:
+        spec["parallelism"] = parallelism
+    return doc
+
+
+def _operator_accepts_role(catalog, doc, role: str) -> bool:
+    from sglang_pd_operator.planning.plan import plan_object
+
+    _, problems = plan_object(doc, catalog)
+    return not [p for p in problems if p.severity == "error" and p.field.startswith(f"spec.{role}")]
+
+
+def test_every_example_runs_the_whole_startup(oracle, catalog):
+    """Every example is judged through the model build and memory planning (no stage skipped),
+    with the steps run and assumed named, and the weights' bytes from the meta tensors."""
+    from sglang_pd_operator.oracle.stages import STAGES
+
+    for path in EXAMPLES:
+        _, verdict = _judge(oracle, catalog, yaml.safe_load(path.read_text()))
+        for role in (verdict.prefill, verdict.decode):
+            assert role.starts is True, (path.name, role.refusal, role.indeterminate)
+            assert any(step.startswith("memory: KVCacheConfigurator") for step in role.steps), role.steps
+            assert any("weight loading" in a for a in role.assumes), role.assumes
+            assert role.facts["model"]["weightBytes"] > 1 << 30, role.facts["model"]
+            assert role.facts["memory"]["maxTotalNumTokens"] > 0
+    assert STAGES[-1] == "transfer"
+
+
+def test_memory_fraction_too_small_for_the_weights(oracle, catalog):
+    """Refusal class 1 (memory): DeepSeek-V4.1-Flash's decode shard on GB300 holds ~190 GiB of
+    weights; --mem-fraction-static 0.5 leaves nothing for the KV cache. The operator and the
+    argument checks accept it; SGLang's _profile_available_bytes refuses it."""
+    doc = _role_doc("dsv41-flash-gb300-low-latency.yaml", "decode", extra_args=["--mem-fraction-static", "0.5"])
+    assert _operator_accepts_role(catalog, doc, "decode")
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.decode.starts is False, verdict.decode
+    refusal = verdict.decode.refusal
+    assert (refusal.stage, refusal.phase) == ("memory", "memory")
+    assert "Loaded weights leave no GPU memory for the KV cache" in refusal.message
+    assert refusal.where.startswith("sglang/srt/mem_cache/kv_cache_configurator.py:_profile_available_bytes")
+    assert verdict.prefill.starts is True
+
+
+def test_quantized_moe_width_breaks_its_block(oracle, catalog):
+    """Refusal class 2 (model): FP4 experts on H200 at TP8 without EP give each rank 288 of the
+    2304-wide MoE intermediate; FlashInfer's CUTLASS MXFP4 MoE (create_weights) needs multiples
+    of 128. Found by the model stage; the operator now refuses it too (quantized_moe_block_width)."""
+    doc = _role_doc("dsv41-flash-h200-flashmla.yaml", "decode", parallelism={"tp": 8})
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.decode.starts is False, verdict.decode
+    refusal = verdict.decode.refusal
+    assert refusal.phase == "model"
+    assert "intermediate=288" in refusal.message
+    assert refusal.where.startswith("sglang/srt/layers/quantization/mxfp4_flashinfer_cutlass_moe.py:create_weights")
+    assert not _operator_accepts_role(catalog, doc, "decode")  # the rule the model stage led to
+
+
+def test_an_environment_setting_the_kv_configurator_refuses(oracle, catalog):
+    """Refusal class 3 (memory): SGLANG_DSV4_COMPRESS_STATE_DTYPE=fp16 passes every argument
+    check (nothing reads it there); the KV cache configurator refuses it while it sizes the
+    DeepSeek-V4 compressed-state pools."""
+    doc = _role_doc("dsv41-flash-gb300-throughput-dep.yaml", "decode", env={"SGLANG_DSV4_COMPRESS_STATE_DTYPE": "fp16"})
+    assert _operator_accepts_role(catalog, doc, "decode")
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.decode.starts is False, verdict.decode
+    assert verdict.decode.refusal.phase in ("memory", "model"), verdict.decode.refusal
+    assert "Unsupported SGLANG_DSV4_COMPRESS_STATE_DTYPE='fp16'" in verdict.decode.refusal.message
+
+
+def test_a_flag_the_model_loader_refuses(oracle, catalog):
+    """Refusal class 4 (model): --model-loader-extra-config with a key the default loader does
+    not take; resolution and validation accept it, the loader's constructor refuses it."""
+    doc = _role_doc("qwen3-30b-a3b-paged-experts.yaml", "prefill",
+                    extra_args=["--model-loader-extra-config", '{"enable_gds": true}'])
+    assert _operator_accepts_role(catalog, doc, "prefill")
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.prefill.starts is False, verdict.prefill
+    refusal = verdict.prefill.refusal
+    assert refusal.phase == "model"
+    assert "Unexpected extra config keys" in refusal.message and "enable_gds" in refusal.message
+    assert refusal.where.startswith("sglang/srt/model_loader/loader.py:_validate_default_loader_extra_config")
+
+
+def test_a_model_build_the_emulation_cannot_run_is_indeterminate(oracle, catalog):
+    """A step that needs what the emulation does not give (here: a kernel called while the
+    model is built) is no verdict, with the step named, never an accept."""
+    from sglang_pd_operator.oracle import engine_side
+
+    assert engine_side._emulation_limit(RuntimeError("Cannot copy out of meta tensor; no data!")) is not None
+    assert engine_side._emulation_limit(ValueError("64 is not divisible by 3")) is None
+
+
+def test_the_pod_sees_the_gpus_it_requests(oracle, catalog):
+    """A TP4 replica on an 8-GPU B300 node: the pod requests 4 GPUs, and SGLang
+    (torch.cuda.device_count, nvidia-smi) sees 4, not the node's 8."""
+    from sglang_pd_operator.oracle.judge import pod_gpus
+
+    doc = _example("qwen3-30b-a3b-paged-experts.yaml")
+    doc["spec"]["accelerator"] = "b300"
+    doc["spec"].pop("pagedExperts", None)
+    for role in ("prefill", "decode"):
+        doc["spec"][role].pop("pagedExperts", None)
+        doc["spec"][role]["parallelism"] = {"tp": 4}
+    plan, verdict = _judge(oracle, catalog, doc)
+    assert catalog.accelerator("b300").gpusPerNode == 8
+    assert pod_gpus(plan, plan.prefill) == 4
+    assert verdict.prefill.starts is True, (verdict.prefill.refusal, verdict.prefill.indeterminate)
+    assert verdict.prefill.facts["podGpus"] == 4
+
+
+# --------------------------------------------------------------------------- pools, PD queues, transfer manager
+
+
+def test_pools_pd_queues_and_the_transfer_manager_run(oracle, catalog):
+    """After the memory plan, each role's KV pools are built by SGLang's own classes on the
+    meta device, the scheduler's init_disaggregation builds the role's PD queue, and the
+    real MooncakeKVManager is built on the queue's KVArgs with the native engine replaced."""
+    _, verdict = _judge(oracle, catalog, _example("qwen3-30b-a3b-paged-experts.yaml"))
+    assert verdict.accepted is True, verdict.to_dict()
+    for role, queue in ((verdict.prefill, "PrefillBootstrapQueue"), (verdict.decode, "DecodePreallocQueue")):
+        facts = role.facts
+        assert facts["pools"]["tokenToKVPool"] == "MHATokenToKVPool" and facts["pools"]["poolBytes"] > 1 << 30
+        assert facts["queue"]["queue"] == queue
+        assert facts["queue"]["kvArgs"]["kvBuffers"] == 2 * 48  # K and V of 48 layers
+        assert facts["transfer"]["manager"] == "MooncakeKVManager"
+        assert facts["transfer"]["engineCalls"][:2] == ["TransferEngine", "initialize"]
+        assert "batch_register_memory" in facts["transfer"]["engineCalls"]
+        for stage in ("pools:", "pd-queues:", "transfer:"):
+            assert any(s.startswith(stage) for s in role.steps), (stage, role.steps)
+        assert any("background threads" in a for a in role.assumes)
+
+
+def test_a_speculative_role_names_the_transfer_stage_it_did_not_run(oracle, catalog):
+    """DSpark's transfer manager carries the draft worker's KV pool, which the oracle does not
+    build: the PD queue runs, the transfer stage is listed under assumes, not skipped silently."""
+    _, verdict = _judge(oracle, catalog, _example("dsv41-flash-gb300-low-latency.yaml"))
+    decode = verdict.decode
+    assert decode.starts is True and decode.facts["queue"]["queue"] == "DecodePreallocQueue"
+    assert decode.facts["transfer"] is None
+    assert any(a.startswith("transfer: not run for a speculative role (DSPARK)") for a in decode.assumes)
+
+
+def test_transfer_engine_standin_matches_the_native_library():
+    """Every method of the Mooncake engine stand-in is a method the installed native library
+    (mooncake/engine.so) exports, and every engine method SGLang's wrapper calls while it
+    starts is one the stand-in has."""
+    import importlib.util
+    import re
+
+    from sglang_pd_operator.oracle.scheduler_pd import STANDIN_METHODS, TransferEngineStandIn
+
+    spec = importlib.util.find_spec("mooncake")
+    library = (Path(list(spec.submodule_search_locations)[0]) / "engine.so").read_bytes()
+    for name in STANDIN_METHODS:
+        assert callable(getattr(TransferEngineStandIn, name))
+        # the linker merges string suffixes: "register_memory" is stored as the tail of
+        # "batch_register_memory", so a name may follow "_" but not a letter
+        assert re.search(rb"(?<![A-Za-z])" + name.encode() + rb"(?![A-Za-z_])", library), name
+    wrapper = Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / (
+        "srt/distributed/device_communicators/mooncake_transfer_engine.py")
+    text = wrapper.read_text()
+    startup_part = text[text.index("class MooncakeTransferEngine"):text.index("def transfer_sync")]
+    called = set(re.findall(r"self\.engine\.(\w+)\(", startup_part))
+    assert called and called <= set(STANDIN_METHODS), called - set(STANDIN_METHODS)
+
+
+def test_a_staging_buffer_on_an_mla_model_is_refused_by_the_pd_queue(oracle, catalog):
+    """Refusal class (pd-queues): SGLANG_DISAGG_STAGING_BUFFER=1 on DeepSeek-V4 (an MLA pool):
+    no argument check reads it; PrefillBootstrapQueue.__init__ refuses it."""
+    doc = _role_doc("dsv41-flash-gb300-throughput-dep.yaml", "prefill", env={"SGLANG_DISAGG_STAGING_BUFFER": "1"})
+    assert _operator_accepts_role(catalog, doc, "prefill")
+    _, args_verdict = _judge(oracle, catalog, doc, depth="args")
+    assert args_verdict.prefill.starts is True  # the argument checks accept it
+    _, verdict = _judge(oracle, catalog, doc)
+    refusal = verdict.prefill.refusal
+    assert verdict.prefill.starts is False and (refusal.stage, refusal.phase) == ("pd-queues", "pd-queues"), refusal
+    assert "SGLANG_DISAGG_STAGING_BUFFER is designed for non-MLA models" in refusal.message
+    assert refusal.where.startswith("sglang/srt/disaggregation/prefill.py:__init__")
+
+
+@pytest.mark.parametrize("role,env,message", [
+    ("prefill", {"SGLANG_DISAGGREGATION_THREAD_POOL_SIZE": "2", "SGLANG_DISAGGREGATION_QUEUE_SIZE": "4"},
+     "SGLANG_DISAGGREGATION_THREAD_POOL_SIZE=2 must be greater than or equal to SGLANG_DISAGGREGATION_QUEUE_SIZE=4"),
+    ("decode", {"SGLANG_ENABLE_FAILED_SESSION_PROBE": "1", "SGLANG_FAILED_SESSION_PROBE_INTERVAL_S": "30",
+                "SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S": "10"},
+     "Need 0 < SGLANG_FAILED_SESSION_PROBE_INTERVAL_S <= SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S"),
+])
+def test_an_environment_the_mooncake_manager_refuses(oracle, catalog, role, env, message):
+    """Refusal classes (transfer): settings MooncakeKVManager.__init__ checks, which the
+    argument checks never read: a thread pool smaller than the transfer queues, a failed-session
+    probe interval above its maximum."""
+    doc = _role_doc("qwen3-30b-a3b-paged-experts.yaml", role, env=env)
+    assert _operator_accepts_role(catalog, doc, role)
+    _, args_verdict = _judge(oracle, catalog, doc, depth="args")
+    assert getattr(args_verdict, role).starts is True
+    _, verdict = _judge(oracle, catalog, doc)
+    refusal = getattr(verdict, role).refusal
+    assert getattr(verdict, role).starts is False and (refusal.stage, refusal.phase) == ("transfer", "transfer"), refusal
+    assert message in refusal.message
+    assert refusal.where.startswith("sglang/srt/disaggregation/mooncake/conn.py:__init__")

@@ -638,6 +638,77 @@ def megamoe_token_budget(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Cat
     return problems
 
 
+def _moe_tp(role: RolePlan, flags: Mapping[str, Any]) -> int:
+    """The MoE TP width SGLang resolves: TP over the expert-parallel width (every all-to-all
+    backend but none spans the TP group with EP, overrides._a2a_ep_size), over the MoE DP width."""
+    p = role.inputs.parallelism
+    ep = p.tp if a2a_backend(flags) in EP_SPANNING_A2A else max(1, p.ep)
+    moe_dp = _int(flags.get("moe_dp_size")) or 1
+    return max(1, p.tp // max(1, ep) // max(1, moe_dp))
+
+
+def quantized_moe_block_width(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """Each rank's slice of a quantized MoE's intermediate size must fit the kernel's blocks.
+
+    SGLang refuses, while it builds the model (after every argument check passed):
+
+    - an FP8 block-quantized checkpoint (``quantization_config.weight_block_size``
+      [block_n, block_k]) whose per-rank MoE intermediate size (``moe_intermediate_size``
+      over the MoE TP width) is not a multiple of block_n, or of block_k with MoE TP > 1:
+      layers/quantization/fp8.py ``Fp8MoEMethod.create_weights`` ("The output_size of
+      gate's and up's weight = 192 is not divisible by weight quantization block_n = 128");
+    - DeepSeek-V4 FP4 experts on SM90, where the resolution picks the ``flashinfer_mxfp4``
+      MoE runner for ``auto`` without an all-to-all backend (model_overrides/deepseek_v4.py)
+      and FlashInfer's CUTLASS MXFP4 method needs hidden and per-rank intermediate sizes
+      in multiples of 128 (layers/quantization/mxfp4_flashinfer_cutlass_moe.py
+      ``create_weights``).
+
+    Found by the SGLang oracle's model stage (docs/sglang-oracle.md). Sizes come from the
+    catalog's copy of the model's config.json.
+    """
+    model = role.inputs.model
+    config = catalog.hf_config(spec.model.name)
+    flags = _flags(role)
+    if model is None or config is None or not model.routedExperts or _untracked(flags):
+        return []
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    inter = _int(text.get("moe_intermediate_size") or config.get("moe_intermediate_size"))
+    hidden = _int(text.get("hidden_size") or config.get("hidden_size"))
+    moe_tp = _moe_tp(role, flags)
+    if not inter or inter % moe_tp:
+        return []  # parallelism_divides_model refuses the division itself
+    per_rank = inter // moe_tp
+    quant = config.get("quantization_config") or {}
+    block = quant.get("weight_block_size") if quant.get("quant_method") == "fp8" else None
+    bad = None
+    if block and model.bytesPerExpertParam == 1 and len(block) == 2:
+        block_n, block_k = int(block[0]), int(block[1])
+        if per_rank % block_n or (moe_tp > 1 and per_rank % block_k):
+            bad = (f"each rank's slice of the MoE intermediate size ({inter} over MoE TP {moe_tp} = {per_rank}) is "
+                   f"not a multiple of the checkpoint's FP8 block {block_n}x{block_k}; SGLang 0.5.23 refuses it while "
+                   "it builds the model (fp8.py Fp8MoEMethod.create_weights)")
+    acc = role.inputs.accelerator
+    if (bad is None and role.inputs.is_deepseek_v4 and model.bytesPerExpertParam == 0.5 and acc is not None
+            and acc.isa == "sm_90a" and _runner(flags) == "auto" and a2a_backend(flags) == "none"
+            and not any(v.name == "SGLANG_DSV4_FP4_DEQUANT" and str(v.value).lower() in ("1", "true")
+                        for v in role.inputs.spec.env)
+            and (per_rank % 128 or (hidden or 0) % 128)):
+        bad = (f"FP4 experts on {acc.isa} run FlashInfer's CUTLASS MXFP4 MoE, which needs the per-rank MoE "
+               f"intermediate size ({inter} over MoE TP {moe_tp} = {per_rank}) and the hidden size ({hidden}) in "
+               "multiples of 128; SGLang 0.5.23 refuses it while it builds the model "
+               "(mxfp4_flashinfer_cutlass_moe.py create_weights)")
+    if bad is None:
+        return []
+    return [
+        _problem(
+            f"spec.{role.role}.parallelism.ep",
+            bad,
+            "use expert parallelism (parallelism.ep = tp) so each rank holds whole experts, or a smaller tp",
+            "quantized_moe_block_width",
+        )
+    ]
+
+
 ROLE_RULES = (
     eplb_needs_expert_parallelism,
     ep_dispatch_needs_a2a_backend,
@@ -650,5 +721,6 @@ ROLE_RULES = (
     deepep_v2_dispatch_budget,
     megamoe_compat,
     megamoe_token_budget,
+    quantized_moe_block_width,
 )
 PAIR_RULES: tuple = ()

@@ -1,0 +1,311 @@
+"""What a scheduler builds after its memory plan: the KV pools, the PD queues and the transfer engine's manager (worker side).
+
+Runs in the oracle worker after :mod:`.startup` built the role's model on the meta device
+and planned its memory, in the order ``Scheduler.__init__`` does (managers/scheduler.py):
+
+``pools`` (``ModelRunner.alloc_memory_pool``, model_runner.py:971)
+    ``KVCacheConfigurator._derive_pool_sizes`` and ``_init_pools``
+    (mem_cache/kv_cache_configurator.py:528, :585) on the resolved memory plan: SGLang's
+    own pool classes (req-to-token, token-to-KV, the allocator; DeepSeek-V4's compressed
+    and state pools) with every tensor on
+    the meta device (:class:`.startup.MetaAllocations`), then the runner's fields set as
+    ``alloc_memory_pool`` sets them.
+``pd-queues`` (``Scheduler.init_disaggregation``, managers/scheduler.py:1505)
+    the real method on a scheduler carrying what it reads (:func:`scheduler_standin`):
+    the metadata buffers, ``DecodeTransferQueue`` and ``DecodePreallocQueue``
+    (disaggregation/decode.py:387) or ``PrefillBootstrapQueue`` (disaggregation/prefill.py:174),
+    whose ``_init_kv_manager`` assembles the transfer's ``KVArgs`` from the pools
+    (buffer lengths, layer ids, state types, page size). The manager class the queue asks
+    for is recorded here (its arguments kept) and built by the next stage.
+``transfer`` (the backend's ``KVManager.__init__``)
+    SGLang's real manager class of the role's backend (``MooncakeKVManager``,
+    ``NixlKVManager``, ``FakeKVManager`` ...) on those arguments. For Mooncake the shared
+    engine is made by SGLang's own ``maybe_init_shared_mooncake_transfer_engine``
+    (distributed/device_communicators/mooncake_transfer_engine.py:315: the NICs of the
+    GPU from ``--disaggregation-ib-device`` or the emulated sysfs) with only the native
+    ``mooncake.engine.TransferEngine`` replaced (:class:`TransferEngineStandIn`, which
+    answers as the library does on success and records the calls).
+
+What does not run here (named in the verdict's ``assumes``): the registration with the
+bootstrap server (the pair's ``bootstrap`` stage does it with the real server), the
+managers' background loops (threads are not started: they serve requests, they check
+nothing at startup), a backend whose Python package is not installed in the oracle
+(NIXL, MoRI), and, for a speculative role, the draft worker's KV pool the queue would
+transfer too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import types
+from typing import Any, Iterator
+
+from .stages import OracleLimit
+
+#: Steps of the stages this module runs, with the SGLang code each one is (sglang/srt/...).
+POOL_STEPS = (
+    "pools: KVCacheConfigurator._derive_pool_sizes, _init_pools on the meta device (mem_cache/kv_cache_configurator.py:528, :585)",
+)
+QUEUE_STEPS = (
+    "pd-queues: Scheduler.init_disaggregation (managers/scheduler.py:1505): MetadataBuffers, "
+    "PrefillBootstrapQueue (disaggregation/prefill.py:174) or DecodeTransferQueue, DecodePreallocQueue "
+    "(disaggregation/decode.py:2530, :387) with the KVArgs of _init_kv_manager",
+)
+TRANSFER_STEPS = (
+    "transfer: the backend's KVManager.__init__ (disaggregation/<backend>/conn.py; Mooncake's engine by "
+    "maybe_init_shared_mooncake_transfer_engine, device_communicators/mooncake_transfer_engine.py:315)",
+)
+ASSUMED = (
+    "transfer: registration with the bootstrap server inside KVManager.__init__ (run by the pair's bootstrap stage)",
+    "transfer: the manager's background threads (bootstrap, transfer, heartbeat loops) are not started",
+)
+
+
+class TransferEngineStandIn:
+    """``mooncake.engine.TransferEngine``, the native library SGLang's Mooncake wrapper calls:
+    every call succeeds as the library's does (``0``), with a loopback RPC port; ``calls``
+    records them (name, arguments). Its method names are checked against the installed
+    library's symbols (tests/contract/test_oracle.py)."""
+
+    RPC_PORT = 17777
+    calls: list[tuple[Any, ...]] = []
+
+    def __init__(self) -> None:
+        self.calls.append(("TransferEngine",))
+
+    def initialize(self, hostname: str, metadata_server: str, protocol: str, device_name: str) -> int:
+        self.calls.append(("initialize", hostname, metadata_server, protocol, device_name))
+        return 0
+
+    def get_rpc_port(self) -> int:
+        return self.RPC_PORT
+
+    def register_memory(self, ptr: int, length: int) -> int:
+        self.calls.append(("register_memory", length))
+        return 0
+
+    def unregister_memory(self, ptr: int) -> int:
+        return 0
+
+    def batch_register_memory(self, ptrs: list[int], lengths: list[int]) -> int:
+        self.calls.append(("batch_register_memory", len(ptrs)))
+        return 0
+
+    def batch_unregister_memory(self, ptrs: list[int]) -> int:
+        return 0
+
+    def get_engine(self) -> "TransferEngineStandIn":
+        return self
+
+
+#: The method names of the stand-in that SGLang's wrapper calls at startup (the drift test reads them).
+STANDIN_METHODS = ("initialize", "get_rpc_port", "register_memory", "unregister_memory", "batch_register_memory",
+                   "batch_unregister_memory", "get_engine")
+
+
+@contextlib.contextmanager
+def mooncake_engine_standin() -> Iterator[list[tuple[Any, ...]]]:
+    """``mooncake.engine`` answers with :class:`TransferEngineStandIn` (the real module needs
+    libcudart); SGLang's shared engine is reset before and after."""
+    from sglang.srt.distributed.device_communicators import mooncake_transfer_engine as mte
+
+    saved = sys.modules.get("mooncake.engine")
+    module = types.ModuleType("mooncake.engine")
+    module.TransferEngine = TransferEngineStandIn
+    TransferEngineStandIn.calls = []
+    sys.modules["mooncake.engine"] = module
+    mte._mooncake_transfer_engine = None
+    try:
+        yield TransferEngineStandIn.calls
+    finally:
+        mte._mooncake_transfer_engine = None
+        if saved is None:
+            sys.modules.pop("mooncake.engine", None)
+        else:
+            sys.modules["mooncake.engine"] = saved
+
+
+def assemble_pools(runner: Any, config: Any) -> dict[str, Any]:
+    """SGLang's KV pools for ``config`` (the memory stage's MemoryPoolConfig) on the meta
+    device; sets the runner's pool fields as ``ModelRunner.alloc_memory_pool`` does.
+    Returns {"reqToTokenPool", "tokenToKVPool", "allocator" (class names), "poolBytes"
+    (device bytes of the pools), "hostPoolBytes"}; raises SGLang's refusal."""
+    from .startup import MetaAllocations
+
+    configurator = runner.kv_cache_configurator
+    meta = MetaAllocations()
+    with meta:
+        sizes = configurator._derive_pool_sizes(config=config)
+        pools = configurator._init_pools(sizes=sizes, req_to_token_pool=runner.req_to_token_pool,
+                                         token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator)
+    runner.max_total_num_tokens = sizes.max_total_num_tokens
+    runner.max_running_requests = sizes.max_running_requests
+    runner.req_to_token_pool = pools.req_to_token_pool
+    runner.token_to_kv_pool = pools.token_to_kv_pool
+    runner.token_to_kv_pool_allocator = pools.token_to_kv_pool_allocator
+    runner.memory_pool_config = config
+    if runner.is_hybrid_swa:
+        runner.full_max_total_num_tokens = sizes.full_max_total_num_tokens
+        runner.swa_max_total_num_tokens = sizes.swa_max_total_num_tokens
+    runner._oracle_pool_sizes = sizes
+    return {
+        "reqToTokenPool": type(pools.req_to_token_pool).__name__,
+        "tokenToKVPool": type(pools.token_to_kv_pool).__name__,
+        "allocator": type(pools.token_to_kv_pool_allocator).__name__,
+        "poolBytes": meta.device_bytes,
+        "hostPoolBytes": meta.host_bytes,
+    }
+
+
+def scheduler_standin(server_args: Any, runner: Any) -> Any:
+    """A ``Scheduler`` (SGLang's class, its ``__init__`` not run) carrying what
+    ``init_disaggregation`` and the PD queues read, from the runner's pools: as
+    ``Scheduler.__init__`` sets them after ``build_kv_cache`` (managers/scheduler.py:574-612),
+    without a draft worker, a tree cache, the Rust frontend, HiSparse or metrics."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.mem_cache.allocator.page_interleave import page_interleave_shard_size
+
+    s = Scheduler.__new__(Scheduler)
+    s.server_args = server_args
+    s.model_config = runner.model_config
+    s.draft_worker = None
+    s.spec_algorithm = runner.spec_algorithm
+    s.req_to_token_pool = runner.req_to_token_pool
+    s.token_to_kv_pool_allocator = runner.token_to_kv_pool_allocator
+    s.tree_cache = None
+    s.max_total_num_tokens = runner.max_total_num_tokens
+    s.max_running_requests = runner.max_running_requests
+    s.scheduler_stage_metrics = None
+    s.enable_unified_memory = False
+    s.rust_server = None
+    s.random_seed = server_args.random_seed
+    s.enable_hisparse = False
+    s.hisparse_coordinator = None
+    s.kv_shard_widening = page_interleave_shard_size(runner.token_to_kv_pool_allocator)
+    s.tp_worker = types.SimpleNamespace(model_runner=runner, is_hybrid_swa=runner.is_hybrid_swa)
+    return s
+
+
+class _ManagerRequest:
+    """What a PD queue's ``_init_kv_manager`` passed to the manager class (built by :func:`build_manager`)."""
+
+    def __init__(self, kv_args: Any, mode: Any, server_args: Any, is_mla_backend: bool = False, **kwargs: Any):
+        self.kv_args = kv_args
+        self.mode = mode
+        self.server_args = server_args
+        self.is_mla_backend = is_mla_backend
+        self.kwargs = kwargs
+
+
+def build_queues(server_args: Any, runner: Any) -> tuple[Any, _ManagerRequest, dict[str, Any]]:
+    """``Scheduler.init_disaggregation`` on :func:`scheduler_standin` under the meta device.
+    Returns (scheduler, the manager request, facts {"queue", "kvArgs": {...}}); raises SGLang's refusal."""
+    from sglang.srt.disaggregation import decode, prefill, utils
+    from .startup import MetaAllocations
+
+    requests: list[_ManagerRequest] = []
+    real = utils.get_kv_class
+
+    def get_kv_class(backend: Any, kind: Any) -> Any:
+        if kind == utils.KVClassType.MANAGER:
+            requests.append(None)  # type: ignore[arg-type]
+
+            def record(*args: Any, **kwargs: Any) -> _ManagerRequest:
+                req = _ManagerRequest(*args, **kwargs)
+                requests[-1] = req
+                return req
+            return record
+        return real(backend, kind)
+
+    scheduler = scheduler_standin(server_args, runner)
+    saved = (prefill.get_kv_class, decode.get_kv_class)
+    prefill.get_kv_class = decode.get_kv_class = get_kv_class
+    try:
+        with MetaAllocations():
+            scheduler.init_disaggregation()
+    finally:
+        prefill.get_kv_class, decode.get_kv_class = saved
+    queue = scheduler.disagg_prefill_bootstrap_queue or scheduler.disagg_decode_prealloc_queue
+    if queue is None or not requests or requests[-1] is None:
+        raise OracleLimit("the PD queue made no transfer manager (not a PD role?)")
+    req = requests[-1]
+    kv = req.kv_args
+    facts = {
+        "queue": type(queue).__name__,
+        "kvArgs": {"kvBuffers": len(kv.kv_data_lens), "kvItemBytes": int(sum(kv.kv_item_lens)),
+                   "stateTypes": [getattr(t, "value", str(t)) for t in (getattr(kv, "state_types", None) or [])],
+                   "pageSize": kv.page_size, "auxBuffers": len(kv.aux_data_lens)},
+    }
+    return scheduler, req, facts
+
+
+@contextlib.contextmanager
+def _no_background_threads() -> Iterator[list[str]]:
+    """Threads a KV manager starts for its loops (a method of a ``...KVManager`` class, or a
+    function defined in one) are not started inside the block; their names are recorded.
+    Other threads (SGLang's ``run_with_deadline`` around the engine's initialisation) run."""
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        target = getattr(self, "_target", None)
+        owner = type(getattr(target, "__self__", None)).__name__
+        if "KVManager" in getattr(target, "__qualname__", "") or "KVManager" in owner:
+            started.append(getattr(target, "__qualname__", self.name))
+            return
+        real_start(self)
+
+    threading.Thread.start = start
+    try:
+        yield started
+    finally:
+        threading.Thread.start = real_start
+
+
+def build_manager(server_args: Any, req: _ManagerRequest) -> dict[str, Any]:
+    """The role's backend's real KV manager on the queue's arguments (see the module docstring).
+
+    Returns {"manager", "engineCalls", "threadsNotStarted"}; raises SGLang's refusal, or
+    :class:`OracleLimit` when the backend's package is not installed here."""
+    from sglang.srt.disaggregation import utils
+    from sglang.srt.disaggregation.common import conn as common
+    from sglang.srt.runtime_context import get_device, get_disagg
+
+    backend = utils.TransferBackend(get_disagg().disaggregation_transfer_backend)
+    try:
+        cls = utils.get_kv_class(backend, utils.KVClassType.MANAGER)
+    except ImportError as e:
+        raise OracleLimit(f"the {backend.value} transfer backend's package is not installed in the oracle ({e})") from e
+    register = common.CommonKVManager.register_to_bootstrap
+    manager = None
+    with mooncake_engine_standin() as calls, _no_background_threads() as threads:
+        common.CommonKVManager.register_to_bootstrap = lambda self: None
+        try:
+            if backend == utils.TransferBackend.MOONCAKE:
+                from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import (
+                    maybe_init_shared_mooncake_transfer_engine,
+                )
+
+                maybe_init_shared_mooncake_transfer_engine(gpu_id=get_device().gpu_id)
+            # constructed in two steps so that a refused __init__ still has its sockets closed
+            # (a zmq context collected with an open socket blocks its finalizer forever)
+            manager = cls.__new__(cls)
+            manager.__init__(req.kv_args, req.mode, server_args, req.is_mla_backend, **req.kwargs)
+        finally:
+            common.CommonKVManager.register_to_bootstrap = register
+            _close(manager)
+    return {"manager": type(manager).__name__, "engineCalls": [c[0] for c in calls],
+            "threadsNotStarted": sorted(set(threads))}
+
+
+def _close(manager: Any) -> None:
+    """Release the sockets a manager (or a manager whose ``__init__`` raised) bound: its zmq
+    context destroyed with linger 0 (no thread of it runs)."""
+    if manager is None:
+        return
+    ctx = getattr(manager, "_zmq_ctx", None)
+    if ctx is not None:
+        with contextlib.suppress(Exception):
+            ctx.destroy(linger=0)
