@@ -35,6 +35,8 @@ from .stages import OracleLimit
 
 #: Steps of the speculative stage, with the SGLang code each one is (sglang/srt/...).
 SPEC_STEPS = (
+    "speculative: the scheduler's MoE/GEMM flags the draft is built under (init_moe_gemm_config, "
+    "managers/scheduler.py:558)",
     "speculative: Scheduler.maybe_init_draft_worker (managers/scheduler.py:1035): "
     "SpeculativeAlgorithm.create_worker (speculative/spec_info.py:311)",
     "speculative: the draft worker's __init__ (DSparkWorkerV2 speculative/dspark_components/dspark_worker_v2.py:174, "
@@ -168,6 +170,13 @@ def build_draft_worker(server_args: Any, runner: Any) -> tuple[dict[str, Any] | 
     scheduler.spec_algorithm = algorithm
     scheduler.nccl_port = 0
     scheduler.tp_worker = TargetWorker(runner, random_seed=server_args.random_seed or 0)
+    # The scheduler sets the MoE/GEMM runtime flags once, before its model worker
+    # (managers/scheduler.py:558 init_moe_gemm_config), and the draft is built under them in
+    # the same process: its a2a backend (e.g. megamoe) decides whether the draft's shared
+    # experts are replicated or TP-split (models/deepseek_v2.py:874). This stage runs in a
+    # fresh rank context, so the step is run again here on the target's model config.
+    scheduler.model_config = runner.model_config
+    scheduler.init_moe_gemm_config()
     scheduler.ipc_channels = types.SimpleNamespace(send_to_tokenizer=types.SimpleNamespace(send_output=None))
     assumed = list(ASSUMED)
     from .engine_side import _emulation_limit, sglang_frame

@@ -464,6 +464,20 @@ def test_a_speculative_role_builds_its_draft_worker(oracle, catalog):
     assert qwen.decode.facts["speculative"] is None
 
 
+def test_the_draft_is_built_under_the_scheduler_moe_flags(oracle, catalog):
+    """The scheduler sets its MoE flags once (init_moe_gemm_config, managers/scheduler.py:558)
+    and builds the draft under them: on the wide-EP example's decode (TP 64, megamoe) the
+    DSpark draft's shared experts are replicated (models/deepseek_v2.py:874), so their FP8
+    blocks of 32 are whole; the draft built with the default a2a backend would split 2304
+    over 64 ranks (36 per rank) and fp8.py:606 would refuse a deployment SGLang starts."""
+    _, verdict = _judge(oracle, catalog, _example("dsv41-flash-gb300-wide-ep.yaml"))
+    decode = verdict.decode
+    assert decode.starts is True, (decode.refusal, decode.indeterminate)
+    draft = decode.facts["speculative"]
+    assert draft["draftArchitecture"] == "DeepseekV4ForCausalLMDSpark" and draft["draftWeightBytes"] > 0, draft
+    assert any("init_moe_gemm_config, managers/scheduler.py:558" in s for s in decode.steps), decode.steps
+
+
 def test_dspark_attention_dp_with_a_moe_draft_is_refused_by_the_draft_worker(oracle, catalog):
     """Refusal class (speculative): DSpark with DP attention whose attention TP is above 1 on
     DeepSeek-V4.1 (a MoE draft): the argument checks accept it, DSparkWorkerV2.__init__
