@@ -39,7 +39,6 @@ import logging
 import os
 import socket
 import tempfile
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -49,7 +48,8 @@ import yaml
 from . import scheduler_pd, speculative, startup
 from .kernel_standins import take_answered, take_calls
 from .model_checks import model_build_problems
-from .stages import PHASES, STAGES, OracleLimit
+from .stages import PHASES, STAGES, OracleLimit, sglang_frame
+from .stages import emulation_limit as _emulation_limit
 
 log = logging.getLogger(__name__)
 
@@ -66,17 +66,6 @@ class Refusal(Exception):
     def __init__(self, info: dict[str, Any]):
         super().__init__(info.get("message"))
         self.info = info
-
-
-def sglang_frame(tb) -> str | None:
-    """``sglang/<path>:<function>:<line>`` of the innermost traceback frame in SGLang's code."""
-    where = None
-    for frame, lineno in traceback.walk_tb(tb):
-        path = frame.f_code.co_filename
-        idx = path.rfind("/sglang/")
-        if idx >= 0:
-            where = f"{path[idx + 1:]}:{frame.f_code.co_name}:{lineno}"
-    return where
 
 
 def describe(exc: BaseException, stage: str) -> dict[str, Any]:
@@ -97,24 +86,6 @@ def describe(exc: BaseException, stage: str) -> dict[str, Any]:
         # A draft model or tokenizer named by a hub id: the oracle has no network (HF_HUB_OFFLINE=1).
         info["indeterminate"] = f"SGLang wanted files of a model the oracle does not have (no hub access): {message}"
     return info
-
-
-#: Messages of the oracle's own stand-ins reaching their edge (the meta device holds no
-#: data, the stub CUDA libraries run nothing): the step needs a GPU, not a verdict.
-_LIMIT_MARKERS = ("meta tensor", "on meta", "'meta'", "meta device", "CUDA stub library", "no GPU on this machine",
-                  "is a GPU kernel the oracle cannot run", "the oracle cannot know", "emulated HIP driver",
-                  "No CUDA GPUs are available", "Found no NVIDIA driver", "emulated CUDA driver",
-                  "kernel stand-in", "oracle emulated process group", "_EmulatedProcessGroup",
-                  "the oracle's emulated")
-
-
-def _emulation_limit(exc: BaseException) -> str | None:
-    """Why ``exc`` is the oracle's emulation reaching its edge (a step that needs the GPU),
-    or None when it is SGLang's refusal."""
-    text = str(exc)
-    if type(exc).__name__ in ("AcceleratorError", "KernelUsed") or any(m in text for m in _LIMIT_MARKERS):
-        return f"the step needs what the oracle emulates without (a GPU, kernel or data): {type(exc).__name__}: {text[:300]}"
-    return None
 
 
 def _needs_the_hub(exc: BaseException) -> bool:

@@ -31,7 +31,7 @@ import contextlib
 import types
 from typing import Any, Iterator
 
-from .stages import OracleLimit
+from .stages import OracleLimit, emulation_limit, sglang_frame
 
 #: Steps of the speculative stage, with the SGLang code each one is (sglang/srt/...).
 SPEC_STEPS = (
@@ -179,7 +179,6 @@ def build_draft_worker(server_args: Any, runner: Any) -> tuple[dict[str, Any] | 
     scheduler.init_moe_gemm_config()
     scheduler.ipc_channels = types.SimpleNamespace(send_to_tokenizer=types.SimpleNamespace(send_output=None))
     assumed = list(ASSUMED)
-    from .engine_side import _emulation_limit, sglang_frame
     from .kernel_standins import CALLS, take_calls
 
     before = take_calls()  # kernels the earlier stages used stay recorded for the role's verdict
@@ -187,7 +186,7 @@ def build_draft_worker(server_args: Any, runner: Any) -> tuple[dict[str, Any] | 
         try:
             scheduler.maybe_init_draft_worker()
         except Exception as e:
-            why = str(e) if isinstance(e, OracleLimit) else _emulation_limit(e)
+            why = str(e) if isinstance(e, OracleLimit) else emulation_limit(e)
             if why is None:
                 CALLS.extend(before)
                 raise  # SGLang's refusal

@@ -13,6 +13,8 @@ bootstrap registration and handshake (``handshake``).
 
 from __future__ import annotations
 
+import traceback
+
 #: One role's stages, in SGLang's order.
 STAGES = ("parse", "resolve", "validate", "model", "kv", "speculative", "memory", "pools", "pd-queues", "transfer")
 #: stage -> phase (the pair's stages included).
@@ -24,3 +26,32 @@ PHASES = {"parse": "args", "resolve": "args", "validate": "args", "model": "mode
 class OracleLimit(RuntimeError):
     """The oracle cannot run this part of SGLang (a collective across processes, a step that
     needs the GPU): no verdict."""
+
+
+def sglang_frame(tb) -> str | None:
+    """``sglang/<path>:<function>:<line>`` of the innermost traceback frame in SGLang's code."""
+    where = None
+    for frame, lineno in traceback.walk_tb(tb):
+        path = frame.f_code.co_filename
+        idx = path.rfind("/sglang/")
+        if idx >= 0:
+            where = f"{path[idx + 1:]}:{frame.f_code.co_name}:{lineno}"
+    return where
+
+
+#: Messages of the oracle's own stand-ins reaching their edge (the meta device holds no
+#: data, the stub CUDA libraries run nothing): the step needs a GPU, not a verdict.
+_LIMIT_MARKERS = ("meta tensor", "on meta", "'meta'", "meta device", "CUDA stub library", "no GPU on this machine",
+                  "is a GPU kernel the oracle cannot run", "the oracle cannot know", "emulated HIP driver",
+                  "No CUDA GPUs are available", "Found no NVIDIA driver", "emulated CUDA driver",
+                  "kernel stand-in", "oracle emulated process group", "_EmulatedProcessGroup",
+                  "the oracle's emulated")
+
+
+def emulation_limit(exc: BaseException) -> str | None:
+    """Why ``exc`` is the oracle's emulation reaching its edge (a step that needs the GPU),
+    or None when it is SGLang's refusal."""
+    text = str(exc)
+    if type(exc).__name__ in ("AcceleratorError", "KernelUsed") or any(m in text for m in _LIMIT_MARKERS):
+        return f"the step needs what the oracle emulates without (a GPU, kernel or data): {type(exc).__name__}: {text[:300]}"
+    return None
