@@ -49,7 +49,10 @@ class DeviceFacts:
     ``total_memory``: bytes per GPU; ``gcn_arch``: ROCm's gcnArchName ("" on CUDA);
     ``cuda_version`` / ``hip_version``: ``torch.version.cuda`` / ``.hip`` (None when not
     that vendor); ``rdma_devices``: the node's RDMA NICs (the catalog's rails), which
-    SGLang lists under ``/sys/class/infiniband`` to validate ``--disaggregation-ib-device``.
+    SGLang lists under ``/sys/class/infiniband`` to validate ``--disaggregation-ib-device``;
+    ``cpus``: the node's CPUs (catalog ``cpus``), what ``os.cpu_count()`` answers in a pod
+    (a container sees the node's CPUs), which the Mooncake prefill sizes its default
+    transfer thread pool from (disaggregation/mooncake/conn.py:326).
     """
 
     vendor: str
@@ -62,6 +65,7 @@ class DeviceFacts:
     cuda_version: str | None
     hip_version: str | None
     rdma_devices: tuple[str, ...] = ()
+    cpus: int | None = None
 
     @property
     def key(self) -> str:
@@ -104,4 +108,5 @@ def device_facts(acc: Accelerator) -> DeviceFacts:
         cuda_version=None if hip else CUDA_VERSION,
         hip_version=HIP_VERSION if hip else None,
         rdma_devices=tuple(rail.device for rail in acc.rails),
+        cpus=acc.cpus,
     )

@@ -271,7 +271,31 @@ def _emulate_triton_driver(facts: DeviceFacts) -> None:
 
 #: The pod being judged: ``gpus`` is the count of GPUs the device plugin gives it
 #: (``torch.cuda.device_count()``, ``nvidia-smi``'s lines); the node's count until a role sets it.
-POD: dict[str, int] = {"gpus": 0, "node": 0}
+POD: dict[str, int] = {"gpus": 0, "node": 0, "cpus": 0}
+
+
+def node_cpus():
+    """A context in which ``os.cpu_count()`` answers the node's CPUs (``DeviceFacts.cpus``).
+
+    ``os.cpu_count()`` in a container reports the node's CPUs (cgroup limits do not change
+    it); SGLang reads it at startup only in disaggregation/mooncake/conn.py:326, the Mooncake
+    prefill's default transfer thread pool (``min(max(4, cpus // 2 // 8), 12)``), which
+    conn.py:336 asserts covers the transfer queues. Scoped to the transfer stage: the
+    worker's own thread pools keep the real machine's count. Without a count (facts of an
+    older caller) the real answer is kept.
+    """
+
+    @contextlib.contextmanager
+    def scope():
+        real = os.cpu_count
+        if POD["cpus"]:
+            os.cpu_count = lambda: POD["cpus"]
+        try:
+            yield
+        finally:
+            os.cpu_count = real
+
+    return scope()
 
 
 def pod_gpus(count: int | None):
@@ -319,6 +343,7 @@ def install(facts: DeviceFacts, tools_dir: Path) -> None:
     cuda = torch.cuda
     cuda.is_available = lambda: True
     POD["gpus"] = POD["node"] = facts.count
+    POD["cpus"] = facts.cpus or 0
     cuda.device_count = lambda: POD["gpus"]
     cuda.get_device_capability = lambda device=None: facts.capability
     cuda.get_device_name = lambda device=None: facts.name

@@ -280,7 +280,9 @@ def build_manager(server_args: Any, req: _ManagerRequest) -> dict[str, Any]:
         raise OracleLimit(f"the {backend.value} transfer backend's package is not installed in the oracle ({e})") from e
     register = common.CommonKVManager.register_to_bootstrap
     manager = None
-    with mooncake_engine_standin() as calls, _no_background_threads() as threads:
+    from .emulation import node_cpus
+
+    with mooncake_engine_standin() as calls, _no_background_threads() as threads, node_cpus():
         common.CommonKVManager.register_to_bootstrap = lambda self: None
         try:
             if backend == utils.TransferBackend.MOONCAKE:

@@ -317,6 +317,14 @@ def _operator_accepts_role(catalog, doc, role: str) -> bool:
     return not [p for p in problems if p.severity == "error" and p.field.startswith(f"spec.{role}")]
 
 
+def _operator_rules(catalog, doc, role: str) -> set[str]:
+    """The rules of the operator's errors on ``role``."""
+    from sglang_pd_operator.planning.plan import plan_object
+
+    _, problems = plan_object(doc, catalog)
+    return {p.rule for p in problems if p.severity == "error" and p.field.startswith(f"spec.{role}")}
+
+
 def test_every_example_runs_the_whole_startup(oracle, catalog):
     """Every example is judged through the model build and memory planning (no stage skipped),
     with the steps run and assumed named, and the weights' bytes from the meta tensors."""
@@ -473,9 +481,10 @@ def test_transfer_engine_standin_matches_the_native_library():
 
 def test_a_staging_buffer_on_an_mla_model_is_refused_by_the_pd_queue(oracle, catalog):
     """Refusal class (pd-queues): SGLANG_DISAGG_STAGING_BUFFER=1 on DeepSeek-V4 (an MLA pool):
-    no argument check reads it; PrefillBootstrapQueue.__init__ refuses it."""
+    no argument check reads it; PrefillBootstrapQueue.__init__ refuses it. The operator's
+    rule staging_buffer_non_mla (named after it) refuses it too."""
     doc = _role_doc("dsv41-flash-gb300-throughput-dep.yaml", "prefill", env={"SGLANG_DISAGG_STAGING_BUFFER": "1"})
-    assert _operator_accepts_role(catalog, doc, "prefill")
+    assert _operator_rules(catalog, doc, "prefill") == {"staging_buffer_non_mla"}
     _, args_verdict = _judge(oracle, catalog, doc, depth="args")
     assert args_verdict.prefill.starts is True  # the argument checks accept it
     _, verdict = _judge(oracle, catalog, doc)
@@ -495,9 +504,10 @@ def test_a_staging_buffer_on_an_mla_model_is_refused_by_the_pd_queue(oracle, cat
 def test_an_environment_the_mooncake_manager_refuses(oracle, catalog, role, env, message):
     """Refusal classes (transfer): settings MooncakeKVManager.__init__ checks, which the
     argument checks never read: a thread pool smaller than the transfer queues, a failed-session
-    probe interval above its maximum."""
+    probe interval above its maximum. The operator's rules named after them refuse them too."""
     doc = _role_doc("qwen3-30b-a3b-paged-experts.yaml", role, env=env)
-    assert _operator_accepts_role(catalog, doc, role)
+    rule = "mooncake_thread_pool_queue_size" if role == "prefill" else "mooncake_failed_session_probe"
+    assert _operator_rules(catalog, doc, role) == {rule}
     _, args_verdict = _judge(oracle, catalog, doc, depth="args")
     assert getattr(args_verdict, role).starts is True
     _, verdict = _judge(oracle, catalog, doc)
@@ -505,3 +515,23 @@ def test_an_environment_the_mooncake_manager_refuses(oracle, catalog, role, env,
     assert getattr(verdict, role).starts is False and (refusal.stage, refusal.phase) == ("transfer", "transfer"), refusal
     assert message in refusal.message
     assert refusal.where.startswith("sglang/srt/disaggregation/mooncake/conn.py:__init__")
+
+
+@pytest.mark.parametrize("queues,starts", [(8, True), (9, False)])
+def test_the_default_thread_pool_is_sized_by_the_node_cpus(oracle, catalog, queues, starts):
+    """os.cpu_count() in the pod is the node's (L40S: 128 CPUs), so a Mooncake prefill's default
+    transfer thread pool is min(max(4, 64 // 8), 12) = 8 there (mooncake/conn.py:327), not
+    this machine's: 8 transfer queues start, 9 are refused; the operator's rule agrees."""
+    from sglang_pd_operator.planning.rules.transfer import mooncake_default_thread_pool
+
+    assert catalog.accelerator("l40s").cpus == 128 and mooncake_default_thread_pool(128) == 8
+    doc = _role_doc("qwen3-30b-a3b-paged-experts.yaml", "prefill",
+                    env={"SGLANG_DISAGGREGATION_QUEUE_SIZE": str(queues)})
+    assert _operator_rules(catalog, doc, "prefill") == (set() if starts else {"mooncake_thread_pool_queue_size"})
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.prefill.starts is starts, verdict.prefill.refusal
+    if starts:
+        assert verdict.prefill.facts["transfer"]["manager"] == "MooncakeKVManager"
+    else:
+        assert "SGLANG_DISAGGREGATION_THREAD_POOL_SIZE=8 must be greater than or equal to " \
+               "SGLANG_DISAGGREGATION_QUEUE_SIZE=9" in verdict.prefill.refusal.message

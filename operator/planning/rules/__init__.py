@@ -62,6 +62,9 @@ ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     transfer.transfer_nixl_devices,
     transfer.transfer_mori_devices,
     transfer.staging_buffer_requirements,
+    transfer.staging_buffer_non_mla,
+    transfer.mooncake_thread_pool_queue_size,
+    transfer.mooncake_failed_session_probe,
     kvcache.hicache_allocation_policy,
     kvcache.hicache_extra_args,
 )

@@ -7,6 +7,8 @@ the offending token. ``env_true`` reads an ``EnvBool`` the way sglang/srt/enviro
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from ..sglang_flags import flag_table
 from ..structs import RolePlan
 
@@ -36,3 +38,31 @@ def env_true(role: RolePlan, name: str) -> bool:
     """``envs.<name>.get()`` of an EnvBool (environ.py): true, 1, yes, y in any case; anything else is false."""
     value = role.command.env_dict().get(name)
     return value is not None and value.lower() in ("true", "1", "yes", "y")
+
+
+def env_value(role: RolePlan, name: str, parse: Callable[[str], Any], default: Any) -> Any:
+    """``envs.<name>.get()`` of an EnvInt / EnvFloat as sglang/srt/environ.py ``EnvField.get``
+    reads it: ``default`` when unset, ``parse(value)`` when set, and ``default`` again when
+    ``parse`` raises ``ValueError`` (SGLang warns and falls back). ``parse`` is ``int`` or ``float``."""
+    value = role.command.env_dict().get(name)
+    if value is None:
+        return default
+    try:
+        return parse(value)
+    except ValueError:
+        return default
+
+
+def env_bool(role: RolePlan, name: str, default: bool) -> bool:
+    """``envs.<name>.get()`` of an EnvBool with its default: true, 1, yes, y / false, 0, no, n in
+    any case; any other value falls back to ``default`` (environ.py ``EnvBool.parse`` raises,
+    ``EnvField.get`` warns and returns the default)."""
+    value = role.command.env_dict().get(name)
+    if value is None:
+        return default
+    low = value.lower()
+    if low in ("true", "1", "yes", "y"):
+        return True
+    if low in ("false", "0", "no", "n"):
+        return False
+    return default

@@ -271,7 +271,11 @@ def transfer_tcp_fallback(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: 
 
 
 __all__ = [
+    "mooncake_default_thread_pool",
+    "mooncake_failed_session_probe",
+    "mooncake_thread_pool_queue_size",
     "shared_rail_classes",
+    "staging_buffer_non_mla",
     "staging_buffer_requirements",
     "transfer_backend_vendor",
     "transfer_devices_exist",
@@ -314,3 +318,110 @@ def staging_buffer_requirements(*, spec: PDDeploymentSpec, role: RolePlan, catal
             rule="staging_buffer_requirements",
         ))  # fmt: skip
     return problems
+
+
+# SGLang 0.5.23 disaggregation/mooncake/conn.py:327: the prefill's transfer thread pool when
+# SGLANG_DISAGGREGATION_THREAD_POOL_SIZE is unset, from ``os.cpu_count()`` (in a container:
+# the node's CPUs, the catalog's ``cpus``).
+def mooncake_default_thread_pool(cpus: int) -> int:
+    """``min(max(4, int(0.5 * cpus) // 8), 12)``: the default transfer thread pool of a
+    Mooncake prefill on a node with ``cpus`` CPUs (144 -> 9, 192 -> 12, 224 -> 12)."""
+    return min(max(4, int(0.5 * cpus) // 8), 12)
+
+
+def mooncake_thread_pool_queue_size(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """A Mooncake prefill's transfer thread pool must be at least its transfer queue count.
+
+    Source: sglang 0.5.23 disaggregation/mooncake/conn.py:336, ``MooncakeKVManager.__init__``
+    of the prefill asserts ``SGLANG_DISAGGREGATION_THREAD_POOL_SIZE >=
+    SGLANG_DISAGGREGATION_QUEUE_SIZE`` (EnvInt, default 4), the pool defaulting to
+    :func:`mooncake_default_thread_pool` of the node's CPUs. The argument checks never read
+    either variable: the oracle's ``transfer`` stage found it (docs/sglang-oracle.md).
+    """
+    from .fields import env_field, env_value
+
+    if role.role != "prefill" or spec.transfer.backend != "mooncake":
+        return []
+    pool_name, queue_name = "SGLANG_DISAGGREGATION_THREAD_POOL_SIZE", "SGLANG_DISAGGREGATION_QUEUE_SIZE"
+    acc = role.inputs.accelerator
+    pool = env_value(role, pool_name, int, None)
+    if pool is None:
+        if acc is None:
+            return []
+        pool = mooncake_default_thread_pool(acc.cpus)
+    queues = env_value(role, queue_name, int, 4)
+    if pool >= queues:
+        return []
+    where = queue_name if queue_name in role.command.env_dict() else pool_name
+    source = f"{pool_name}={pool}" if pool_name in role.command.env_dict() else (
+        f"the default thread pool {pool} ({acc.cpus if acc else '?'} CPUs on the node)")
+    return [Problem(
+        field=env_field(role, where),
+        message=f"{source} is smaller than {queue_name}={queues}: SGLang 0.5.23's Mooncake prefill asserts the "
+        "thread pool covers the transfer queues at startup (mooncake/conn.py:336)",
+        fix=f"set {pool_name} to at least {queues}, or {queue_name} to at most {pool}",
+        rule="mooncake_thread_pool_queue_size",
+    )]  # fmt: skip
+
+
+def mooncake_failed_session_probe(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """The Mooncake failed-session probe's intervals must be ordered and its idle timeout positive.
+
+    Source: sglang 0.5.23 disaggregation/mooncake/conn.py:299-309, ``MooncakeKVManager.__init__``
+    of either role, when SGLANG_ENABLE_FAILED_SESSION_PROBE (EnvBool, default true) is on:
+    ``0 < SGLANG_FAILED_SESSION_PROBE_INTERVAL_S <= SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S``
+    (EnvFloat, defaults 30 and 300) else ``ValueError``, and ``SGLANG_FAILED_SESSION_IDLE_TIMEOUT_S``
+    (default 600) > 0. Found by the oracle's ``transfer`` stage.
+    """
+    from .fields import env_bool, env_field, env_value
+
+    if spec.transfer.backend != "mooncake" or not env_bool(role, "SGLANG_ENABLE_FAILED_SESSION_PROBE", True):
+        return []
+    interval = env_value(role, "SGLANG_FAILED_SESSION_PROBE_INTERVAL_S", float, 30.0)
+    most = env_value(role, "SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S", float, 300.0)
+    idle = env_value(role, "SGLANG_FAILED_SESSION_IDLE_TIMEOUT_S", float, 600.0)
+    problems = []
+    if not 0 < interval <= most:
+        name = ("SGLANG_FAILED_SESSION_PROBE_INTERVAL_S" if "SGLANG_FAILED_SESSION_PROBE_INTERVAL_S"
+                in role.command.env_dict() else "SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S")
+        problems.append(Problem(
+            field=env_field(role, name),
+            message=f"the failed-session probe interval {interval:g} s must be above 0 and at most its maximum "
+            f"{most:g} s: SGLang 0.5.23's Mooncake manager refuses to start (mooncake/conn.py:299)",
+            fix="set 0 < SGLANG_FAILED_SESSION_PROBE_INTERVAL_S <= SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S, or "
+            "SGLANG_ENABLE_FAILED_SESSION_PROBE=0",
+            rule="mooncake_failed_session_probe",
+        ))  # fmt: skip
+    if idle <= 0:
+        problems.append(Problem(
+            field=env_field(role, "SGLANG_FAILED_SESSION_IDLE_TIMEOUT_S"),
+            message=f"SGLANG_FAILED_SESSION_IDLE_TIMEOUT_S {idle:g} must be positive: SGLang 0.5.23's Mooncake "
+            "manager refuses to start (mooncake/conn.py:307)",
+            fix="set SGLANG_FAILED_SESSION_IDLE_TIMEOUT_S above 0, or SGLANG_ENABLE_FAILED_SESSION_PROBE=0",
+            rule="mooncake_failed_session_probe",
+        ))  # fmt: skip
+    return problems
+
+
+def staging_buffer_non_mla(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """SGLANG_DISAGG_STAGING_BUFFER is refused on an MLA model (DeepSeek-V4 / V4.1).
+
+    Source: sglang 0.5.23 disaggregation/prefill.py:219 ``PrefillBootstrapQueue.__init__`` and
+    disaggregation/decode.py:452 ``DecodePreallocQueue.__init__`` raise "SGLANG_DISAGG_STAGING_BUFFER
+    is designed for non-MLA models" when the KV pool is an MLA pool (catalog ``mla: true``).
+    The argument checks accept it; the oracle's ``pd-queues`` stage found it.
+    """
+    from .fields import env_field, env_true
+
+    name = "SGLANG_DISAGG_STAGING_BUFFER"
+    model = role.inputs.model
+    if not env_true(role, name) or model is None or not model.mla:
+        return []
+    return [Problem(
+        field=env_field(role, name),
+        message=f"{name} on {spec.model.name}, an MLA model: SGLang 0.5.23's {role.role} queue refuses to start "
+        "(\"designed for non-MLA models\", disaggregation/" + ("prefill.py:219" if role.role == "prefill"
+                                                               else "decode.py:452") + ")",
+        fix=f"remove {name}",
+        rule="staging_buffer_non_mla",
+    )]  # fmt: skip
