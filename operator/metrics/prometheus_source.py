@@ -74,7 +74,7 @@ from .scraper import (
     DeploymentTargets,
     HealthCallback,
     ServingKeyOf,
-    deployment_targets,
+    TargetsMemo,
     pods_by_deployment,
     probe_master,
 )
@@ -238,7 +238,9 @@ class PrometheusSource:
     ``list_deployments()`` -> PDDeployment bodies; ``serving_key_of(namespace, name)`` -> the
     compat key its user-facing Service selects (None: not served yet; the deployment is
     skipped); ``list_pods(namespace)`` -> the operator's pods there (all three blocking, run
-    in a worker thread; the operator hands in readers of its cache).
+    in a worker thread; the operator hands in readers of its cache, projections that are never
+    changed in place: a deployment whose inputs are the objects of the last pass keeps its
+    targets, ``scraper.TargetsMemo``).
     ``prometheus``: :class:`PrometheusSettings`. ``on_health(health)`` (plain or async)
     receives each deployment's figures; ``on_forget(key)`` a deployment that disappeared;
     ``on_pass()`` is called after every pass. ``namespaces``: the namespaces the operator
@@ -280,6 +282,7 @@ class PrometheusSource:
         self.max_data_age_s = max_data_age_s if max_data_age_s is not None else max(60.0, 4 * interval)
         self.concurrency = concurrency
         self.list_pods = list_pods
+        self._targets = TargetsMemo()
         self.clock = clock
         self._known: set[str] = set()
         #: figures of the last pass: queries sent and seconds until the last answer
@@ -359,8 +362,9 @@ class PrometheusSource:
         out = []
         for b, key in keyed:
             meta = b["metadata"]
-            t = deployment_targets(b, grouped.get((meta["namespace"], meta["name"]), []), serving_key=key)
+            t = self._targets.targets(b, grouped.get((meta["namespace"], meta["name"]), []), serving_key=key)
             out.append(_Deployment(targets=t, window_s=parse_duration((t.slo_spec or NO_SLO).window)))
+        self._targets.retain({(d.targets.namespace, d.targets.name) for d in out})
         return out
 
     async def _probe_masters(self, session: aiohttp.ClientSession,

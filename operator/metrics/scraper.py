@@ -53,10 +53,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from pydantic import ValidationError
@@ -291,6 +293,73 @@ def deployment_targets(
                              load=autoscaled(body))
 
 
+def deployment_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What the SLO sources read of a PDDeployment (:func:`deployment_targets`): its name and
+    namespace, ``spec.slo``, ``spec.autoscaling`` and ``spec.kvCache.hicache.storage``.
+
+    A projection for the operator's cache (``ObjectCache.list`` with ``project``): computed
+    once per version of the object, so a pass at rest decodes no PDDeployment.
+    """
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    storage = ((spec.get("kvCache") or {}).get("hicache") or {}).get("storage")
+    view_spec = {k: spec[k] for k in ("slo", "autoscaling") if spec.get(k)}
+    if storage:
+        view_spec["kvCache"] = {"hicache": {"storage": storage}}
+    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")}, "spec": view_spec}
+
+
+def pod_view(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What the SLO sources read of a pod (:func:`deployment_targets`, :func:`master_target`): its
+    name, uid, the three labels that place it, its age and deletion, phase, IP, Ready condition and
+    ``metrics`` container port. A projection for the operator's cache, as :func:`deployment_view`."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = pod.get("status") or {}
+    ports = [{"name": "metrics", "containerPort": port["containerPort"]}
+             for c in (pod.get("spec") or {}).get("containers") or [] for port in c.get("ports") or []
+             if port.get("name") == "metrics" and port.get("containerPort")]
+    return {
+        "metadata": {**{k: meta[k] for k in ("name", "uid", "creationTimestamp", "deletionTimestamp") if meta.get(k)},
+                     "labels": {k: labels[k] for k in (L.LABEL_DEPLOYMENT, L.LABEL_ROLE, L.LABEL_COMPAT_KEY)
+                                if k in labels}},
+        "spec": {"containers": [{"ports": ports}]} if ports else {},
+        "status": {**{k: status[k] for k in ("phase", "podIP") if status.get(k)},
+                   "conditions": [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]},
+    }
+
+
+class TargetsMemo:
+    """:func:`deployment_targets` per deployment, computed again only when one of its inputs changed.
+
+    Inputs are compared by identity: the cache's projections (:func:`deployment_view`,
+    :func:`pod_view`) are the same objects while their objects do not change, so a pass at
+    rest reuses every deployment's targets; fresh dicts (no cache) are computed every pass.
+    """
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str, str], tuple[Any, str | None, tuple[Any, ...], DeploymentTargets]] = {}
+
+    def targets(self, body: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, serving_key: str | None,
+                ports: Mapping[str, int] = METRICS_PORTS) -> DeploymentTargets:
+        """``deployment_targets(body, pods, serving_key=..., ports=...)``, from the memo when nothing moved."""
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        pods = tuple(pods)
+        held = self._memo.get(key)
+        if (held is not None and held[0] is body and held[1] == serving_key and len(held[2]) == len(pods)
+                and all(a is b for a, b in zip(held[2], pods))):
+            return held[3]
+        t = deployment_targets(body, pods, serving_key=serving_key, ports=ports)
+        self._memo[key] = (body, serving_key, pods, t)
+        return t
+
+    def retain(self, keys: set[tuple[str, str]]) -> None:
+        """Forget the deployments not in ``keys`` (gone)."""
+        for key in [k for k in self._memo if k not in keys]:
+            del self._memo[key]
+
+
 HealthCallback = Callable[[Health], Awaitable[None] | None]
 
 
@@ -311,12 +380,33 @@ async def probe_master(session: aiohttp.ClientSession, t: DeploymentTargets, *, 
                    error=probed.error if not probed.reachable else m.problem)
 
 
+@dataclass(eq=False)
+class _Planned:
+    """One deployment in one pass: its targets, families and the pages fetched (None: none)."""
+
+    targets: DeploymentTargets
+    families: dict[str, dict[str, ex.Kind]]
+    rebaseline: bool
+    texts: list[str | None]
+    asked: tuple[int, ...]   # indexes into targets.pods of the pods asked this pass
+    master: MasterHealth | None = None
+
+    @property
+    def asks(self) -> bool:
+        """A request is due: a pod to ask, or a Mooncake master to probe."""
+        return bool(self.asked) or self.targets.master is not None
+
+
 class Scraper:
     """The scrape loop (see the module docstring).
 
     ``list_deployments()`` -> PDDeployment bodies; ``serving_key_of(namespace, name)`` -> the
     compat key its user-facing Service selects (:data:`ServingKeyOf`); ``list_pods(namespace)``
     -> the pods the operator made in ``namespace`` (all blocking, run in a worker thread).
+    Bodies and pods are never changed in place (a changed object is another object): a
+    deployment whose body, serving key and pods are the objects of the last pass keeps its
+    targets (:class:`TargetsMemo`); the operator hands in its cache's projections
+    (:func:`deployment_view`, :func:`pod_view`), so a pass at rest decodes nothing.
     ``on_health(health)`` (plain or async) receives each evaluated deployment;
     ``on_forget(key)`` is called for a deployment that disappeared. ``interval``,
     ``timeout`` (default ``min(5, 0.8 * interval)``) in seconds; ``concurrency``: most
@@ -369,7 +459,10 @@ class Scraper:
         self._silent: dict[tuple[str, str, str], tuple[str | None, str, int, int]] = {}
         self._pass_no = 0
         self._skipped: set[tuple[str, str, str]] = set()  # this pass' silenced pods (not asked, no error)
-        self._families_memo: dict[tuple[str, int, bool], tuple[dict[str, ex.Kind], tuple[str, ...]]] = {}
+        # (role, id(spec), load) -> (spec, families, sample names): this pass' and the previous pass'
+        self._families_memo: dict[tuple[str, int, bool], tuple[SLOSpec | None, dict[str, ex.Kind], tuple[str, ...]]] = {}
+        self._families_prev: dict[tuple[str, int, bool], tuple[SLOSpec | None, dict[str, ex.Kind], tuple[str, ...]]] = {}
+        self._targets = TargetsMemo()
         self._eval_lock = asyncio.Lock()
         self._semaphore: asyncio.Semaphore | None = None
 
@@ -383,13 +476,18 @@ class Scraper:
         started = time.perf_counter()
         targets = await asyncio.to_thread(self.targets)
         self._pass_no += 1
-        self._families_memo.clear()  # per pass: keyed by the identity of this pass' parsed specs
+        # keyed by the identity of the parsed specs, which live as long as their targets (TargetsMemo):
+        # what this pass did not use goes
+        self._families_prev, self._families_memo = self._families_memo, {}
         self._skipped.clear()
         self._semaphore = asyncio.Semaphore(self.concurrency)
-        connector = aiohttp.TCPConnector(limit=self.concurrency, force_close=True)
-        async with aiohttp.ClientSession(connector=connector,
-                                         timeout=aiohttp.ClientTimeout(total=self.timeout)) as session:
-            fetched = await asyncio.gather(*(self._deployment(session, t) for t in targets if t.serving_key))
+        planned = [self._plan(t) for t in targets if t.serving_key]
+        if any(p.asks for p in planned):
+            connector = aiohttp.TCPConnector(limit=self.concurrency, force_close=True)
+            async with aiohttp.ClientSession(connector=connector,
+                                             timeout=aiohttp.ClientTimeout(total=self.timeout)) as session:
+                await asyncio.gather(*(self._fetch_planned(session, p) for p in planned if p.asks))
+        fetched = [(p.targets, p.texts, p.rebaseline, p.master, p.families) for p in planned]
         async with self._eval_lock:  # one thread evaluates every deployment: no thread hop per deployment
             healths = await asyncio.to_thread(lambda: [self._evaluate(*f) for f in fetched])
         published = [h for h in healths if h is not None]
@@ -409,8 +507,9 @@ class Scraper:
         out = []
         for b in bodies:
             ns, name = b["metadata"]["namespace"], b["metadata"]["name"]
-            out.append(deployment_targets(b, owned.get((ns, name), ()), serving_key=self.serving_key_of(ns, name),
-                                          ports=self.ports))
+            out.append(self._targets.targets(b, owned.get((ns, name), ()), serving_key=self.serving_key_of(ns, name),
+                                             ports=self.ports))
+        self._targets.retain({(t.namespace, t.name) for t in out})
         return out
 
     def _forget_gone(self, present: set[str]) -> None:
@@ -451,13 +550,18 @@ class Scraper:
         return known[2]
 
     def _families_of(self, role: str, slo_spec: SLOSpec | None, load: bool) -> tuple[dict[str, ex.Kind], tuple[str, ...]]:
-        """:meth:`families` and their sample names, computed once per pass and parsed spec."""
+        """:meth:`families` and their sample names, computed once per parsed spec (kept while a pass uses it)."""
         memo_key = (role, id(slo_spec), load)
         got = self._families_memo.get(memo_key)
         if got is None:
-            families = self.families(role, slo_spec, load)
-            got = self._families_memo[memo_key] = (families, ex.sample_names(families))
-        return got
+            prev = self._families_prev.get(memo_key)
+            if prev is not None and prev[0] is slo_spec:
+                got = prev
+            else:
+                families = self.families(role, slo_spec, load)
+                got = (slo_spec, families, ex.sample_names(families))
+            self._families_memo[memo_key] = got
+        return got[1], got[2]
 
     def silenced(self, key: str, pod: PodTarget) -> bool:
         """``pod`` answered nothing the last times it was asked and is not due again in this pass
@@ -475,18 +579,32 @@ class Scraper:
         missed = known[2] + 1 if known is not None and known[:2] == (pod.uid, pod.url) else 1
         self._silent[slot] = (pod.uid, pod.url, missed, self._pass_no + min(SILENT_MAX_PASSES, 2 ** (missed - 1)))
 
-    async def _deployment(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> tuple[Any, ...]:
-        """Fetch one deployment's pages (and probe its Mooncake master): the arguments of :meth:`_evaluate`."""
+    def _plan(self, t: DeploymentTargets) -> "_Planned":
+        """One deployment's part of this pass before any request: its families, which pods to ask
+        (not those :meth:`silenced`: they count as unanswered without a request or a task)."""
         memo = {r: self._families_of(r, t.slo_spec, t.load) for r in SCRAPED_ROLES}
         families = {r: f for r, (f, _) in memo.items()}
         names = {r: n for r, (_, n) in memo.items()}
         rebaseline = t.key in self._names and self._names[t.key] != names
         self._names[t.key] = names
-        texts, master = await asyncio.gather(
-            asyncio.gather(*(self.fetch(session, t.key, p, families[p.role]) for p in t.pods)),
+        asked = []
+        for i, pod in enumerate(t.pods):
+            if self.silenced(t.key, pod):
+                self._skipped.add((t.key, pod.role, pod.name))
+            else:
+                asked.append(i)
+        return _Planned(targets=t, families=families, rebaseline=rebaseline, texts=[None] * len(t.pods),
+                        asked=tuple(asked))
+
+    async def _fetch_planned(self, session: aiohttp.ClientSession, p: "_Planned") -> None:
+        """Fetch the pages :meth:`_plan` asks for (and probe the Mooncake master) into ``p``."""
+        t = p.targets
+        texts, p.master = await asyncio.gather(
+            asyncio.gather(*(self.fetch(session, t.key, t.pods[i], p.families[t.pods[i].role]) for i in p.asked)),
             self._probe_master(session, t),
         )
-        return t, texts, rebaseline, master, families
+        for i, text in zip(p.asked, texts):
+            p.texts[i] = text
 
     async def _probe_master(self, session: aiohttp.ClientSession, t: DeploymentTargets) -> MasterHealth | None:
         assert self._semaphore is not None
@@ -513,6 +631,10 @@ class Scraper:
         names = ex.sample_names(families) if families else ()
         mode = self.filter_mode(key, pod)
         async with self._semaphore:
+            known = self._silent.get((key, pod.role, pod.name))
+            if known is not None and known[:2] == (pod.uid, pod.url) and not await self._knock(pod.url):
+                self._answered(key, pod, False)  # still silent: not worth an HTTP request
+                return None
             if names and mode != FILTER_IGNORED:
                 answered, text = await self._get(session, pod.url, names)
                 self._answered(key, pod, answered)
@@ -529,6 +651,25 @@ class Scraper:
                          "/metrics does); reading the whole page of %s from now on", pod.url, pod.name)
                 self._filter[(key, pod.role, pod.name)] = (pod.uid, pod.url, FILTER_IGNORED)
             return text
+
+    async def _knock(self, url: str) -> bool:
+        """Whether ``url``'s host accepts a TCP connection within the timeout (closed at once).
+
+        A pod that answered nothing last time is knocked on before it is asked: a refused or
+        timed-out connect costs a fifth of the CPU of aiohttp's request, which at rest with a
+        thousand silent pods is most of a pass.
+        """
+        parts = urlsplit(url)
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET6 if ":" in (parts.hostname or "") else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, (parts.hostname, parts.port or 80)), self.timeout)
+            return True
+        except (OSError, asyncio.TimeoutError):
+            return False
+        finally:
+            sock.close()
 
     @staticmethod
     async def _get(session: aiohttp.ClientSession, url: str, names: Sequence[str]) -> tuple[bool, str | None]:

@@ -35,7 +35,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 from ..render.labels import FIELD_MANAGER
-from ..runtime.cache import ObjectCache, WatchedKind, watched_kind
+from ..runtime.cache import ObjectCache, Projection, WatchedKind, watched_kind
 from .drift import needs_apply, with_applied_hash
 
 #: Items per page of :meth:`Kube.list_kind` (the API server's ``limit``).
@@ -213,29 +213,36 @@ class Kube:
         except ResourceNotFoundError:
             return False
 
-    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
-        """The object as a dict, or None when it does not exist (from the cache for a watched, synced kind)."""
-        cache = self._cached(api_version, kind)
-        if cache is not None:
-            return cache.get(api_version, kind, name, namespace)
-        note_outside_read()
-        try:
-            return self._resource(api_version, kind).get(name=name, namespace=namespace).to_dict()
-        except NotFoundError:
-            return None
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None, *,
+            project: Projection | None = None) -> Any:
+        """The object as a dict, or None when it does not exist (from the cache for a watched, synced kind).
 
-    def list(self, api_version: str, kind: str, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
-        """Objects of ``kind`` matching ``label_selector`` in ``namespace`` (None: all namespaces).
-
-        From the cache for a watched, synced kind (which holds only the objects its watch
-        selects: a child kind's list sees only the operator's objects).
+        ``project``: return ``project(object)`` instead (memoized per stored version by the
+        cache, ``ObjectCache.get``; computed on each read from the API server).
         """
         cache = self._cached(api_version, kind)
         if cache is not None:
-            return cache.list(api_version, kind, namespace, label_selector)
+            return cache.get(api_version, kind, name, namespace, project=project)
+        note_outside_read()
+        try:
+            obj = self._resource(api_version, kind).get(name=name, namespace=namespace).to_dict()
+        except NotFoundError:
+            return None
+        return obj if project is None else project(obj)
+
+    def list(self, api_version: str, kind: str, namespace: str | None, label_selector: str, *,
+             project: Projection | None = None) -> list[Any]:
+        """Objects of ``kind`` matching ``label_selector`` in ``namespace`` (None: all namespaces).
+
+        From the cache for a watched, synced kind (which holds only the objects its watch
+        selects: a child kind's list sees only the operator's objects). ``project``: as in :meth:`get`.
+        """
+        cache = self._cached(api_version, kind)
+        if cache is not None:
+            return cache.list(api_version, kind, namespace, label_selector, project=project)
         note_outside_read()
         res = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector)
-        return [item.to_dict() for item in res.items]
+        return [item.to_dict() if project is None else project(item.to_dict()) for item in res.items]
 
     def apply(self, desired: dict[str, Any], live: dict[str, Any] | None = None, *, fetch: bool = True,
               dry_run: bool = False) -> bool:

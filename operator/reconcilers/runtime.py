@@ -33,6 +33,7 @@ from ..metrics.health import Health
 from ..metrics.monitoring import MONITORING_API_VERSION
 from ..planning.plan import RuleMemo
 from ..render.labels import MANAGED_BY
+from ..runtime.cache import Projection
 from . import kernelbuild as kernelbuild_reconciler
 from .kube import ApiTimeouts, Kube, with_timeouts
 from .observe import service_serving_key
@@ -269,21 +270,24 @@ class Runtime:
         """(namespace, name) of every PDDeployment (in ``namespaces``, or cluster-wide)."""
         return [(b["metadata"]["namespace"], b["metadata"]["name"]) for b in self.list_bodies(namespaces)]
 
-    def list_bodies(self, namespaces: list[str] | None = None) -> list[dict[str, Any]]:
-        """Every PDDeployment (in ``namespaces``, or cluster-wide), from the cache when there is one."""
+    def list_bodies(self, namespaces: list[str] | None = None, *, project: Projection | None = None) -> list[Any]:
+        """Every PDDeployment (in ``namespaces``, or cluster-wide), from the cache when there is one;
+        ``project``: a projection of each instead (``Kube.list``)."""
         out = []
         for ns in namespaces or [None]:
-            out.extend(self.kube.list(API_VERSION, "PDDeployment", ns, ""))
+            out.extend(self.kube.list(API_VERSION, "PDDeployment", ns, "", project=project))
         return out
 
     def serving_key_of(self, namespace: str, name: str) -> str | None:
         """The compat key the PDDeployment ``namespace/name`` serves from: its user-facing Service's
-        selector, from the cache (no API call); None before the Service exists."""
-        return service_serving_key(self.kube.get("v1", "Service", name, namespace))
+        selector, from the cache (no API call; read once per version of the Service); None before
+        the Service exists."""
+        return self.kube.get("v1", "Service", name, namespace, project=service_serving_key)
 
-    def list_managed_pods(self, namespace: str) -> list[dict[str, Any]]:
-        """Pods the operator made in ``namespace`` (engine and gateway pods of every PDDeployment)."""
-        return self.kube.list("v1", "Pod", namespace, f"app.kubernetes.io/managed-by={MANAGED_BY}")
+    def list_managed_pods(self, namespace: str, *, project: Projection | None = None) -> list[Any]:
+        """Pods the operator made in ``namespace`` (engine and gateway pods of every PDDeployment);
+        ``project``: a projection of each instead (``Kube.list``)."""
+        return self.kube.list("v1", "Pod", namespace, f"app.kubernetes.io/managed-by={MANAGED_BY}", project=project)
 
 
 @dataclass

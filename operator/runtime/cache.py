@@ -37,7 +37,10 @@ node, container ports, phase, IP, conditions, container states). Each is kept as
 compressed JSON beside the few metadata fields the cache itself needs (:class:`Entry`):
 a rendered engine Deployment is about 9 KB as Python dicts and 1.5 KB so, which is what
 lets one process hold a thousand PDDeployments' children. Reads decode a fresh copy, so a
-caller can never change the view by accident.
+caller can never change the view by accident. A reader that looks at every object every few
+seconds (the SLO pass) reads a *projection* instead (``get``/``list`` with ``project``): a
+small value computed from the object once per stored version and shared until the object
+changes or goes, so a pass at rest decodes nothing.
 """
 
 from __future__ import annotations
@@ -234,6 +237,8 @@ def matches(labels: dict[str, str], requirements: list[tuple[str, str, str | Non
 
 # --------------------------------------------------------------------------- the cache
 Ref = tuple[str, str, str, str]  # (api_version, kind, namespace, name); namespace "" for cluster-scoped
+#: A pure function of a stored object (a decoded copy) to a small value its readers never change.
+Projection = Callable[[dict[str, Any]], Any]
 
 
 class Change:
@@ -264,10 +269,6 @@ class Change:
         return entry.labels if entry is not None else {}
 
 
-def _decoded(entry: Entry | None) -> dict[str, Any] | None:
-    return entry.decode() if entry is not None else None
-
-
 @dataclass(frozen=True, slots=True)
 class _Pending:
     """An operator write whose watch event has not arrived: its version, uid, write sequence and time."""
@@ -295,6 +296,7 @@ class ObjectCache:
         self._seq = 0  # operator writes recorded so far
         self._synced: set[tuple[str, str]] = set()
         self._next_purge = 0.0
+        self._views: dict[Ref, tuple[Entry, dict[Projection, Any]]] = {}  # ref -> (entry, projection -> value)
 
     # ------------------------------------------------------------------ the watch
     def upsert(self, obj: dict[str, Any]) -> Change:
@@ -438,6 +440,7 @@ class ObjectCache:
             return Change(False, None, None)
         new = Entry.of(obj, previous=old.resource_version if old is not None else None)
         bucket[ref[3]] = new
+        self._views.pop(ref, None)
         self._reindex(ref, old, new)
         return Change(True, old, new)
 
@@ -447,6 +450,7 @@ class ObjectCache:
         if old is None or (uid is not None and old.uid is not None and old.uid != uid):
             return Change(False, None, None)  # nothing stored, or a newer object of that name
         del bucket[ref[3]]
+        self._views.pop(ref, None)
         self._reindex(ref, old, None)
         return Change(True, old, None)
 
@@ -484,30 +488,61 @@ class ObjectCache:
         with self._lock:
             return (api_version, kind) in self._synced
 
-    def get(self, api_version: str, kind: str, name: str, namespace: str | None) -> dict[str, Any] | None:
-        """A copy of the stored object, None when there is none."""
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None, *,
+            project: Projection | None = None) -> Any:
+        """A copy of the stored object, None when there is none; with ``project``, ``project(object)``
+        computed once per stored version (:meth:`_projected`)."""
+        ref = (api_version, kind, namespace or "", name)
         with self._lock:
-            entry = self._objects.get((api_version, kind), {}).get(namespace or "", {}).get(name)
-        return _decoded(entry)
+            entry = self._entry(ref)
+        if entry is None:
+            return None
+        return entry.decode() if project is None else self._projected(ref, entry, project)
 
-    def list(self, api_version: str, kind: str, namespace: str | None, label_selector: str = "") -> list[dict[str, Any]]:
+    def list(self, api_version: str, kind: str, namespace: str | None, label_selector: str = "", *,
+             project: Projection | None = None) -> list[Any]:
         """Copies of the stored objects of ``kind`` in ``namespace`` (None: every namespace) matching the selector.
 
         Equality requirements on an indexed label (:data:`INDEXED_LABELS`) are answered
         from the index, so listing one PDDeployment's children does not scan the others'.
+        With ``project``: ``project(object)`` of each instead, computed once per stored version
+        (:meth:`_projected`).
         """
         requirements = parse_selector(label_selector)
         with self._lock:
             by_ns = self._objects.get((api_version, kind), {})
             namespaces = [namespace] if namespace is not None else sorted(by_ns)
-            found: list[Entry] = []
+            found: list[tuple[Ref, Entry]] = []
             for ns in namespaces:
                 bucket = by_ns.get(ns, {})
                 names = self._indexed_names(api_version, kind, ns, requirements)
-                candidates = (bucket[n] for n in sorted(names) if n in bucket) if names is not None else \
-                    (bucket[n] for n in sorted(bucket))
-                found.extend(e for e in candidates if matches(e.labels, requirements))
-        return [e.decode() for e in found]
+                candidates = sorted(n for n in names if n in bucket) if names is not None else sorted(bucket)
+                found.extend(((api_version, kind, ns, n), bucket[n]) for n in candidates
+                             if matches(bucket[n].labels, requirements))
+        if project is None:
+            return [e.decode() for _, e in found]
+        return [self._projected(ref, e, project) for ref, e in found]
+
+    def _projected(self, ref: Ref, entry: Entry, project: Projection) -> Any:
+        """``project`` of the object stored as ``entry``, memoized until the object changes or goes.
+
+        A reader that runs every few seconds over every object (the SLO pass) decodes only
+        what changed since its last pass. The value is shared by every caller: projections
+        return small values their readers never change.
+        """
+        with self._lock:
+            held = self._views.get(ref)
+            if held is not None and held[0] is entry and project in held[1]:
+                return held[1][project]
+        value = project(entry.decode())
+        with self._lock:
+            held = self._views.get(ref)
+            if held is None or held[0] is not entry:
+                if self._entry(ref) is not entry:
+                    return value  # changed meanwhile: nothing to keep
+                held = self._views[ref] = (entry, {})
+            held[1][project] = value
+        return value
 
     def _indexed_names(self, api_version: str, kind: str, ns: str,
                        requirements: list[tuple[str, str, str | None]]) -> set[str] | None:

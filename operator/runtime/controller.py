@@ -51,6 +51,7 @@ from ..kernelbuild.inputs import LABEL_KERNELBUILD
 from ..metrics.health import Health
 from ..metrics.operator_metrics import UNCHANGED, OperatorMetrics
 from ..metrics.prometheus_source import PrometheusSettings
+from ..metrics.scraper import deployment_view, pod_view
 from ..metrics.sources import SCRAPE, make_slo_source
 from ..reconcilers.kube import Kube, outside_reads
 from ..reconcilers.observe import unschedulable_reason
@@ -556,9 +557,10 @@ class Controller:
         namespaces = list(self.settings.namespaces or []) or None
         scraper = make_slo_source(
             self.settings.slo_source,
-            list_deployments=lambda: self.runtime.list_bodies(namespaces),
+            # projections the cache keeps per object version: a pass at rest decodes nothing
+            list_deployments=lambda: self.runtime.list_bodies(namespaces, project=deployment_view),
             serving_key_of=self.runtime.serving_key_of,
-            list_pods=self.runtime.list_managed_pods,
+            list_pods=lambda ns: self.runtime.list_managed_pods(ns, project=pod_view),
             on_health=self.on_health,
             on_forget=self.on_forget,
             metrics=self.metrics,

@@ -179,3 +179,31 @@ def test_a_relist_stores_each_item_as_it_comes_without_holding_the_list():
     changes = cache.replace_kind("apps/v1", "Deployment", items())
     assert sorted(o["metadata"]["name"] for o in cache.list("apps/v1", "Deployment", "ns")) == asked
     assert ("ns", "gone") in [ref for ref, _ in changes]
+
+
+def test_a_projection_is_computed_once_per_stored_version_and_dropped_with_it():
+    """``get``/``list`` with ``project`` hand out ``project(object)``, computed once per stored version:
+    a reader that looks at every object every pass decodes only what changed since."""
+    cache = ObjectCache()
+    calls: list[str] = []
+
+    def replicas(obj: dict) -> int:
+        calls.append(obj["metadata"]["resourceVersion"])
+        return obj["spec"]["replicas"]
+
+    cache.upsert(dep("a", "10"))
+    cache.upsert(dep("b", "20", spec={"replicas": 2}))
+    assert cache.list("apps/v1", "Deployment", "ns", project=replicas) == [1, 2]
+    assert cache.list("apps/v1", "Deployment", "ns", f"{OWNER}=d", project=replicas) == [1, 2]
+    assert cache.get("apps/v1", "Deployment", "a", "ns", project=replicas) == 1
+    assert sorted(calls) == ["10", "20"]  # once each, whatever read them
+    cache.upsert(dep("a", "11", spec={"replicas": 3}))  # a new version: computed again
+    assert cache.get("apps/v1", "Deployment", "a", "ns", project=replicas) == 3
+    assert calls[-1] == "11" and len(calls) == 3
+    cache.record_write(dep("b", "21", spec={"replicas": 4}), before="20")  # the operator's write too
+    assert cache.list("apps/v1", "Deployment", "ns", project=replicas) == [3, 4]
+    cache.remove(dep("a", "11"))
+    assert cache.get("apps/v1", "Deployment", "a", "ns", project=replicas) is None
+    assert cache.list("apps/v1", "Deployment", "ns", project=replicas) == [4]
+    assert cache._views.keys() == {("apps/v1", "Deployment", "ns", "b")}  # nothing kept of what went
+    assert cache.get("apps/v1", "Deployment", "a", "ns") is None and len(calls) == 4

@@ -10,6 +10,8 @@ honour ``name[]`` stands for other exporters.
 from __future__ import annotations
 
 import asyncio
+import copy
+import socket
 import sys
 from pathlib import Path
 
@@ -26,7 +28,10 @@ from sglang_pd_operator.metrics.scraper import (
     FILTER_UNKNOWN,
     FILTER_WORKS,
     Scraper,
+    TargetsMemo,
     deployment_targets,
+    deployment_view,
+    pod_view,
 )
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
@@ -34,6 +39,13 @@ if str(TOOLS) not in sys.path:
     sys.path.insert(0, str(TOOLS))
 
 from engine_simulator import LogNormal, SimConfig, start_process  # noqa: E402
+from helpers import load_example  # noqa: E402
+
+from sglang_pd_operator.api.load import parse_pddeployment  # noqa: E402
+from sglang_pd_operator.catalog import builtin_catalog  # noqa: E402
+from sglang_pd_operator.planning.plan import build_plan  # noqa: E402
+from sglang_pd_operator.render import render_all  # noqa: E402
+from sglang_pd_operator.runtime.cache import trim  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 LBL = "pd.sglang-operator.io"
@@ -78,6 +90,69 @@ def test_targets_are_the_serving_groups_ready_pods():
     assert t.ready == {"prefill": 1, "decode": 1, "gateway": 1}
     assert deployment_targets(pdd(), pods, serving_key=None).pods == ()  # no Service yet: nothing to scrape
     assert deployment_targets(pdd(slo={"window": "5 minutes"}), pods, serving_key=KEY).slo_spec is None  # invalid: no SLO
+
+
+def _pods_of(objs: list[dict], serving_key: str) -> list[dict]:
+    """A pod per rendered Deployment, as the API server and kubelet make it (template, node, status),
+    then trimmed as the operator's cache stores it; one engine pod not Ready."""
+    pods = []
+    for i, dep in enumerate(o for o in objs if o["kind"] == "Deployment"):
+        template = copy.deepcopy(dep["spec"]["template"])
+        ready = i != 1
+        containers = template["spec"]["containers"]
+        pods.append(trim({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {**template["metadata"], "name": f"{dep['metadata']['name']}-7d9f-x{i}", "namespace": "ns",
+                         "uid": f"uid-{i}", "resourceVersion": str(100 + i), "creationTimestamp": f"2026-12-0{i + 1}T00:00:00Z",
+                         "ownerReferences": [{"kind": "ReplicaSet", "name": "rs"}], "managedFields": [{"manager": "kubelet"}]},
+            "spec": {**template["spec"], "nodeName": "node-a"},
+            "status": {"phase": "Running", "podIP": f"10.1.0.{i + 2}", "hostIP": "10.0.0.1", "qosClass": "Guaranteed",
+                       "conditions": [{"type": t, "status": "True" if ready or t == "PodScheduled" else "False"}
+                                      for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
+                       "containerStatuses": [{"name": c["name"], "ready": ready, "restartCount": 0, "image": c["image"],
+                                              "state": {"running": {"startedAt": "2026-12-01T00:00:00Z"}}}
+                                             for c in containers]},
+        }))
+    assert len(pods) >= 4 and {p["metadata"]["labels"].get(f"{LBL}/compat-key") for p in pods} >= {serving_key}
+    return pods
+
+
+def test_the_cache_projections_give_the_same_targets_as_the_whole_objects():
+    """The SLO pass reads projections of the PDDeployments and pods (``deployment_view``, ``pod_view``, kept
+    by the cache per object version): from the real renderer's objects, with an SLO, autoscaling and a
+    Mooncake master, they give the targets the whole objects give."""
+    doc = load_example()
+    doc["spec"].pop("kernels", None)
+    doc["spec"]["kvCache"] = {"hicache": {"storage": {"backend": "mooncake", "mooncake": {"master": {"metricsPort": 9100}}}}}
+    doc["spec"]["autoscaling"] = {"decode": {"minReplicas": 1, "maxReplicas": 4}}
+    doc["metadata"].update(namespace="ns", uid="u", resourceVersion="7", generation=3,
+                           annotations={"kubectl.kubernetes.io/last-applied-configuration": "{}"})
+    plan = build_plan(parse_pddeployment(doc), builtin_catalog())
+    objs = render_all(plan, owner={"apiVersion": "pd.sglang-operator.io/v1alpha1", "kind": "PDDeployment",
+                                   "name": doc["metadata"]["name"], "uid": "u"})
+    body = {**doc, "status": {"observedGeneration": 3, "conditions": [{"type": "Ready", "status": "True"}]}}
+    pods = _pods_of(objs, plan.compat_key)
+    whole = deployment_targets(body, pods, serving_key=plan.compat_key)
+    assert whole.slo_spec is not None and whole.load and whole.master.pod_ready and whole.master.url.endswith(":9100")
+    assert whole.pods and sum(whole.ready.values()) == len(whole.pods) < len(pods)
+    assert deployment_targets(deployment_view(body), [pod_view(p) for p in pods], serving_key=plan.compat_key) == whole
+    assert deployment_targets(deployment_view(body), [pod_view(p) for p in pods], serving_key=None) == \
+        deployment_targets(body, pods, serving_key=None)
+
+
+def test_a_deployments_targets_are_computed_again_only_when_an_input_object_changed():
+    memo = TargetsMemo()
+    body, pods = pdd(slo={"ttft": {"p90": "1s"}}), [pod("p0", "prefill", "127.100.0.1"), pod("d0", "decode", "127.100.0.2")]
+    first = memo.targets(body, pods, serving_key=KEY)
+    assert memo.targets(body, list(pods), serving_key=KEY) is first            # the same objects: reused
+    moved = [pods[0], pod("d0", "decode", "127.100.0.9")]                         # a pod's new version
+    again = memo.targets(body, moved, serving_key=KEY)
+    assert again is not first and again.pods[0].url == "http://127.100.0.9:30000/metrics"
+    assert memo.targets(body, moved, serving_key="other").pods == ()             # the Service moved
+    assert memo.targets(pdd(slo={"ttft": {"p90": "2s"}}), moved, serving_key=KEY).slo_spec.ttft.p90 == "2s"
+    assert memo.targets(body, moved[:1], serving_key=KEY).ready["decode"] == 0  # a pod went
+    memo.retain(set())
+    assert memo.targets(body, moved[:1], serving_key=KEY) is not memo.targets(pdd(), moved[:1], serving_key=KEY)
 
 
 def test_simulator_answers_name_filter_like_sglang():
@@ -135,7 +210,7 @@ def test_name_filter_only_where_it_provably_returns_the_series():
         runner, plain_port, asked = await plain_target("127.0.0.2")
         body = pdd(slo={"ttft": {"p90": "800ms"}, "window": "1m"})
         pods = [pod("p0", "prefill", "127.0.0.2"), pod("d0", "decode", "127.0.0.1")]
-        scraper = Scraper(serving_key_of=SERVING, list_deployments=lambda: [body], list_pods=lambda ns: pods, interval=2.0, timeout=2.0,
+        scraper = Scraper(serving_key_of=SERVING, list_deployments=lambda: copy.deepcopy([body]), list_pods=lambda ns: copy.deepcopy(pods), interval=2.0, timeout=2.0,
                           ports={"prefill": plain_port, "decode": decode.config.port, "gateway": 1})
         try:
             async with aiohttp.ClientSession() as s:
@@ -179,7 +254,7 @@ def test_scrape_evaluate_publish_and_count_unreachable_pods():
         got, forgotten = [], []
         metrics = OperatorMetrics()
         deployments = [body]
-        scraper = Scraper(serving_key_of=SERVING, list_deployments=lambda: list(deployments), list_pods=lambda ns: pods,
+        scraper = Scraper(serving_key_of=SERVING, list_deployments=lambda: copy.deepcopy(deployments), list_pods=lambda ns: copy.deepcopy(pods),
                           on_health=got.append, on_forget=forgotten.append, metrics=metrics, interval=2.0,
                           timeout=1.0, ports={"prefill": port, "decode": port, "gateway": 1})
         try:
@@ -221,7 +296,7 @@ def test_changing_the_spec_rebaselines_instead_of_counting_history():
         port = decode.config.port
         body = pdd(slo={"ttft": {"p90": "800ms"}, "window": "1m"})
         pods = [pod("p0", "prefill", "127.0.0.9"), pod("d0", "decode", "127.0.0.1")]
-        scraper = Scraper(serving_key_of=SERVING, list_deployments=lambda: [body], list_pods=lambda ns: pods, interval=2.0, timeout=1.0,
+        scraper = Scraper(serving_key_of=SERVING, list_deployments=lambda: copy.deepcopy([body]), list_pods=lambda ns: copy.deepcopy(pods), interval=2.0, timeout=1.0,
                           ports={"prefill": port, "decode": port, "gateway": 1})
         try:
             async with aiohttp.ClientSession() as s:
@@ -252,17 +327,27 @@ def test_a_pod_that_answers_nothing_is_asked_again_after_1_2_then_4_passes(monke
     alive = {"d0": False, "p0": True, "g0": True}
     pods = [pod("p0", "prefill", "127.0.0.1"), pod("d0", "decode", "127.0.0.2"), pod("g0", "gateway", "127.0.0.3")]
 
+    gets: list[str] = []
+
+    def name_of(url):
+        return next(p["metadata"]["name"] for p in pods if p["status"]["podIP"] in url)
+
     async def fake_get(session, url, names):
-        name = next(p["metadata"]["name"] for p in pods if p["status"]["podIP"] in url)
-        asked.append((scraper._pass_no, name))
-        if not alive[name]:
+        asked.append((scraper._pass_no, name_of(url)))
+        gets.append(name_of(url))
+        if not alive[name_of(url)]:
             return False, None  # refused
         return True, "# EOF\n"
 
+    async def fake_knock(url):  # a TCP connect (tested against real sockets below)
+        asked.append((scraper._pass_no, name_of(url)))
+        return alive[name_of(url)]
+
     metrics = OperatorMetrics()
-    scraper = Scraper(serving_key_of=SERVING, list_deployments=lambda: [pdd()], list_pods=lambda ns: pods,
+    scraper = Scraper(serving_key_of=SERVING, list_deployments=lambda: [pdd()], list_pods=lambda ns: copy.deepcopy(pods),
                       interval=2.0, metrics=metrics)
     monkeypatch.setattr(scraper, "_get", fake_get)
+    monkeypatch.setattr(scraper, "_knock", fake_knock)
 
     async def passes(n):
         out = []
@@ -273,6 +358,7 @@ def test_a_pod_that_answers_nothing_is_asked_again_after_1_2_then_4_passes(monke
     healths = asyncio.run(passes(12))
     d0 = [n for n, name in asked if name == "d0"]
     assert d0 == [1, 2, 4, 8, 12] and SILENT_MAX_PASSES == 4
+    assert gets.count("d0") == 1  # after its first silence it is knocked on (TCP), never asked over HTTP
     assert {n for n, name in asked if name == "p0"} == set(range(1, 13))  # answering pods: every pass
     assert all(h[0].reachable["decode"] == 0 for h in healths[1:])
     errors = sum(v for (n, _), v in _samples(metrics).items() if n == "sglang_pd_operator_scrape_errors_total")
@@ -286,8 +372,30 @@ def test_a_pod_that_answers_nothing_is_asked_again_after_1_2_then_4_passes(monke
     alive["d0"] = False
     asyncio.run(passes(3))
     pods[1] = pod("d0", "decode", "127.0.0.2") | {"metadata": {**pods[1]["metadata"], "uid": "uid-d0-new"}}
+    before = gets.count("d0")
     asyncio.run(passes(1))
     assert asked[-1][0] == 21 and [n for n, name in asked if name == "d0"][-1] == 21
+    assert gets.count("d0") == before + 1  # over HTTP, no knock first
+
+
+def test_a_knock_is_a_tcp_connect_that_tells_a_listening_port_from_a_closed_one():
+    """The knock on a silent pod before an HTTP request (``Scraper._knock``), against real sockets."""
+    async def main():
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))
+        free = closed.getsockname()[1]
+        closed.close()
+        scraper = Scraper(serving_key_of=SERVING, list_deployments=list, list_pods=lambda ns: [], interval=2.0, timeout=1.0)
+        try:
+            return (await scraper._knock(f"http://127.0.0.1:{port}/metrics"),
+                    await scraper._knock(f"http://127.0.0.1:{free}/metrics"))
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(main()) == (True, False)
 
 
 def _samples(metrics) -> dict:
