@@ -19,4 +19,4 @@ The dev tools (the dev cluster, the demo, the KernelBuild stand-in) are not here
 the distribution ``sglang-pd-operator-dev`` (``devtools/``), which this package never imports.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -99,3 +99,29 @@ def describe_api_error(e: ApiException, *, call: str) -> tuple[str, str]:
     ValidatingAdmissionPolicy 'p' with binding 'b' denied request: ...``.
     """
     return error_reason(e), f"{call}: {e.status} {e.reason}: {server_message(e)}"
+
+
+def namespace_terminating(e: ApiException) -> bool:
+    """The API server refused a create because the namespace is being deleted.
+
+    Its Status carries ``details.causes[].reason == "NamespaceTerminating"`` (403, from the
+    NamespaceLifecycle admission plugin); the namespace's deletion removes what the operator
+    owns there, so such a refusal is expected and no RBAC problem.
+    """
+    if e.status != 403 or not getattr(e, "body", None):
+        return False
+    try:
+        doc = json.loads(e.body)
+    except (TypeError, ValueError):
+        return False
+    causes = ((doc.get("details") or {}).get("causes") or []) if isinstance(doc, dict) else []
+    return any(isinstance(c, dict) and c.get("reason") == "NamespaceTerminating" for c in causes)
+
+
+def brief(e: ApiException) -> str:
+    """One line for a log: ``<status> <reason>: <the server's message>``.
+
+    ``str()`` of the dynamic client's errors (``kubernetes.dynamic.exceptions``) spans
+    many lines: the response headers, the body and the original traceback.
+    """
+    return f"{e.status} {error_reason(e)}: {server_message(e)}"

@@ -247,7 +247,9 @@ def _reconcile(
         _scale_held_group(kube, plan, observed, key=hold.key, counts=counts)
     else:
         if decision.apply_target:
-            record = current_record(generation=generation, spec=body.get("spec") or {}, objects=spec_objects)
+            live = observed.groups.get(plan.compat_key)
+            record = current_record(generation=generation, spec=body.get("spec") or {}, objects=spec_objects,
+                                    kept=live.record if live is not None else None)
             _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates,
                          replicas=_target_replicas(plan, observed, decision, counts), record=record,
                          new_group=plan.compat_key not in observed.groups, lws_served=lws_served,

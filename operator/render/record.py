@@ -5,7 +5,8 @@ role's LeaderWorkerSet) carries, in its own ``metadata.annotations`` (never in t
 template, so writing them restarts no pod):
 
 - ``rendered-by``: the operator version that rendered the group (``__version__``);
-- ``rendered-generation``: the PDDeployment generation it was rendered from;
+- ``rendered-generation``: the PDDeployment generation it was first rendered from (a later
+  generation that renders it alike keeps the record: :func:`current_record`);
 - ``rendered-hash``: :func:`render_hash` of what that operator rendered for the spec;
 - ``rendered-spec``: the PDDeployment ``spec`` it was rendered from (compact JSON).
 
@@ -112,7 +113,21 @@ def stamp(objects: list[dict[str, Any]], record: RenderRecord) -> list[dict[str,
     return out
 
 
-def current_record(*, generation: int, spec: dict[str, Any], objects: list[dict[str, Any]]) -> RenderRecord:
-    """The record this operator writes for a group it renders from ``spec`` at ``generation``."""
-    return RenderRecord(operator_version=__version__, generation=generation, render_hash=render_hash(objects),
-                        spec=spec)
+def current_record(*, generation: int, spec: dict[str, Any], objects: list[dict[str, Any]],
+                   kept: RenderRecord | None = None) -> RenderRecord:
+    """The record this operator writes for a group it renders from ``spec`` at ``generation``.
+
+    ``kept``: the record the group's workloads carry now. When this operator wrote it and
+    it has the same :func:`render_hash` as ``objects``, it is returned unchanged: a new
+    generation that leaves the group's rendering as it is (a revert, an ``slo`` edit, a
+    replica count) must not rewrite the workloads' annotations, because a changed
+    annotation bumps a Deployment's ``metadata.generation`` (apps/v1's update strategy,
+    pkg/registry/apps/deployment/strategy.go, copies annotations to ReplicaSets), and until
+    the controller observes it the serving group reads as unsettled, i.e. not Ready.
+    The kept record's spec may then be an earlier spec that renders alike; that is all
+    ``reconcilers/upgrade.py`` needs of it.
+    """
+    digest = render_hash(objects)
+    if kept is not None and kept.operator_version == __version__ and kept.render_hash == digest:
+        return kept
+    return RenderRecord(operator_version=__version__, generation=generation, render_hash=digest, spec=spec)

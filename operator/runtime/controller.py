@@ -53,12 +53,13 @@ from ..metrics.operator_metrics import UNCHANGED, OperatorMetrics
 from ..metrics.prometheus_source import PrometheusSettings
 from ..metrics.scraper import deployment_view, pod_view
 from ..metrics.sources import SCRAPE, make_slo_source
+from ..reconcilers.apierrors import brief, namespace_terminating
 from ..reconcilers.kube import Kube, outside_reads
 from ..reconcilers.observe import unschedulable_reason
 from ..reconcilers.runtime import HealthChange, KernelBuildRuntime, Runtime
 from ..render.labels import LABEL_DEPLOYMENT
 from .cache import WATCHED, Change, ObjectCache, WatchedKind
-from .heap import TrimPolicy, trim_heap
+from .heap import TrimPolicy, settle_heap
 from .informer import Reflector
 from .liveness import Heartbeats
 from .workqueue import ShutDown, WorkQueue
@@ -417,8 +418,11 @@ class Controller:
         except Exception as e:  # noqa: BLE001 - every failure is retried with backoff
             self.ledger.finished(key, moves, settled=False)
             delay = self.queue.retry(key)
-            log.warning("reconcile %s %s/%s failed (retry in %.1fs): %s", kind, ns, name, delay, e,
-                        exc_info=not _is_api_error(e))
+            if _is_api_error(e):  # one line: the server's answer; a namespace being deleted is expected
+                log.log(logging.INFO if namespace_terminating(e) else logging.WARNING,
+                        "reconcile %s %s/%s failed (retry in %.1fs): %s", kind, ns, name, delay, brief(e))
+            else:
+                log.warning("reconcile %s %s/%s failed (retry in %.1fs): %s", kind, ns, name, delay, e, exc_info=True)
             if self.metrics is not None:
                 self.metrics.record_retry(kind)
             return
@@ -452,7 +456,7 @@ class Controller:
             self._catalog_changes()
             self._poll_unwatched(now)
         except Exception as e:  # noqa: BLE001 - the ticker must keep ticking
-            log.warning("control loop tick: %s", e, exc_info=not _is_api_error(e))
+            log.warning("control loop tick: %s", brief(e) if _is_api_error(e) else e, exc_info=not _is_api_error(e))
         self.heartbeats.beat("resync")
         stats = self.queue.stats()
         if stats.depth == 0:
@@ -460,7 +464,7 @@ class Controller:
         with self._resync_lock:
             trim = self._trim.due(now=now, idle=stats.depth == 0 and stats.processing == 0)
         if trim:  # a burst ended: give what it freed back to the OS (heap.py)
-            log.debug("reconcile burst over: heap trimmed (%s)", "released" if trim_heap() else "nothing to release")
+            log.debug("reconcile burst over: heap settled (%s)", "released" if settle_heap() else "nothing to release")
         if self.metrics is not None:
             longest = self.heartbeats.longest_busy("reconcile ")
             self.metrics.record_queue(stats, resync_pass_s=self._last_pass_s, resync_lag_s=self._last_lag_s,

@@ -14,6 +14,15 @@ reflector per watched kind, the ticker, the scraper, kopf, the servers), and eac
 the free memory its thread left behind; CPython allocates under its GIL, so the threads
 gain nothing from arenas of their own.
 
+The same moment moves what survived the burst out of the cyclic garbage collector's
+generations (:func:`settle_heap`: ``gc.collect()``, then ``gc.freeze()``): the view, the
+modules and every other long-lived object are a few hundred thousand containers, and a
+full collection walks them all (about 120 ms at N = 1,000 on this machine), which the
+allocations of each SLO pass trigger every few passes. Frozen objects are still freed by
+their reference counts; one that dies inside a reference cycle waits for the next settle,
+when the frozen objects are collected once more before they are frozen again (at the end
+of each burst, and at least every :data:`REFREEZE_S` while anything reconciles).
+
 Pure policy (:class:`TrimPolicy`) apart from the libc calls (:func:`trim_heap`,
 :func:`limit_arenas`); the control loop (``controller.py``) asks the policy once per tick.
 Measured by benchmarks/bench_scale.py (docs/scale.md).
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 from dataclasses import dataclass, field
@@ -33,6 +43,8 @@ log = logging.getLogger(__name__)
 TRIM_AFTER_RECONCILES = 200
 #: Least seconds between two trims.
 TRIM_MIN_INTERVAL_S = 60.0
+#: Most seconds between two settles (:func:`settle_heap`) while anything reconciles, burst or not.
+REFREEZE_S = 600.0
 
 _libc: ctypes.CDLL | None | bool = False  # False: not looked up yet; None: no glibc
 
@@ -90,17 +102,36 @@ def trim_heap() -> bool:
         return False
 
 
+def settle_heap() -> bool:
+    """After a burst: collect the cyclic garbage (the objects frozen last time included), freeze
+    every survivor out of the collector's generations (``gc.freeze``), then :func:`trim_heap`.
+
+    Returns what :func:`trim_heap` returns. Never raises.
+    """
+    try:
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+    except Exception as e:  # noqa: BLE001 - an optimisation must never stop the loop
+        log.debug("gc freeze failed: %s", e)
+    return trim_heap()
+
+
 @dataclass
 class TrimPolicy:
-    """When to trim: after at least ``after_reconciles`` reconciles since the last trim, once
-    the work queue is idle (nothing ready, nothing in a worker), at most every
-    ``min_interval_s`` seconds. Not thread-safe: one caller (the loop's ticker).
+    """When to settle the heap (:func:`settle_heap`): after at least ``after_reconciles`` reconciles
+    since the last time, once the work queue is idle (nothing ready, nothing in a worker), at
+    most every ``min_interval_s`` seconds; and when idle after any reconcile once
+    ``max_interval_s`` passed since the last settle (the frozen objects' cyclic garbage is
+    collected that often).
+    Not thread-safe: one caller (the loop's ticker).
 
     ``reconciled()`` counts a finished reconcile (workers call it under the controller's lock).
     """
 
     after_reconciles: int = TRIM_AFTER_RECONCILES
     min_interval_s: float = TRIM_MIN_INTERVAL_S
+    max_interval_s: float = REFREEZE_S
     _count: int = 0
     _last: float = field(default=-1e18)
 
@@ -111,7 +142,10 @@ class TrimPolicy:
     def due(self, *, now: float, idle: bool) -> bool:
         """True when a trim is due now (``now``: monotonic seconds; ``idle``: the queue has nothing
         ready and nothing in flight); the caller then trims, and the count starts again."""
-        if not idle or self._count < self.after_reconciles or now - self._last < self.min_interval_s:
+        since = now - self._last
+        burst = self._count >= self.after_reconciles and since >= self.min_interval_s
+        refreeze = self._count > 0 and self._last > -1e18 and since >= self.max_interval_s  # a settle before
+        if not idle or not (burst or refreeze):
             return False
         self._count, self._last = 0, now
         return True

@@ -7,6 +7,7 @@ conftest). Nothing here fakes the API server: every call goes to the dev cluster
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from typing import Any, Callable
@@ -26,6 +27,19 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float, interval: float = 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+#: An API refusal in an operator log line (its one-line form, reconcilers/apierrors.brief, or a client's).
+_FORBIDDEN = re.compile(r"Forbidden|forbidden|\(403\)|status=403")
+
+
+def rbac_denials(log: str) -> list[str]:
+    """Lines of an operator ``log`` that show an API refusal a ServiceAccount's RBAC explains.
+
+    A create refused because its namespace is being deleted (403, NamespaceTerminating: a
+    test's namespace going while the operator still reconciles in it) is no RBAC problem.
+    """
+    return [ln for ln in log.splitlines() if _FORBIDDEN.search(ln) and "because it is being terminated" not in ln]
 
 
 def kget(cluster, *args: str) -> dict[str, Any] | None:

@@ -49,7 +49,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import GB300_EXAMPLE, ROOT, load_example
-from opkit import OperatorProcess, cache_pv, condition, kapply, kget, looked, model_store, pods, wait_for
+from opkit import OperatorProcess, cache_pv, condition, kapply, kget, looked, model_store, pods, rbac_denials, wait_for
 
 from sglang_pd_operator.api.load import parse_pddeployment
 from sglang_pd_operator.catalog import builtin_catalog
@@ -208,7 +208,7 @@ def deployments(kc, namespace: str, name: str = NAME) -> dict[str, dict]:
 
 def assert_no_forbidden(*ops: ChartOperator) -> None:
     for op in ops:
-        bad = [line for line in op.log().splitlines() if re.search(r"Forbidden|forbidden|\(403\)|status=403", line)]
+        bad = rbac_denials(op.log())
         assert not bad, f"{op.identity} hit RBAC denials:\n" + "\n".join(bad[:10])
 
 

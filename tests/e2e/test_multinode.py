@@ -25,7 +25,6 @@ The largest run's pods, nodes and convergence time are printed (``-s``).
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import uuid
@@ -36,7 +35,7 @@ import pytest
 import yaml
 from helpers import EXAMPLES, ROOT, load_example
 from kubernetes import client as k8s
-from opkit import OperatorProcess, condition, kapply, kget, model_store, pods, ready_now, wait_for
+from opkit import OperatorProcess, condition, kapply, kget, model_store, pods, rbac_denials, ready_now, wait_for
 from simkit import get_json, serve_pd, smg_binary
 from test_helm import sa_kubeconfig
 from test_rollout import _selector_keys
@@ -220,7 +219,7 @@ def stop_chart_operator(op: OperatorProcess) -> None:
     """Stop ``op``; fail when its log shows an RBAC denial (the chart's ServiceAccount lacks a permission)."""
     op.stop()
     log = op.log_path.read_text(errors="replace")
-    bad = [ln for ln in log.splitlines() if re.search(r"Forbidden|forbidden|\(403\)|status=403", ln)]
+    bad = rbac_denials(log)
     assert not bad, "the chart's ServiceAccount hit RBAC denials:\n" + "\n".join(bad[:10])
 
 

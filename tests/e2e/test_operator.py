@@ -184,7 +184,9 @@ def test_offline_check_refuses_what_the_api_server_refuses(cluster, crds, ns, fi
 
 def test_offline_check_reads_the_envelope_and_numbers_as_the_api_server_does(cluster, crds, ns):
     """Unknown top-level and metadata fields are refused by both; a whole float for an
-    integer (``tp: 4.0``) and a null field are accepted by both."""
+    integer (``tp: 4.0``) is accepted by both; a null field is refused by ``check`` as a
+    server-side apply refuses it, although a client-side ``kubectl apply`` prunes it
+    (stricter by design: tests/e2e/crd_stricter_by_design.yaml)."""
     from sglang_pd_operator.catalog import load_catalog
     from sglang_pd_operator.planning.plan import plan_object
 
@@ -194,11 +196,21 @@ def test_offline_check_reads_the_envelope_and_numbers_as_the_api_server_does(clu
         assert res.returncode != 0 and where.rsplit(".", 1)[-1] in res.stderr, res.stderr
         plan, problems = plan_object(doc, load_catalog())
         assert plan is None and where in {p.field for p in problems}, problems
-    lenient = _spec(ns, **{"decode.parallelism": {"tp": 4.0}, "gateway.image": None})
-    res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(lenient), check=False)
+    lenient = _spec(ns, **{"decode.parallelism": {"tp": 4.0}})
+    res = cluster.kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", input=yaml.safe_dump(lenient), check=False)
     assert res.returncode == 0, res.stderr
     plan, problems = plan_object(lenient, load_catalog())
     assert plan is not None and plan.valid, problems
+    null = _spec(ns, **{"gateway.image": None})
+    client_side = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(null), check=False)
+    server_side = cluster.kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", input=yaml.safe_dump(null),
+                                  check=False)
+    assert client_side.returncode == 0, client_side.stderr  # kubectl prunes the null before sending
+    assert server_side.returncode != 0 and "image" in server_side.stderr, server_side.stderr
+    plan, problems = plan_object(null, load_catalog())
+    refused = {p.field: p for p in problems if p.severity == "error"}
+    assert (plan is None or not plan.valid) and "spec.gateway.image" in refused, problems
+    assert "must not be null" in refused["spec.gateway.image"].message and refused["spec.gateway.image"].fix
 
 
 def test_cross_field_problem_is_refused_by_the_operator_without_children(cluster, operator, ns):

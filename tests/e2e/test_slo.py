@@ -40,7 +40,7 @@ from sglang_pd_operator.api.v1alpha1 import parse_duration
 from sglang_pd_operator.metrics import exposition as ex
 from sglang_pd_operator.metrics.histogram import bucket_width_at
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive, pytest.mark.timeout(420)]
 LBL = "pd.sglang-operator.io"
 NAME = "slo-e2e"
 INTERVAL = 2.0

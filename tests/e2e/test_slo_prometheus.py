@@ -47,7 +47,7 @@ from sglang_pd_operator.metrics.prometheus_source import PrometheusSettings, Pro
 from sglang_pd_operator.metrics.scraper import Scraper
 from sglang_pd_operator.render import labels as L
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(480)]
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive, pytest.mark.timeout(480)]
 LBL = "pd.sglang-operator.io"
 NAME = "slo-prom"
 INTERVAL = 2.0

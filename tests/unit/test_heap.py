@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 
 import pytest
 
-from sglang_pd_operator.runtime.heap import TrimPolicy, trim_heap
+from sglang_pd_operator.runtime.heap import TrimPolicy, settle_heap, trim_heap
 
 
 def test_due_once_a_burst_is_over_and_the_queue_idle():
@@ -29,6 +31,38 @@ def test_not_for_a_trickle_nor_twice_within_the_interval():
         policy.reconciled()
     assert not policy.due(now=59.0, idle=True)
     assert policy.due(now=60.0, idle=True)
+
+
+def test_due_after_a_trickle_too_once_the_refreeze_interval_passed():
+    """The frozen objects' cyclic garbage is collected at least every max_interval_s while anything reconciles."""
+    policy = TrimPolicy(after_reconciles=100, min_interval_s=60.0, max_interval_s=600.0)
+    assert policy.due(now=0.0, idle=True) is False  # nothing reconciled yet
+    policy._last = 0.0
+    policy.reconciled()
+    assert not policy.due(now=599.0, idle=True)
+    assert not policy.due(now=600.0, idle=False)
+    assert policy.due(now=600.0, idle=True)
+    assert not policy.due(now=1300.0, idle=True)  # nothing reconciled since: nothing to do
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a reference cycle: only the cyclic collector frees it
+
+
+def test_settle_heap_freezes_the_survivors_and_collects_what_died_in_a_cycle_since():
+    try:
+        kept, dropped = _Node(), _Node()
+        gone = weakref.ref(dropped)
+        settle_heap()
+        assert gc.get_freeze_count() > 0  # the survivors left the collector's generations
+        del dropped
+        gc.collect()
+        assert gone() is not None  # frozen: a full collection does not walk it
+        settle_heap()
+        assert gone() is None and kept.me is kept  # the next settle collects it; the living stay
+    finally:
+        gc.unfreeze()
 
 
 def _rss_mb() -> float:

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from sglang_pd_operator.planning.problems import Problem
 from sglang_pd_operator.planning.rollout import GroupState, RolloutSettings, RolloutStatus, decide
 from sglang_pd_operator.reconcilers import status as S
-from sglang_pd_operator.reconcilers.apierrors import describe_api_error
+from sglang_pd_operator.reconcilers.apierrors import brief, describe_api_error, namespace_terminating
 
 KEY = "abc123def456"
 #: the status of a valid generation 1 whose group KEY serves (as ``status.valid_status`` writes it)
@@ -67,6 +67,28 @@ def test_an_admission_denial_is_named_with_the_call_and_the_servers_answer():
     assert describe_api_error(_api_error(403, "Forbidden", 'pods is forbidden: User "x" cannot list'), call="c")[0] == "Forbidden"
     assert describe_api_error(_api_error(422, "Unprocessable Entity", "spec.x: Invalid value"), call="c")[0] == "Invalid"
     assert describe_api_error(_api_error(503, "Service Unavailable", "etcd"), call="c")[0] == "ServerError"
+
+
+def test_a_failed_call_logs_in_one_line_and_a_terminating_namespace_is_told_apart():
+    """The dynamic client's error prints headers, body and the original traceback on many
+    lines; the operator's log gets one: status, class, the server's message."""
+    from kubernetes.dynamic.exceptions import api_exception
+
+    msg = ('persistentvolumeclaims "b-cache" is forbidden: unable to create new content in namespace k '
+           'because it is being terminated')
+    raw = ApiException(status=403, reason="Forbidden")
+    raw.body = json.dumps({"kind": "Status", "message": msg, "reason": "Forbidden", "code": 403, "details": {
+        "name": "b-cache", "kind": "persistentvolumeclaims",
+        "causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace"}]}}).encode()
+    try:
+        raise raw
+    except ApiException as e:
+        dynamic = api_exception(e)  # what kubernetes.dynamic raises (ForbiddenError), traceback included
+    assert "\n" in str(dynamic) and "Original traceback" in str(dynamic)
+    assert brief(dynamic) == f"403 Forbidden: {msg}"
+    assert namespace_terminating(dynamic)
+    rbac = _api_error(403, "Forbidden", 'pods is forbidden: User "x" cannot list resource "pods"')
+    assert not namespace_terminating(rbac) and brief(rbac).startswith("403 Forbidden: pods is forbidden: User")
 
 
 def test_a_failed_new_generation_is_not_ready_but_a_failure_at_rest_keeps_ready():

@@ -59,7 +59,9 @@ class MemoryKube:
         new = copy.deepcopy(desired)
         if old is not None and "status" in old:
             new["status"] = old["status"]
-            new["metadata"]["generation"] = old["metadata"].get("generation", 1) + (old.get("spec") != new.get("spec"))
+            # apps/v1: a changed spec or a changed annotation bumps the generation (strategy.go)
+            moved = old.get("spec") != new.get("spec") or old["metadata"].get("annotations") != new["metadata"].get("annotations")
+            new["metadata"]["generation"] = old["metadata"].get("generation", 1) + moved
         self.objects[(desired["kind"], desired["metadata"]["name"])] = new
         self.total_writes += 1
         return True
@@ -176,6 +178,26 @@ def test_a_rendered_group_records_who_rendered_it_from_what_spec_in_workload_met
         assert not any(a.startswith(f"{L.DOMAIN}/rendered") for a in
                        dep["spec"]["template"]["metadata"].get("annotations") or {}), name
     assert "UpgradePending" not in _conds(kube, _body())
+
+
+def test_a_generation_that_renders_the_group_alike_keeps_its_record_and_bumps_no_workload(catalog):
+    """An slo window edit (or a revert to the serving spec) renders the group as it is: its record is
+    kept, so no workload's annotations change and no Deployment's generation moves (a moved
+    generation reads as unsettled, i.e. not Ready, until the controller observes it)."""
+    kube, key = _serving(catalog)
+    before = {n: (d["metadata"]["generation"], d["metadata"]["annotations"]) for n, d in kube.deployments().items()}
+    P.reconcile(kube=kube, body=_body(kube, generation=2, **{"slo.window": "10m"}), catalog=catalog, now=1020.0)
+    after = {n: (d["metadata"]["generation"], d["metadata"]["annotations"]) for n, d in kube.deployments().items()}
+    assert after == before
+    status = _body(kube)["status"]
+    assert status["compatKey"] == key and status["observedGeneration"] == 2
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+    # a change the group is made of renews the record (and the rendering)
+    P.reconcile(kube=kube, body=_body(kube, generation=3, **{"gateway.policy": "round_robin"}), catalog=catalog,
+                now=1030.0)
+    gw = next(d for d in kube.deployments().values() if d["metadata"]["labels"][L.LABEL_ROLE] == "gateway")
+    rec = R.read_record(gw["metadata"]["annotations"])
+    assert rec.generation == 3 and rec.spec["gateway"]["policy"] == "round_robin"
 
 
 def test_a_new_compat_input_holds_the_group_and_says_what_an_opt_in_would_change(catalog, request):
