@@ -273,8 +273,11 @@ def test_a_handshake_request_that_times_out_is_indeterminate_not_a_refusal(oracl
     assert verdict.accepted is None
     why = verdict.pair.indeterminate
     assert why.startswith("handshake: SGLang's request to the bootstrap server got no answer"), why
-    assert "Timeout" in why and "prefill_dp_rank=0" in why, why
-    assert "Could not fetch bootstrap info" in why, why
+    assert "Timeout" in why, why
+    # the per-rank GET ran out (the case built here); on a machine loaded enough that the
+    # forwarded parallel-info query itself took over 5 s, that step is the one named
+    assert ("prefill_dp_rank=0" in why and "Could not fetch bootstrap info" in why) or (
+        "prefill_dp_rank=-1" in why and "parallel info" in why), why
 
 
 # --------------------------------------------------------------------------- multi-node replicas
