@@ -738,10 +738,11 @@ def serve_bootstrap(states: "RoleState | list[RoleState]") -> dict[str, Any]:
         node.board = leader.board  # one replica: its ranks' collectives share one board across nodes
     with _quiet():
         leader.bootstrap = CommonKVBootstrapServer(POD_IP, port)
-    _wait_listening(port)
+    watch = TransportWatch()
     try:
+        _wait_listening(port)
         placed = {rank: node for node in nodes for rank in _node_ranks(node)}
-        with _process_group_exists() if len(nodes) > 1 else contextlib.nullcontext():
+        with _process_group_exists() if len(nodes) > 1 else contextlib.nullcontext(), watch.watching():
             for world_rank, dp_rank in _prefill_ranks(leader.facts):
                 node = placed.get(world_rank)
                 if node is None:
@@ -750,8 +751,74 @@ def serve_bootstrap(states: "RoleState | list[RoleState]") -> dict[str, Any]:
                     manager, _ = _manager(node, world_rank=world_rank, dp_rank=dp_rank, mode="prefill")
                 leader.managers.append(manager)
     except Exception as e:
-        return {"refusal": describe(e, "bootstrap")}
+        refusal = describe(e, "bootstrap")
+        if watch.failed and not refusal.get("indeterminate"):
+            refusal["indeterminate"] = watch.indeterminate("bootstrap")
+        return {"refusal": refusal}
+    # A registration that never got an answer leaves the server short of a rank: the decode's
+    # later "Could not fetch bootstrap info" would be the emulation's, not SGLang's verdict.
+    why = watch.indeterminate("bootstrap")
+    if why:
+        return {"refusal": {"stage": "bootstrap", "type": "Timeout", "message": why, "where": None,
+                            "indeterminate": why}}
     return {"address": f"{POD_IP}:{port}"}
+
+
+class TransportWatch:
+    """The HTTP requests SGLang's PD code sent while watched, and which of them never got an answer.
+
+    SGLang's bootstrap client (disaggregation/common/conn.py: ``try_ensure_parallel_info``,
+    ``CommonKVReceiver._get_bootstrap_info_from_server``, ``_register_topology_row``) sends
+    through ``requests`` with its own 5 s deadline and turns a timeout or a refused
+    connection into ``False`` / ``None`` / a logged warning, which then surfaces as a refusal
+    ("Could not fetch bootstrap info ..."). In the oracle the bootstrap server is a loopback
+    thread of a worker on a loaded machine: such a failure is the emulation's, not SGLang's
+    logic judging the spec. ``failed`` lists ``METHOD url: error`` of each request whose last
+    attempt (SGLang retries the registration) raised a transport error
+    (``requests.RequestException``); an answer with any status code is SGLang's and is not
+    listed.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], str | None] = {}  # (method, url) -> error of its last attempt
+
+    @property
+    def failed(self) -> list[str]:
+        """``METHOD url: error`` of every request whose last attempt got no answer."""
+        return [f"{method} {url}: {error}" for (method, url), error in self._last.items() if error]
+
+    def indeterminate(self, stage: str) -> str | None:
+        """Why ``stage``'s outcome is no verdict (a request got no answer), or None."""
+        failed = self.failed
+        if not failed:
+            return None
+        return (f"{stage}: SGLang's request to the bootstrap server got no answer in the emulation "
+                f"(the oracle's loopback server or the machine's load, not SGLang's checks): {failed[0]}"
+                + (f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""))
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator["TransportWatch"]:
+        """Record every ``requests`` call made in the block (all of them go through ``Session.send``)."""
+        import requests
+
+        original = requests.Session.send
+        watch = self
+
+        def send(session: Any, request: Any, **kwargs: Any) -> Any:
+            key = (request.method, request.url)
+            try:
+                response = original(session, request, **kwargs)
+            except requests.RequestException as e:
+                watch._last[key] = f"{type(e).__name__}: {str(e)[:200]}"
+                raise
+            watch._last[key] = None
+            return response
+
+        requests.Session.send = send
+        try:
+            yield self
+        finally:
+            requests.Session.send = original
 
 
 def _wait_listening(port: int, timeout: float = 10.0) -> None:
@@ -763,7 +830,7 @@ def _wait_listening(port: int, timeout: float = 10.0) -> None:
             if s.connect_ex((POD_IP, port)) == 0:
                 return
         time.sleep(0.02)
-    raise RuntimeError(f"SGLang's bootstrap server did not listen on {POD_IP}:{port}")
+    raise OracleLimit(f"SGLang's bootstrap server did not listen on {POD_IP}:{port} within {timeout:.0f} s")
 
 
 def handshake(state: RoleState, address: str) -> dict[str, Any]:
@@ -778,40 +845,54 @@ def handshake(state: RoleState, address: str) -> dict[str, Any]:
     common manager leaves to Mooncake / NIXL (``NotImplementedError``): reaching it means
     every common check passed. Returns {"pairs": True, "prefillRanks": the ``ip:port`` of every
     prefill rank the requests reached (on a multi-node prefill, addresses of several nodes)}
-    or {"pairs": False, "refusal"}.
+    or {"pairs": False, "refusal"}. A refusal that follows a request SGLang sent and never got
+    an answer to (:class:`TransportWatch`) carries ``indeterminate``: no verdict.
     """
+    reached: set[str] = set()
+    watch = TransportWatch()
+    try:
+        result = _handshake(state, address, reached, watch)
+    except Exception as e:
+        result = {"pairs": False, "refusal": describe(e, "handshake")}
+    refusal = result.get("refusal")
+    why = watch.indeterminate("handshake")
+    if refusal is not None and why and not refusal.get("indeterminate"):
+        # SGLang turned a request that got no answer into False / None and refused on it:
+        # the step never judged the spec (issue 23: a timeout is indeterminate, never a refusal).
+        refusal["indeterminate"] = f"{why}; SGLang then said: {refusal.get('message', '')}"
+    return result
+
+
+def _handshake(state: RoleState, address: str, reached: set[str], watch: TransportWatch) -> dict[str, Any]:
+    """:func:`handshake`'s steps, its requests watched by ``watch``; adds the prefill ranks reached to ``reached``."""
     from sglang.srt.disaggregation.common.conn import CommonKVReceiver
     from sglang.srt.runtime_context import use_context
 
-    reached: set[str] = set()
-    try:
-        with role_environment({HOST_IP_ENV: state.host_ip}), _quiet():
-            manager, context = _manager(state, world_rank=0, dp_rank=None, mode="decode")
-            state.managers.append(manager)
-            with use_context(context):
-                if not manager.try_ensure_parallel_info(address):
+    with role_environment({HOST_IP_ENV: state.host_ip}), _quiet(), watch.watching():
+        manager, context = _manager(state, world_rank=0, dp_rank=None, mode="decode")
+        state.managers.append(manager)
+        with use_context(context):
+            if not manager.try_ensure_parallel_info(address):
+                return {"pairs": False, "refusal": {
+                    "stage": "handshake", "type": "RuntimeError",
+                    "message": "decode could not read the prefill's parallel info from the bootstrap server",
+                    "where": "sglang/srt/disaggregation/common/conn.py:try_ensure_parallel_info"}}
+            # one request per prefill DP rank: each reaches the ranks of that DP rank, so
+            # together they reach every prefill rank, on whichever node it runs
+            for dp_rank in range(max(1, manager.prefill_info_table[address].dp_size)):
+                room = dp_rank + 1
+                receiver = CommonKVReceiver(manager, address, room)
+                try:
+                    receiver.init(prefill_dp_rank=dp_rank)
+                except NotImplementedError:
+                    pass  # the backend's registration message: the common handshake is complete
+                failure = manager.failure_records.get(room)
+                if failure:
                     return {"pairs": False, "refusal": {
-                        "stage": "handshake", "type": "RuntimeError",
-                        "message": "decode could not read the prefill's parallel info from the bootstrap server",
-                        "where": "sglang/srt/disaggregation/common/conn.py:try_ensure_parallel_info"}}
-                # one request per prefill DP rank: each reaches the ranks of that DP rank, so
-                # together they reach every prefill rank, on whichever node it runs
-                for dp_rank in range(max(1, manager.prefill_info_table[address].dp_size)):
-                    room = dp_rank + 1
-                    receiver = CommonKVReceiver(manager, address, room)
-                    try:
-                        receiver.init(prefill_dp_rank=dp_rank)
-                    except NotImplementedError:
-                        pass  # the backend's registration message: the common handshake is complete
-                    failure = manager.failure_records.get(room)
-                    if failure:
-                        return {"pairs": False, "refusal": {
-                            "stage": "handshake", "type": "KVTransferError", "message": failure,
-                            "where": "sglang/srt/disaggregation/common/conn.py:CommonKVReceiver.init"}}
-                    reached |= {f"{i['rank_ip']}:{i['rank_port']}" for i in receiver.bootstrap_infos or []
-                                if not i.get("is_dummy")}
-    except Exception as e:
-        return {"pairs": False, "refusal": describe(e, "handshake")}
+                        "stage": "handshake", "type": "KVTransferError", "message": failure,
+                        "where": "sglang/srt/disaggregation/common/conn.py:CommonKVReceiver.init"}}
+                reached |= {f"{i['rank_ip']}:{i['rank_port']}" for i in receiver.bootstrap_infos or []
+                            if not i.get("is_dummy")}
     return {"pairs": True, "prefillRanks": sorted(reached)}
 
 

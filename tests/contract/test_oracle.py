@@ -207,6 +207,79 @@ def test_every_prefill_rank_registers(oracle, catalog):
     assert verdict.prefill.facts["attnDpSize"] == 4 and verdict.prefill.facts["attnTpSize"] == 1
 
 
+class _StallingBootstrap:
+    """A loopback HTTP server in front of the prefill's real bootstrap server: it forwards the
+    decode's parallel-info query (``/route?prefill_dp_rank=-1...``) and answers no other
+    request, so SGLang's own 5 s deadline on the per-rank GET
+    (``CommonKVReceiver._get_bootstrap_info_from_server``) runs out, as on a loaded machine."""
+
+    def __init__(self, upstream: str) -> None:
+        import http.server
+        import threading
+        import urllib.request
+
+        release = self.release = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                if "prefill_dp_rank=-1" not in self.path:
+                    release.wait(30)  # never answered within SGLang's deadline
+                    return
+                with urllib.request.urlopen(f"http://{upstream}{self.path}", timeout=30) as r:
+                    body, status = r.read(), r.status
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_handshake_request_that_times_out_is_indeterminate_not_a_refusal(oracle, catalog, monkeypatch):
+    """Issue 23: a timeout is no verdict. SGLang's receiver turns a bootstrap GET that got no
+    answer in its 5 s into "Could not fetch bootstrap info" (a KVTransferError): the oracle
+    names the step and the request and gives no verdict, never a refusal or an accept."""
+    worker = oracle.pool.worker("gb300")
+    real_call = worker.call
+    proxies = []
+
+    def call(op, **kwargs):
+        if op == "handshake":  # the decode talks to the stalling server in front of the real one
+            proxies.append(_StallingBootstrap(kwargs["address"]))
+            with proxies[-1] as address:
+                return real_call(op, **{**kwargs, "address": address})
+        return real_call(op, **kwargs)
+
+    monkeypatch.setattr(worker, "call", call)
+    _, verdict = _judge(oracle, catalog, _example("dsv41-flash-gb300-low-latency.yaml"), depth="args")
+    assert proxies, "the handshake ran"
+    assert verdict.prefill.starts and verdict.decode.starts, verdict.to_dict()
+    assert verdict.pair.pairs is None and verdict.pair.refusal is None, verdict.pair
+    assert verdict.accepted is None
+    why = verdict.pair.indeterminate
+    assert why.startswith("handshake: SGLang's request to the bootstrap server got no answer"), why
+    assert "Timeout" in why, why
+    # the per-rank GET ran out (the case built here); on a machine loaded enough that the
+    # forwarded parallel-info query itself took over 5 s, that step is the one named
+    assert ("prefill_dp_rank=0" in why and "Could not fetch bootstrap info" in why) or (
+        "prefill_dp_rank=-1" in why and "parallel info" in why), why
+
+
 # --------------------------------------------------------------------------- multi-node replicas
 
 
