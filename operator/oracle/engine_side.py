@@ -220,7 +220,10 @@ def resolve_role(request: dict[str, Any]) -> tuple[dict[str, Any], RoleState | N
     steps = list(ALL_STEPS) if depth == "startup" else [s for s in ALL_STEPS if s.split(":")[0] in ("args", "kv")
                                                         or s.startswith("model: the model's divisions")]
     not_run = [f"{s} (not run: depth {depth})" for s in ALL_STEPS if s not in steps]
-    assumes = [*facts.pop("assumedSteps", []), *take_answered(), *not_run, *startup.ASSUMED_STEPS]
+    # each assumption once, in order: the target and its draft ask the same probes, and a
+    # warm worker that reuses a built model must list what a fresh process lists
+    assumes = list(dict.fromkeys([*facts.pop("assumedSteps", []), *take_answered(), *not_run,
+                                  *startup.ASSUMED_STEPS]))
     return {"role": role, "starts": True, "refusal": None, "facts": facts, "steps": steps,
             "assumes": assumes}, state
 
@@ -332,11 +335,14 @@ def _draft_worker(server_args: Any, model: Any, key: str) -> tuple[dict[str, Any
     try:
         with startup.scheduler_rank(server_args):
             runner = startup.target_runner(server_args, model)
-            out = _stage("speculative", speculative.build_draft_worker, server_args, runner)
+            facts, draft_bytes, assumed = _stage("speculative", speculative.build_draft_worker, server_args, runner)
     except Refusal as r:
         if not r.info.get("indeterminate"):
             _remember(_DRAFTS, key, dict(r.info))
         raise
+    # the probes the draft's own model asked are kept with it, as the target's are with the
+    # model (_built_model): a reuse lists them too
+    out = (facts, draft_bytes, [*assumed, *take_answered()])
     _remember(_DRAFTS, key, out)
     return out
 

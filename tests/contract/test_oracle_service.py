@@ -108,6 +108,9 @@ def test_the_served_verdict_is_check_sglangs(service, tmp_path, refused):
     assert code == 200, served
     exit_code, checked = check_sglang(doc, tmp_path)
     assert _without_seconds(served["sglang"]) == _without_seconds(checked["sglang"])
+    for role in ("prefill", "decode"):  # each assumption once (a target and its draft ask the same probes)
+        assumes = checked["sglang"][role].get("assumes") or []
+        assert len(assumes) == len(set(assumes)), assumes
     assert served["valid"] is checked["valid"] is True  # the operator's rules accept both
     if refused:
         assert exit_code == 1 and served["sglang"]["accepted"] is False

@@ -105,6 +105,11 @@ class Load:
         """Requests sent in [start, end)."""
         return [r for r in list(self.results) if start <= r[0] < end]
 
+    def ended(self, start: float, end: float) -> list[tuple[float, float, bool, str]]:
+        """Requests that ended (answered or failed) in [start, end), whenever they were sent: a
+        change breaks a request where it ends, also one sent before the change began."""
+        return [r for r in list(self.results) if start <= r[1] < end]
+
 
 def _with_own_address(args: list[str], host: str) -> list[str]:
     """smg arguments with every listening address (--host, --prometheus-host when present) set to ``host``."""
@@ -242,7 +247,8 @@ class ServiceProxyStandIn:
     """kube-proxy's part for one port of one Service, on 127.0.0.1 (see the module docstring for why
     the real kube-proxy cannot route here). ``url``: where clients connect (the Service's stand-in
     ClusterIP:port); ``connections``: pod name -> connections sent to it; ``refused``: connections
-    that found no endpoint (kube-proxy rejects those too)."""
+    that found no endpoint (kube-proxy rejects those too); :meth:`awaiting`: connections to a pod
+    whose answer has not begun (a request in flight there, as the client sees it)."""
 
     def __init__(self, api, namespace: str, service: str, *, port_name: str = "http", poll_s: float = 0.2) -> None:
         from kubernetes import client as k8s
@@ -255,6 +261,8 @@ class ServiceProxyStandIn:
         self.endpoints: list[tuple[str, str, int]] = []  # (pod, ip, port)
         self.connections: dict[str, int] = {}
         self.refused = 0
+        self._awaiting: dict[str, set[int]] = {}  # pod -> ids of connections with no answer byte yet
+        self._ids = itertools.count()
         self._rr = itertools.count()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -323,17 +331,36 @@ class ServiceProxyStandIn:
                 continue
             upstream.settimeout(None)
             self.connections[pod] = self.connections.get(pod, 0) + 1
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            conn = next(self._ids)
+            with self._lock:
+                self._awaiting.setdefault(pod, set()).add(conn)
+
+            def answered(pod=pod, conn=conn) -> None:
+                with self._lock:
+                    self._awaiting[pod].discard(conn)
+
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, answered), daemon=True).start()
+
+    def awaiting(self, pod: str) -> int:
+        """Connections sent to ``pod`` that have not received a byte of their answer yet."""
+        with self._lock:
+            return len(self._awaiting.get(pod, ()))
 
     @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(src: socket.socket, dst: socket.socket, first: Callable[[], None] | None = None) -> None:
+        """Copy ``src`` to ``dst`` until EOF; ``first`` is called once, when the copy ends or its first byte came."""
         try:
             while data := src.recv(65536):
+                if first is not None:
+                    first()
+                    first = None
                 dst.sendall(data)
         except OSError:
             pass
         finally:
+            if first is not None:
+                first()
             for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
                 try:
                     s.shutdown(how)
@@ -353,11 +380,19 @@ class ServiceProxyStandIn:
 
 @dataclass
 class ChangeTable:
-    """One row per change made under ``load``: requests sent / failed while it ran and what drained."""
+    """One row per change made under ``load``: requests / failed (``sent``: the requests that ended in
+    its window, each row's its own), and what drained. :meth:`failed_outside` lists failures that
+    ended in no window: none may hide between the rows."""
 
     load: Load
     kubelet: KubeletStandIn
     rows: list[dict[str, Any]] = field(default_factory=list)
+    windows: list[tuple[float, float]] = field(default_factory=list)
+
+    def failed_outside(self) -> list[tuple[float, float, bool, str]]:
+        """Failed requests of the load that ended in no change's window."""
+        return [r for r in list(self.load.results) if not r[2]
+                and not any(start <= r[1] < end for start, end in self.windows)]
 
     def change(self, what: str, act: Callable[[], Any], converged: Callable[[], Any], *, timeout: float = 180) -> dict:
         """Run ``act`` and wait for ``converged`` inside :meth:`window`; returns the row added."""
@@ -377,9 +412,10 @@ class ChangeTable:
         wait_for(self.kubelet.settled, timeout=120, interval=0.3, what=f"{what}: every stopped pod drained")
         time.sleep(2)
         end = time.monotonic()
-        sent = self.load.between(start, end)
+        sent = self.load.ended(start, end)
         failed = [r for r in sent if not r[2]]
         drains = self.kubelet.drains[drains_before:]
+        self.windows.append((start, end))
         row.update({"sent": len(sent), "failed": len(failed),
                     "drain_s": {d[0]: (round(d[2], 1) if d[2] is not None else d[3]) for d in drains},
                     "seconds": round(end - start, 1), "failures": sorted({r[3] for r in failed})[:3]})

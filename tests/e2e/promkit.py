@@ -154,6 +154,13 @@ class PrometheusServer:
         assert body["status"] == "success", body
         return [(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in body["data"]["result"]]
 
+    def target_health(self) -> list[tuple[str, str, str]]:
+        """(pod label, health, last scrape error) of every active target."""
+        with urllib.request.urlopen(self.url + "/api/v1/targets?state=active", timeout=10) as resp:
+            body = json.loads(resp.read())
+        return sorted((t["labels"].get("pod", t["scrapeUrl"]), t["health"], t.get("lastError", ""))
+                      for t in body["data"]["activeTargets"])
+
     def targets_up(self) -> int:
         """Active targets whose last scrape succeeded."""
         with urllib.request.urlopen(self.url + "/api/v1/targets?state=active", timeout=10) as resp:

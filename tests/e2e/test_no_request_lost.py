@@ -82,6 +82,7 @@ def test_no_request_fails_across_scale_down_pod_deletion_in_place_update_and_ope
     time.sleep(2)  # the API server's admission chain picks up a new policy within about a second
     op = OperatorProcess(kubeconfig=cluster.kubeconfig, log_path=tmp_path / "operator.log").start()
     table: list[dict] = []
+    changes = None
     doc = _doc(ns)
     model = doc["spec"]["model"]
     try:
@@ -92,7 +93,8 @@ def test_no_request_fails_across_scale_down_pod_deletion_in_place_update_and_ope
             gateway = _start_gateway(cluster, procs, ns, ready)
             with Load(gateway, model["servedModelName"]) as load:
                 time.sleep(3)  # a baseline under load
-                _changes(cluster, ns, tmp_path, op, kubelet, ChangeTable(load, kubelet, table), gateway)
+                changes = ChangeTable(load, kubelet, table)
+                _changes(cluster, ns, tmp_path, op, kubelet, changes, gateway)
                 baseline = list(load.results)
     finally:
         op.stop()
@@ -104,6 +106,7 @@ def test_no_request_fails_across_scale_down_pod_deletion_in_place_update_and_ope
             Path(out).write_text(json.dumps(table, indent=1))
     assert baseline and all(r[2] for r in sorted(baseline)[:5]), "the load did not go through before the first change"
     assert len(table) == 6
+    assert not changes.failed_outside(), changes.failed_outside()  # no failure ended between the rows
     for row in table:
         assert row["sent"] >= 3, row  # the change happened under load
         if "control" not in row["change"]:

@@ -93,6 +93,10 @@ def test_paired_rollout_and_a_deleted_gateway_pod_lose_no_request(cluster, crds,
                     (gw, *_) = _group_pods(cluster, ns, old, "gateway")
                     gone.append(gw["metadata"]["name"])
                     if crash:
+                        # the control kills a gateway with a request in flight through it (one sent and
+                        # not yet answered), so that it has something to lose whatever the timing
+                        wait_for(lambda: svc.awaiting(gone[-1]) >= 1, timeout=30, interval=0.02,
+                                 what=f"a request in flight through {gone[-1]}")
                         kubelet.crash(gone[-1])
                     cluster.kubectl("delete", "pod", gone[-1], "-n", ns, "--wait=false")
 
@@ -135,6 +139,7 @@ def test_paired_rollout_and_a_deleted_gateway_pod_lose_no_request(cluster, crds,
             Path(out).with_suffix(".rollout.json").write_text(json.dumps(rows, indent=1))
     assert baseline and all(r[2] for r in sorted(baseline)[:5]), "the load did not go through before the first change"
     assert len(rows) == 3
+    assert not table.failed_outside(), table.failed_outside()  # no failure ended between the rows
     gateway_row, control_row, rollout_row = rows
     for row in rows:
         assert row["sent"] >= 3, row  # the change happened under load

@@ -177,6 +177,7 @@ def test_v0_1_0_to_this_release_restarts_no_engine_then_the_opt_in_rolls_out(upc
             Path(out).write_text(json.dumps({**figures, "load": rows}, indent=1))
     assert baseline and all(r[2] for r in sorted(baseline)[:5]), "the load did not go through before the upgrade"
     assert len(rows) == 2
+    assert not table.failed_outside(), table.failed_outside()  # no failure ended between the rows
     for row in rows:
         assert row["sent"] >= 3 and row["failed"] == 0, row
     upgrade_row, opt_in_row = rows

@@ -145,9 +145,20 @@ def _run(cluster, ns, procs, prom: PrometheusServer, doc, tmp_path, t_start):
     stack = serve_pd(cluster, procs, ready, sim_extra=SIM)
     deployment_pods = pods(cluster, ns, f"{LBL}/deployment={NAME}")
     prom.set_pods(deployment_pods)
-    obj = wait_for(lambda: (o := _pdd(cluster, ns)) and (o["status"].get("scrape") or {}).get("decode") == "2/2"
-                   and o["status"]["scrape"]["prefill"] == "1/1" and o["status"]["scrape"]["gateway"] == "1/1"
-                   and o, timeout=30, what="status.scrape: every pod answers Prometheus")
+    seen: dict[str, object] = {}
+
+    def every_pod_answers():
+        o = _pdd(cluster, ns)
+        seen.update(scrape=(o or {}).get("status", {}).get("scrape"), prometheus=prom.target_health())
+        s = seen["scrape"] or {}
+        return (s.get("decode"), s.get("prefill"), s.get("gateway")) == ("2/2", "1/1", "1/1") and o
+
+    t_pods = time.monotonic()
+    try:  # the simulators' and smg's first answers on a loaded 2-core machine: seconds each
+        obj = wait_for(every_pod_answers, timeout=90, what="status.scrape: every pod answers Prometheus")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last status.scrape and Prometheus' targets: {seen}") from None
+    print(f"every pod answered Prometheus {time.monotonic() - t_pods:.1f}s after the targets were set")
     scrape = obj["status"]["scrape"]
     assert scrape["source"] == "prometheus" and scrape["group"] == stack.key[:6]
     assert scrape["measuredAt"].endswith("Z")
