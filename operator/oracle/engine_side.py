@@ -45,7 +45,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from . import scheduler_pd, speculative, startup
+from . import graphs, scheduler_pd, speculative, startup
 from .kernel_standins import take_answered, take_calls
 from .model_checks import model_build_problems
 from .stages import PHASES, STAGES, OracleLimit, sglang_frame
@@ -253,6 +253,7 @@ STAGE_STEPS: dict[str, tuple[str, ...]] = {
     "speculative": speculative.SPEC_STEPS,
     "memory": startup.MEMORY_STEPS,
     "pools": scheduler_pd.POOL_STEPS,
+    "graphs": graphs.GRAPH_STEPS,
     "pd-queues": scheduler_pd.QUEUE_STEPS,
     "transfer": scheduler_pd.TRANSFER_STEPS,
 }
@@ -302,21 +303,43 @@ def _cache_key(request: dict[str, Any]) -> str:
 
 
 #: Models built on the meta device, by :func:`_cache_key` (the last few; they hold no data).
-_MODELS: "dict[str, tuple[Any, dict[str, Any], list[str]]]" = {}
+_MODELS: "dict[str, tuple[tuple[Any, dict[str, Any], list[str]], tuple[list[int], Any]]]" = {}
 _MODELS_KEPT = 8
 
 
 def _built_model(server_args: Any, key: str) -> tuple[Any, dict[str, Any], list[str]]:
     """The role's model built on the meta device (rank 0), reused for the same command."""
     if key in _MODELS:
-        return _MODELS[key]
+        built, decode_graphs = _MODELS[key]
+        with startup.scheduler_rank(server_args):
+            _set_decode_graph_sizes(decode_graphs)
+        return built
     with startup.scheduler_rank(server_args):
         built = startup.build_model(server_args)
+        decode_graphs = _decode_graph_sizes()
     built[2].extend(take_answered())  # kept with the model: a reuse lists them too
     while len(_MODELS) >= _MODELS_KEPT:
         _MODELS.pop(next(iter(_MODELS)))
-    _MODELS[key] = built
+    _MODELS[key] = (built, decode_graphs)
     return built
+
+
+def _decode_graph_sizes() -> tuple[list[int], Any]:
+    """The resolved decode CUDA-graph sizes (bs list, max bs) as the model build left them:
+    building the model may change them (Paged Experts caps them at K // top-k in each MoE
+    layer's ``make_for_layer``, layers/moe/paged_experts/method.py:283), so a reused model
+    carries them to the next command with the same key."""
+    from sglang.srt.runtime_context import get_exec
+
+    decode = get_exec().graph.cuda_graph_config.decode
+    return list(decode.bs or []), decode.max_bs
+
+
+def _set_decode_graph_sizes(sizes: tuple[list[int], Any]) -> None:
+    from sglang.srt.runtime_context import get_exec
+
+    decode = get_exec().graph.cuda_graph_config.decode
+    decode.bs, decode.max_bs = list(sizes[0]), sizes[1]
 
 
 #: The speculative stage's outcome per :func:`_cache_key`: the draft worker's checks and its
@@ -365,6 +388,8 @@ def _scheduler_after_model(server_args: Any, model: Any, weight_bytes: int) -> t
         memory, runner, config = _stage("memory", startup.plan_memory, server_args, model)
         runner.req_to_token_pool = runner.token_to_kv_pool_allocator = None
         pools = _stage("pools", scheduler_pd.assemble_pools, runner, config)
+        decode_graphs = _stage("graphs", graphs.check_decode_graphs, runner)
+        assumed.extend(graphs.ASSUMED)
         _, manager_request, queue = _stage("pd-queues", scheduler_pd.build_queues, server_args, runner)
         transfer = None
         algorithm = str(get_spec().speculative_algorithm or "").upper()
@@ -380,7 +405,7 @@ def _scheduler_after_model(server_args: Any, model: Any, weight_bytes: int) -> t
                 assumed.append(f"transfer: not run: {r.info['indeterminate']}")
             else:
                 assumed.extend(scheduler_pd.ASSUMED)
-    return {"memory": memory, "pools": pools, "queue": queue, "transfer": transfer}, assumed
+    return {"memory": memory, "pools": pools, "graphs": decode_graphs, "queue": queue, "transfer": transfer}, assumed
 
 
 #: How far a role's startup runs: ``startup`` (every stage; the default) or ``args`` (the

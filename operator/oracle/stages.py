@@ -6,7 +6,8 @@ its ``phase`` is the part of SGLang's startup that refused, as a person (and the
 differential's matrix) groups them: the argument checks ``launch_server`` makes
 (``args``), the scheduler's model construction (``model``), the PD peer facts of the KV
 cache (``kv``), the draft worker of a speculative role (``speculative``: SGLang builds it
-after the target model, before the memory is planned), the scheduler's memory planning and KV pool assembly (``memory``), its PD
+after the target model, before the memory is planned), the scheduler's memory planning and KV pool assembly (``memory``),
+the CUDA-graph runner's checks (``graphs``), its PD
 queues (``pd-queues``), the transfer backend's manager (``transfer``), and the pair's
 bootstrap registration and handshake (``handshake``).
 """
@@ -16,10 +17,10 @@ from __future__ import annotations
 import traceback
 
 #: One role's stages, in SGLang's order.
-STAGES = ("parse", "resolve", "validate", "model", "kv", "speculative", "memory", "pools", "pd-queues", "transfer")
+STAGES = ("parse", "resolve", "validate", "model", "kv", "speculative", "memory", "pools", "graphs", "pd-queues", "transfer")
 #: stage -> phase (the pair's stages included).
 PHASES = {"parse": "args", "resolve": "args", "validate": "args", "model": "model", "kv": "kv",
-          "speculative": "speculative", "memory": "memory", "pools": "memory", "pd-queues": "pd-queues", "transfer": "transfer",
+          "speculative": "speculative", "memory": "memory", "pools": "memory", "graphs": "graphs", "pd-queues": "pd-queues", "transfer": "transfer",
           "bootstrap": "handshake", "handshake": "handshake"}
 
 

@@ -69,12 +69,7 @@ ASSUMED_STEPS = (
     "model: ranks other than rank 0 of node 0 are shaped as rank 0",
     "pools: the pools' storage (built on the meta device: shapes and bytes, nothing allocated; kv_cache_configurator.py _init_pools)",
     "memory: the HiCache radix tree and host pools (mem_cache/kv_cache_builder.py build_kv_cache)",
-    "kernels: attention backends, CUDA graph capture, NCCL / custom all-reduce (model_runner.py init_attention_backends, init_cuda_graphs)",
-    "graphs: the CUDA-graph runner's own checks (model_runner.py:1170 init_cuda_graphs -> DecodeCudaGraphRunner.__init__, "
-    "model_executor/runner/decode_cuda_graph_runner.py:275): SGLANG_RAGGED_VERIFY_MODE against two-batch overlap, LoRA "
-    "and disable-cuda-graph-padding (:411), the capture batch sizes filtered by attention-TP alignment and the request "
-    "pool (runner/base_cuda_graph_runner.py:65, asserted non-empty at :104); the argument-side graph settings "
-    "(arg_groups/cuda_graph_hook.py, validate_cuda_graph_config :410, the bs lists :480-:535) run in resolve",
+    "kernels: attention backends, NCCL / custom all-reduce (model_runner.py init_attention_backends)",
 )
 
 

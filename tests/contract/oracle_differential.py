@@ -360,7 +360,7 @@ def confusion_matrix(rows: list[Row], *, stricter: Mapping[str, str] | None = No
         lines.append(f"judged again at startup depth (false refusals at the shallower depth): {len(again)}, "
                      f"of them SGLang refuses {sum(1 for r in again if r.sglang is False)}")
     lines += ["", "SGLang's refusals by phase (the first refusal of each spec; operator accepts / refuses):"]
-    for phase in ("args", "model", "kv", "speculative", "memory", "pd-queues", "transfer", "handshake"):
+    for phase in ("args", "model", "kv", "speculative", "memory", "graphs", "pd-queues", "transfer", "handshake"):
         ours = collections.Counter(r.ours for r in rows if r.sglang is False and _phase(r) == phase)
         lines.append(f"  {phase:<10} {ours['accept']:6d} / {ours['refuse']:6d}")
     fa = false_accept_groups(rows)

@@ -659,3 +659,35 @@ def test_the_default_thread_pool_is_sized_by_the_node_cpus(oracle, catalog, queu
     else:
         assert "SGLANG_DISAGGREGATION_THREAD_POOL_SIZE=8 must be greater than or equal to " \
                "SGLANG_DISAGGREGATION_QUEUE_SIZE=9" in verdict.prefill.refusal.message
+
+
+# --------------------------------------------------------------------------- the CUDA-graph runner's checks
+
+
+def test_the_decode_graph_runner_checks_run_on_the_planned_request_pool(oracle, catalog):
+    """The graphs stage runs SGLang's capture_decode_graph and the decode graph runner's
+    __init__ up to the attention kernels: the capture sizes come from SGLang's own
+    get_batch_sizes_to_capture on the pool the memory stage sized. Paged Experts caps the
+    decode graphs at K // top_k = 26 // 8 = 3 requests (seed 003); a PD prefill captures no
+    decode graph; the capture itself is named under assumes. The cap is written by the model
+    build (paged_experts/method.py:283), so a model reused from a warm worker must carry it."""
+    _, verdict = _judge(oracle, catalog, _example("qwen3-30b-a3b-paged-experts.yaml"))
+    decode, prefill = verdict.decode, verdict.prefill
+    assert decode.starts is True and prefill.starts is True, verdict.to_dict()
+    graphs = decode.facts["graphs"]
+    assert graphs["runner"] == "DecodeCudaGraphRunner", graphs
+    assert graphs["captureBs"] == [1, 2, 3] and graphs["maxBs"] == 3 and graphs["capturedReqWidth"] == 1, graphs
+    assert graphs["requestPool"] == decode.facts["memory"]["maxRunningRequests"], graphs
+    assert prefill.facts["graphs"]["runner"] is None
+    # a warm worker reuses the built model; the sizes its build capped are carried with it
+    _, again = _judge(oracle, catalog, _example("qwen3-30b-a3b-paged-experts.yaml"))
+    assert again.decode.facts["graphs"]["captureBs"] == [1, 2, 3], again.decode.facts["graphs"]
+    for role in (decode, prefill):
+        assert any(s.startswith("graphs: capture_decode_graph") for s in role.steps), role.steps
+        assert any(a.startswith("graphs: the attention backend's graph buffers") for a in role.assumes), role.assumes
+        assert not any("CUDA-graph runner's own checks" in a for a in role.assumes)
+    # a speculative decode captures its verify width: DSpark on DeepSeek-V4.1
+    _, dspark = _judge(oracle, catalog, _example("dsv41-flash-gb300-low-latency.yaml"))
+    verify = dspark.decode.facts["graphs"]
+    assert verify["capturedReqWidth"] > 1 and verify["maxNumTokens"] == verify["maxBs"] * verify["capturedReqWidth"], verify
+
