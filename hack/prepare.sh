@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 export PYTHONSAFEPATH=1
 ./hack/setup.sh --contract
 .venv/bin/sglang-pd-operator dev cluster build   # cold: ~13 min once per machine (LWS included); then a cache hit
-.venv/bin/sglang-pd-operator dev cluster build --kueue  # + Kueue (test_kueue.py), its own cache: cold ~4-6 min once (365 s CPU)
+.venv/bin/sglang-pd-operator dev cluster build --kueue  # + Kueue (test_kueue.py), its own cache: cold 187 s once (after the line above; docs/dev-cluster.md)
 .venv/bin/python hack/promtool/build_promtool.py >/dev/null         # cold: ~5 min
 .venv/bin/python hack/promtool/build_prometheus.py >/dev/null       # the server, same module (e2e)
 .venv/bin/python hack/kubeconform/build_kubeconform.py >/dev/null   # cold: ~1 min

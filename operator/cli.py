@@ -113,11 +113,14 @@ def check_result(doc: dict[str, Any], plan: Plan | None, problems: list[Problem]
     return out
 
 
-def _human(path: str, result: dict[str, Any], problems: list[Problem]) -> str:
+def _human(path: str, result: dict[str, Any], problems: list[Problem], *, sglang_refuses: bool = False) -> str:
+    """``check``'s text for one document. ``sglang_refuses``: SGLang refused a spec the
+    operator's rules find valid (``--sglang``), so the first line says both verdicts."""
     head = f"{path}: {result['namespace']}/{result['name'] or '<no name>'}"
     lines = []
     if result["valid"]:
-        head += f": valid, compat key {result.get('compatKey')}"
+        verdict = "valid by the operator's rules but SGLang refuses it" if sglang_refuses else "valid"
+        head += f": {verdict}, compat key {result.get('compatKey')}"
         for role, r in result.get("roles", {}).items():
             layout = r["kvLayout"] or "n/a (not a DeepSeek-V4 model)"
             backend = f" via {r['attentionBackend']}" if r["attentionBackend"] else ""
@@ -225,6 +228,7 @@ def check(files: tuple[str, ...], output: str, catalog_dir: str | None, with_sgl
                         verdict, text_sglang = {"accepted": None, "error": no_oracle}, f"  SGLang 0.5.23: no verdict: {no_oracle}"
                         verdict_code = EXIT_NO_VERDICT if result["valid"] else EXIT_VALID
                     result["sglang"] = verdict
+                    text = _human(path, result, problems, sglang_refuses=verdict.get("accepted") is False)
                     text += "\n" + text_sglang
                     code = _worse(code, verdict_code)
                 results.append(result)
@@ -500,7 +504,7 @@ def run(
     """
     from .runtime.leader import AnotherLeader, LeaderSettings, default_identity, default_lease_namespace
     from .runtime.main import run_operator
-    from .reconcilers.crds import CRDSchemaError
+    from .reconcilers.crds import CRDCheckUnreachable, CRDSchemaError
     from .reconcilers.kube import ApiTimeouts
 
     try:
@@ -576,7 +580,7 @@ def run(
             oracle_max_wait_s=oracle_wait_s,
             default_queue=default_queue,
         )
-    except CRDSchemaError as e:
+    except (CRDSchemaError, CRDCheckUnreachable) as e:
         log.error("refusing to run: %s", e)
         sys.exit(1)
     except AnotherLeader as e:

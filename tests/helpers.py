@@ -64,6 +64,18 @@ def rules_table():
     return load_script(ROOT / "tests" / "unit" / "test_rules_table.py", "rules_table_cases")
 
 
+def all_deployments_ready(objects: dict) -> None:
+    """Every Deployment in ``objects`` ((kind, name) -> object, as a MemoryKube holds them) rolled
+    out and Ready, as the Deployment controller and the kubelet would report it: its status
+    observes its generation and counts ``spec.replicas`` (default 1) ready, updated and available."""
+    for (kind, _), obj in objects.items():
+        if kind == "Deployment":
+            n = obj["spec"].get("replicas", 1)
+            gen = obj["metadata"].setdefault("generation", 1)
+            obj["status"] = {"observedGeneration": gen, "replicas": n, "readyReplicas": n,
+                             "updatedReplicas": n, "availableReplicas": n}
+
+
 class MemoryKube:
     """The reads and writes the reconciler makes, on dicts in memory (no API server)."""
 

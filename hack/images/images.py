@@ -15,6 +15,8 @@ module is the build for machines with Debian's packages, PyPI and the Go module 
   inputs give the same digest. The result: ``.run/images/<name>.oci/`` (an OCI layout) and
   ``.run/images/<name>.oci.tar`` (the same as one archive), both renamed into place only
   when complete; the digest and sizes are printed and written to ``<name>.json``.
+* ``verify-reproducible operator|oracle``: two builds from nothing (no cached Debian base,
+  no pip cache) into .run/images/reproducible/; their full digests must be equal.
 * ``smoke operator|oracle``: runc starts the image's root filesystem read-only as user
   65532 (the operator image: ``run`` against the dev cluster with the chart's
   ServiceAccount token until an example is Ready; the oracle image: SGLang's verdict).
@@ -61,6 +63,12 @@ TOOLS = {"mmdebstrap": "mmdebstrap", "umoci": "umoci", "runc": "runc", "skopeo":
 DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*",
                  "/usr/share/lintian/*", "/usr/share/linda/*")
 DPKG_KEEP = ("/usr/share/doc/*/copyright",)  # licences stay
+#: What an image is built from: the wheel's sources, the Dockerfiles and the Debian base
+#: (images/), and this build. Every record names their hash and the commit; smoke and push
+#: refuse a record built from other inputs (a stale image) or one whose files are incomplete.
+BUILD_INPUTS = (*SOURCE_PATHS, "images", "hack/images/images.py")
+#: Files of those inputs that do not go into an image (copy_sources leaves them out).
+IGNORED_INPUTS = ("__pycache__", "*.pyc", "*.egg-info")
 PIN_BEGIN = "# BEGIN pins: written by `hack/images.sh lock-base` from images/base/debian.yaml"
 PIN_END = "# END pins"
 
@@ -101,6 +109,9 @@ class ImageConfig:
     entrypoint: list[str]
     cmd: list[str]
     env: dict[str, str] = field(default_factory=dict)
+
+
+DOCKERFILES = {"operator": OPERATOR_DOCKERFILE, "oracle": ORACLE_DOCKERFILE}
 
 
 def dockerfile_instructions(path: Path = OPERATOR_DOCKERFILE) -> list[tuple[str, str]]:
@@ -178,10 +189,11 @@ def wheel_commands(python: str, image: str, wheels: Path, src: Path) -> list[lis
     pip = [python, "-m", "pip", "--disable-pip-version-check", "-q", "wheel"]
     commands = [[*pip, "-c", str(src / "requirements" / "lock.txt"), "--wheel-dir", str(wheels / "main"), str(src)]]
     if image == "oracle":
+        requirements = src / ORACLE_REQUIREMENTS.relative_to(ROOT)
         commands.append([*pip, "-c", str(src / "requirements" / "lock.txt"), "--wheel-dir", str(wheels / "main"),
-                         "-r", str(ORACLE_REQUIREMENTS / "sglang-cpu.txt")])
+                         "-r", str(requirements / "sglang-cpu.txt")])
         commands.append([*pip, "--no-deps", "--wheel-dir", str(wheels / "nodeps"),
-                         "-r", str(ORACLE_REQUIREMENTS / "sglang-nodeps.txt")])
+                         "-r", str(requirements / "sglang-nodeps.txt")])
     return commands
 
 
@@ -254,16 +266,19 @@ def lock_base(*, roots: tuple[str, ...] | None = None) -> Base:
         packages = installed_debs(rootfs)
     base = Base(suite=old.suite, mirrors=old.mirrors, roots=tuple(roots), packages=packages, pip=old.pip, epoch=old.epoch)
     write_base(base)
-    OPERATOR_DOCKERFILE.write_text(dockerfile_with_pins(OPERATOR_DOCKERFILE.read_text(), base))
-    log(f"{len(packages)} packages pinned in {BASE_FILE.relative_to(ROOT)} and {OPERATOR_DOCKERFILE.relative_to(ROOT)}")
+    for dockerfile in DOCKERFILES.values():
+        dockerfile.write_text(dockerfile_with_pins(dockerfile.read_text(), base))
+    log(f"{len(packages)} packages pinned in {BASE_FILE.relative_to(ROOT)} and "
+        f"{', '.join(str(d.relative_to(ROOT)) for d in DOCKERFILES.values())}")
     return base
 
 
 def write_base(base: Base) -> None:
     header = ("# The Debian base of the images: written by `hack/images.sh lock-base` (mmdebstrap's\n"
               "# essential set of a minimal suite plus `roots`); do not edit `packages` by hand.\n"
-              "# The mmdebstrap build installs exactly these versions; images/operator/Dockerfile's\n"
-              "# final stage pins the same (tests/unit/test_image_builds.py). `pip` installs the\n"
+              "# The mmdebstrap build installs exactly these versions; the final stages of\n"
+              "# images/operator/Dockerfile and images/oracle/Dockerfile pin the same\n"
+              "# (tests/unit/test_image_builds.py). `pip` installs the\n"
               "# wheels and is not left in the image; `epoch` is SOURCE_DATE_EPOCH (every file's mtime).\n")
     body = {"suite": base.suite, "mirrors": list(base.mirrors), "roots": list(base.roots), "pip": base.pip,
             "epoch": base.epoch, "packages": dict(sorted(base.packages.items()))}
@@ -285,21 +300,29 @@ def copy_sources(src: Path) -> None:
         dest = src / path
         dest.parent.mkdir(parents=True, exist_ok=True)
         if (ROOT / path).is_dir():
-            shutil.copytree(ROOT / path, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+            shutil.copytree(ROOT / path, dest, ignore=shutil.ignore_patterns(*IGNORED_INPUTS))
         else:
             shutil.copy2(ROOT / path, dest)
 
 
-def build_wheels(base: Base, image: str, work: Path) -> Path:
-    """The wheels of ``image`` under ``work/wheels/{main,nodeps}`` and pip's own wheel under ``work/wheels/pip``."""
+def build_wheels(base: Base, image: str, work: Path, *, fresh: bool = False) -> Path:
+    """The wheels of ``image`` under ``work/wheels/{main,nodeps}`` and pip's own wheel under
+    ``work/wheels/pip``; ``fresh``: without pip's cache (every wheel downloaded or built anew)."""
     src, wheels = work / "src", work / "wheels"
     copy_sources(src)
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(base.epoch), "PYTHONSAFEPATH": "1", "PIP_NO_INPUT": "1"}
+    if fresh:
+        env["PIP_NO_CACHE_DIR"] = "1"
     for command in wheel_commands(sys.executable, image, wheels, src):
         run(command, what="pip wheel", env=env, cwd=work)
     run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "download", "--no-deps",
          "--dest", str(wheels / "pip"), f"pip=={base.pip}"], what="pip download pip", env=env)
     return wheels
+
+
+#: How pip (run from its wheel) installs the wheels into the image; both Dockerfiles pass the
+#: same options (tests/unit/test_image_builds.py): only the built wheels, no bytecode.
+PIP_INSTALL_OPTIONS = ("--no-index", "--no-compile", "--no-cache-dir", "--break-system-packages")
 
 
 def install_wheels(base: Base, image: str, rootfs: Path, wheels: Path, config: ImageConfig) -> None:
@@ -309,8 +332,7 @@ def install_wheels(base: Base, image: str, rootfs: Path, wheels: Path, config: I
     (pip_wheel,) = (staged / "pip").glob("pip-*.whl")
     chroot = shutil.which("chroot") or "/usr/sbin/chroot"
     pip = [chroot, str(rootfs), "/usr/bin/python3", f"/tmp/wheels/pip/{pip_wheel.name}/pip", "install",
-           "--no-index", "--no-compile", "--no-cache-dir", "--disable-pip-version-check", "--root-user-action=ignore",
-           "--break-system-packages", "-q"]
+           *PIP_INSTALL_OPTIONS, "--disable-pip-version-check", "--root-user-action=ignore", "-q"]
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
            "SOURCE_DATE_EPOCH": str(base.epoch), **config.env}
     main = sorted(f"/tmp/wheels/main/{w.name}" for w in (staged / "main").glob("*.whl"))
@@ -459,10 +481,14 @@ def missing_shared_libraries(rootfs: Path) -> list[str]:
     return missing
 
 
-def base_rootfs(base: Base, target: Path) -> None:
+def base_rootfs(base: Base, target: Path, *, fresh: bool = False) -> None:
     """The pinned Debian packages in ``target``: mmdebstrap once per debian.yaml, then a copy
     from ``~/.cache/sglang-pd-operator/images/base-<sha256 of debian.yaml>`` (the same debs
-    unpacked the same way; renamed into place only when complete)."""
+    unpacked the same way; renamed into place only when complete). ``fresh``: mmdebstrap
+    straight into ``target``, the cache neither read nor written (verify-reproducible)."""
+    if fresh:
+        mmdebstrap(base, target=target, variant="custom", include=base.pins())
+        return
     cache_base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sglang-pd-operator" / "images"
     key = hashlib.sha256(BASE_FILE.read_bytes()).hexdigest()[:16]
     cached = cache_base / f"base-{key}"
@@ -480,37 +506,100 @@ def base_rootfs(base: Base, target: Path) -> None:
     run(["cp", "-a", str(cached), str(target)], what="copy of the Debian base")
 
 
-def build(image: str) -> dict:
-    """Build ``image`` (operator | oracle) into .run/images/; returns the record written to <image>.json.
+def tree_hash(paths: tuple[str, ...]) -> str:
+    """sha256 over every file under ``paths`` (relative to the repository): path and bytes,
+    sorted; what copy_sources leaves out (IGNORED_INPUTS) is left out here too."""
+    import fnmatch
 
-    A build that fails leaves nothing under the final names: the layout, the archive and
-    the record are renamed into place only after every step succeeded.
+    digest = hashlib.sha256()
+    for top in paths:
+        files = [ROOT / top] if (ROOT / top).is_file() else sorted((ROOT / top).rglob("*"))
+        for path in files:
+            rel = path.relative_to(ROOT)
+            if not path.is_file() or any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in IGNORED_INPUTS):
+                continue
+            digest.update(str(rel).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def build_inputs() -> dict:
+    """What the record names as the image's inputs: the sha256 of BUILD_INPUTS, the commit and
+    whether those paths differ from it (``dirty``: the hash is the authority, the commit a hint)."""
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD") or None
+    dirty = bool(git("status", "--porcelain", "--", *BUILD_INPUTS)) if commit else None
+    return {"sha256": tree_hash(BUILD_INPUTS), "commit": commit, "dirty": dirty, "paths": list(BUILD_INPUTS)}
+
+
+def host_tools() -> dict[str, str]:
+    """Versions of the host's tools the digest depends on (docs/images.md, "Reproducible")."""
+    import platform
+
+    def first_line(*command: str) -> str:
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return "missing"
+        return (proc.stdout or proc.stderr).strip().splitlines()[0] if proc.returncode == 0 else "missing"
+
+    return {"python": platform.python_version(), "glibc": "-".join(platform.libc_ver()),
+            "pip": first_line(sys.executable, "-m", "pip", "--version").split(" from ")[0],
+            "umoci": first_line("umoci", "--version"), "mmdebstrap": first_line("mmdebstrap", "--version"),
+            "tar": first_line("tar", "--version")}
+
+
+def finals(image: str, out: Path) -> tuple[Path, Path, Path]:
+    """The record, the archive and the layout of ``image`` under ``out`` (the record first:
+    removed first, written last, so that a record always names complete files)."""
+    return out / f"{image}.json", out / f"{image}.oci.tar", out / f"{image}.oci"
+
+
+def remove_finals(image: str, out: Path) -> None:
+    """A build's first step: the previous build's record, archive and layout go, so a build
+    that fails leaves no image that looks complete (smoke and push then say there is none)."""
+    for final in finals(image, out):
+        if final.is_dir() and not final.is_symlink():
+            shutil.rmtree(final)
+        elif final.exists() or final.is_symlink():
+            final.unlink()
+
+
+def build(image: str, *, out: Path | None = None, fresh: bool = False) -> dict:
+    """Build ``image`` (operator | oracle) into ``out`` (.run/images/); returns the record
+    written to <image>.json. ``fresh``: no cached Debian base and no pip cache.
+
+    A build that fails leaves nothing under the final names: the previous build's record,
+    archive and layout are removed first; the build works in ``out/.build-<image>-*``; the
+    layout and the archive are renamed into place only after every step succeeded, and the
+    record (naming the inputs, the digest and the archive's size and sha256) last.
     """
     require_root()
     ensure_tools("mmdebstrap", "umoci")
     base = Base.load()
-    config = dockerfile_config()
-    if image == "oracle":
-        # the oracle service's user, entrypoint and command (images/oracle/Dockerfile); its
-        # PATH entry names that build's venv, which this build does not use (pip installs to /usr/local)
-        oracle = dockerfile_config(ORACLE_DOCKERFILE)
-        config = ImageConfig(user=oracle.user, entrypoint=oracle.entrypoint, cmd=oracle.cmd,
-                             env={k: v for k, v in oracle.env.items() if k != "PATH"})
-    pinned = dockerfile_apt_pins()
-    if pinned != base.packages:
-        raise ImageError("images/operator/Dockerfile's apt pins differ from images/base/debian.yaml: run `hack/images.sh lock-base`")
-    out = ensure_out()
+    config = dockerfile_config(DOCKERFILES[image])
+    for dockerfile in DOCKERFILES.values():
+        if dockerfile_apt_pins(dockerfile) != base.packages:
+            raise ImageError(f"{dockerfile.relative_to(ROOT)}'s apt pins differ from images/base/debian.yaml: "
+                             "run `hack/images.sh lock-base`")
+    out = out or ensure_out()
+    out.mkdir(parents=True, exist_ok=True)
+    inputs = build_inputs()
+    remove_finals(image, out)
     started = time.monotonic()
     timings = {}
     with tempfile.TemporaryDirectory(prefix=f".build-{image}-", dir=out) as tmp:
         work = Path(tmp)
         t0 = time.monotonic()
-        wheels = build_wheels(base, image, work)
+        wheels = build_wheels(base, image, work, fresh=fresh)
         timings["wheels_s"] = round(time.monotonic() - t0, 1)
-        log(f"{image}: wheels built ({timings['wheels_s']} s); mmdebstrap {len(base.packages)} Debian packages")
+        log(f"{image}: wheels built ({timings['wheels_s']} s); mmdebstrap {len(base.packages)} Debian packages"
+            + (" (fresh: no cached base)" if fresh else ""))
         t0 = time.monotonic()
         rootfs = work / "rootfs"
-        base_rootfs(base, rootfs)
+        base_rootfs(base, rootfs, fresh=fresh)
         got = installed_debs(rootfs)
         if got != base.packages:
             extra = sorted(set(got.items()) - set(base.packages.items()))
@@ -539,17 +628,15 @@ def build(image: str) -> dict:
         timings["oci_s"] = round(time.monotonic() - t0, 1)
         compressed, uncompressed = sizes(layout, manifest)
         record = {"image": image, "digest": digest, "compressed_bytes": compressed, "uncompressed_bytes": uncompressed,
-                  "archive_sha256": sha256_file(archive), "build_s": round(time.monotonic() - started, 1), **timings,
-                  "packages": packages}
-        for final in (out / f"{image}.json", out / f"{image}.oci.tar", out / f"{image}.oci"):
-            if final.is_dir():
-                shutil.rmtree(final)
-            elif final.exists():
-                final.unlink()
-        os.rename(layout, out / f"{image}.oci")
-        os.rename(archive, out / f"{image}.oci.tar")
-        (out / f"{image}.json.partial").write_text(json.dumps(record, indent=1) + "\n")
-        os.rename(out / f"{image}.json.partial", out / f"{image}.json")
+                  "archive_bytes": archive.stat().st_size, "archive_sha256": sha256_file(archive),
+                  "build_s": round(time.monotonic() - started, 1), **timings, "fresh": fresh,
+                  "inputs": inputs, "host": host_tools(), "packages": packages}
+        partial = work / f"{image}.json"
+        partial.write_text(json.dumps(record, indent=1) + "\n")
+        record_path, final_archive, final_layout = finals(image, out)
+        os.rename(layout, final_layout)
+        os.rename(archive, final_archive)
+        os.rename(partial, record_path)
     return record
 
 
@@ -561,11 +648,57 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def summary(record: dict) -> str:
+def summary(record: dict, out: Path | None = None) -> str:
+    out = out or OUT
+    where = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
+    inputs = record.get("inputs") or {}
+    commit = (inputs.get("commit") or "no commit")[:12] + ("+changes" if inputs.get("dirty") else "")
     return (f"{record['image']}: {record['digest']}  {record['compressed_bytes'] / 1e6:,.1f} MB compressed, "
             f"{record['uncompressed_bytes'] / 1e6:,.0f} MB uncompressed; built in {record['build_s']:.0f} s "
             f"(wheels {record['wheels_s']:.0f} s, Debian {record['debian_s']:.0f} s, install {record['install_s']:.0f} s, "
-            f"OCI {record['oci_s']:.0f} s) -> {OUT.relative_to(ROOT)}/{record['image']}.oci.tar")
+            f"OCI {record['oci_s']:.0f} s) from {commit} (inputs {inputs.get('sha256', '?')[:16]}) "
+            f"-> {where}/{record['image']}.oci.tar")
+
+
+def layout_blobs(layout: Path) -> set[str]:
+    """The digests of every blob in an OCI layout (``sha256:<hex>``)."""
+    return {f"{p.parent.name}:{p.name}" for p in (layout / "blobs").glob("*/*") if p.is_file()}
+
+
+def verify_reproducible(image: str) -> dict:
+    """Build ``image`` twice from nothing (no cached Debian base: mmdebstrap each time; no pip
+    cache) into .run/images/reproducible/<image>/{1,2}/ and compare the full digests and the
+    archives' sha256. Writes and returns the result (result.json there); raises ImageError
+    naming the blobs that differ when the two builds differ (both kept for diffoscope).
+    The builds do not touch .run/images/<image>.* (the image smoke and push use)."""
+    top = ensure_out() / "reproducible" / image
+    shutil.rmtree(top, ignore_errors=True)
+    builds, t0, started = [], time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for n in (1, 2):
+        out = top / str(n)
+        record = build(image, out=out, fresh=True)
+        print(summary(record, out), flush=True)
+        builds.append(record)
+    first, second = builds
+    same = first["digest"] == second["digest"] and first["archive_sha256"] == second["archive_sha256"]
+    result = {"image": image, "reproducible": same, "inputs": first["inputs"], "host": first["host"],
+              "started": started,
+              "total_s": round(time.monotonic() - t0, 1),
+              "builds": [{k: r[k] for k in ("digest", "archive_sha256", "compressed_bytes", "uncompressed_bytes",
+                                             "build_s", "wheels_s", "debian_s", "install_s", "oci_s")} for r in builds]}
+    if first["inputs"]["sha256"] != second["inputs"]["sha256"]:
+        raise ImageError("the inputs changed between the two builds (a file under "
+                         f"{', '.join(BUILD_INPUTS)} was edited): nothing was compared")
+    (top / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+    if not same:
+        a, b = (layout_blobs(finals(image, top / str(n))[2]) for n in (1, 2))
+        raise ImageError(f"{image} is not reproducible: {first['digest']} then {second['digest']}; blobs only in the "
+                         f"first: {sorted(a - b)}, only in the second: {sorted(b - a)} (both builds kept under {top}; "
+                         "compare the layers with diffoscope)")
+    shutil.rmtree(top / "2")  # the same bytes twice: the first build's files stay
+    log(f"{image}: reproducible, {first['digest']} twice from nothing (builds {first['build_s']:.0f} s and "
+        f"{second['build_s']:.0f} s); {top / 'result.json'}")
+    return result
 
 
 # ---------------------------------------------------------------------------------------
@@ -582,16 +715,57 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 READY_TIMEOUT_S = 300
 
 
-def record_of(image: str) -> dict:
-    path = OUT / f"{image}.json"
-    if not path.is_file() or not (OUT / f"{image}.oci" / "index.json").is_file():
-        raise ImageError(f"no built {image} image under {OUT}: run `hack/images.sh build {image}` first")
-    return json.loads(path.read_text())
+def record_of(image: str, *, out: Path | None = None) -> dict:
+    """The record of the built ``image`` under ``out`` (.run/images/); raises ImageError when
+    there is none (never built, or the last build failed or is running), when its files are
+    incomplete, or when it was built from other inputs than the tree's (record_problems)."""
+    out = out or OUT
+    path = finals(image, out)[0]
+    if not path.is_file():
+        raise ImageError(f"no built {image} image under {out} (none was built, or the last build failed "
+                         f"or is still running): run `hack/images.sh build {image}`")
+    record = json.loads(path.read_text())
+    problems = record_problems(record, image, out, inputs_sha256=tree_hash(BUILD_INPUTS))
+    if problems:
+        raise ImageError(f"the {image} image under {out} cannot be used: " + "; ".join(problems) +
+                         f". Run `hack/images.sh build {image}`")
+    return record
+
+
+def record_problems(record: dict, image: str, out: Path, *, inputs_sha256: str) -> list[str]:
+    """Why a record does not describe a complete image of the current inputs: it names no
+    inputs or other ones (a stale image), or its layout or archive is missing or is not the
+    one it names. Empty when it may be smoked and pushed (push also checks the archive's sha256)."""
+    _, archive, layout = finals(image, out)
+    problems = []
+    inputs = record.get("inputs")
+    if not isinstance(inputs, dict) or "sha256" not in inputs:
+        problems.append("its record names no inputs (built before records did)")
+    elif inputs["sha256"] != inputs_sha256:
+        commit = (inputs.get("commit") or "no commit")[:12] + (" with changes" if inputs.get("dirty") else "")
+        problems.append(f"it is stale: built from other inputs ({commit}, inputs {inputs['sha256'][:16]}) than "
+                        f"the tree's ({inputs_sha256[:16]}; {', '.join(BUILD_INPUTS)})")
+    if not (layout / "index.json").is_file():
+        problems.append(f"its layout {layout.name} is missing or incomplete")
+    else:
+        try:
+            digest = manifest_of(layout, image)[0]
+        except (ImageError, OSError, ValueError) as err:
+            problems.append(f"its layout {layout.name} is unreadable ({err})")
+        else:
+            if digest != record.get("digest"):
+                problems.append(f"its layout holds {digest}, not the recorded {record.get('digest')}")
+    if not archive.is_file():
+        problems.append(f"its archive {archive.name} is missing")
+    elif archive.stat().st_size != record.get("archive_bytes"):
+        problems.append(f"its archive {archive.name} has {archive.stat().st_size} bytes, "
+                        f"not the recorded {record.get('archive_bytes')}")
+    return problems
 
 
 def unpack_bundle(image: str, bundle: Path) -> dict:
     """umoci unpack of the built image into ``bundle``; returns the runtime spec (config.json)."""
-    run(["umoci", "unpack", "--image", f"{OUT / (image + '.oci')}:{image}", str(bundle)], what="umoci unpack")
+    run(["umoci", "unpack", "--image", f"{finals(image, OUT)[2]}:{image}", str(bundle)], what="umoci unpack")
     return json.loads((bundle / "config.json").read_text())
 
 
@@ -961,52 +1135,80 @@ def stop_registry() -> None:
         (REGISTRY_DIR / "address").unlink(missing_ok=True)
 
 
+def push_source(image: str) -> str:
+    """What push copies: the built archive, ``oci-archive:.run/images/<image>.oci.tar`` (the
+    READMEs' ``skopeo copy`` source; relative to the repository, where skopeo runs)."""
+    archive = finals(image, OUT)[1]
+    return f"oci-archive:{archive.relative_to(ROOT) if archive.is_relative_to(ROOT) else archive}"
+
+
 def push(image: str) -> dict:
-    """skopeo copies the built image to the local registry; the pushed digest must be the built one."""
+    """skopeo copies the built image's archive (``oci-archive:.run/images/<image>.oci.tar``, the
+    READMEs' command) to the local registry; the pushed digest must be the built one."""
     ensure_tools("skopeo")
     record = record_of(image)
+    _, archive, _ = finals(image, OUT)
+    if sha256_file(archive) != record["archive_sha256"]:
+        raise ImageError(f"{archive} is not the archive its build recorded (sha256 differs): rebuild")
     addr = ensure_registry()
     version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
     dest = f"{addr}/{REPOSITORIES[image]}:{version}"
+    source = push_source(image)
     with tempfile.TemporaryDirectory() as tmp:
         digest_file = Path(tmp) / "digest"
         t0 = time.monotonic()
+        # the registry is plain HTTP on loopback; a real registry needs no --dest-tls-verify
         run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", "--digestfile", str(digest_file),
-             f"oci:{OUT / (image + '.oci')}:{image}", f"docker://{dest}"], what="skopeo copy")
+             source, f"docker://{dest}"], what="skopeo copy", cwd=ROOT)
         pushed = digest_file.read_text().strip()
     if pushed != record["digest"]:
         raise ImageError(f"the registry holds {pushed}, not the built {record['digest']} (skopeo changed the manifest)")
-    log(f"pushed {dest}@{pushed} in {time.monotonic() - t0:.1f} s")
-    return {"image": image, "reference": f"{addr}/{REPOSITORIES[image]}@{pushed}", "tag": dest}
+    log(f"pushed {source} to {dest}@{pushed} in {time.monotonic() - t0:.1f} s")
+    return {"image": image, "reference": f"{addr}/{REPOSITORIES[image]}@{pushed}", "tag": dest, "source": source}
 
 
-def chart_check(addr: str, digest: str) -> str:
-    """The chart rendered with image.repository/image.digest names a manifest the registry serves
-    (its HTTP API: the manifest by digest, then its config and every layer). Returns the image."""
+def chart_args(repository: str, digest: str, *, oracle: tuple[str, str] | None = None) -> list[str]:
+    """The ``--set`` options that pin the chart's images by digest (the READMEs' commands):
+    the operator's, and with ``oracle`` (repository, digest) the oracle service's too."""
+    args = ["--set", f"image.repository={repository}", "--set", f"image.digest={digest}"]
+    if oracle:
+        args += ["--set", "oracle.enabled=true", "--set", f"oracle.image.repository={oracle[0]}",
+                 "--set", f"oracle.image.digest={oracle[1]}"]
+    return args
+
+
+def chart_check(addr: str, digest: str, *, oracle_digest: str | None = None) -> list[str]:
+    """The chart rendered with image.repository/image.digest (and with ``oracle_digest``
+    oracle.enabled and oracle.image.repository/digest) names manifests the registry serves
+    (its HTTP API: each manifest by digest, then its config and every layer). Returns the images."""
     from sglang_pd_operator_dev.cluster import build as cluster_build
 
     helm = cluster_build.ensure_binaries(log=log).path("helm")
     repository = f"{addr}/{REPOSITORIES['operator']}"
+    expected = [f"{repository}@{digest}"]
+    oracle = None
+    if oracle_digest:
+        oracle = (f"{addr}/{REPOSITORIES['oracle']}", oracle_digest)
+        expected.append(f"{oracle[0]}@{oracle_digest}")
     rendered = run([str(helm), "template", "pd", str(CHART), "--namespace", "sglang-system",
-                    "--set", f"image.repository={repository}", "--set", f"image.digest={digest}"], what="helm template").stdout
-    images = [c["image"] for doc in yaml.safe_load_all(rendered) if doc and doc.get("kind") == "Deployment"
-              for c in doc["spec"]["template"]["spec"]["containers"]]
-    expected = f"{repository}@{digest}"
-    if images != [expected]:
-        raise ImageError(f"the chart renders {images}, expected [{expected}]")
-    ref = images[0]
-    host, _, rest = ref.partition("/")
-    name, _, ref_digest = rest.partition("@")
-    status, headers, body = http_get(f"http://{host}/v2/{name}/manifests/{ref_digest}", accept=OCI_MANIFEST)
-    if status != 200 or headers.get("Docker-Content-Digest") != digest:
-        raise ImageError(f"the registry does not serve {ref}: HTTP {status} {body[:200]!r}")
-    manifest = json.loads(body)
-    for blob in [manifest["config"], *manifest["layers"]]:
-        status, _, _ = http_get(f"http://{host}/v2/{name}/blobs/{blob['digest']}", method="HEAD")
-        if status != 200:
-            raise ImageError(f"the registry lacks blob {blob['digest']} of {ref} (HTTP {status})")
-    log(f"chart: image {ref} resolves in the registry (manifest, config and {len(manifest['layers'])} layer(s))")
-    return ref
+                    *chart_args(repository, digest, oracle=oracle)], what="helm template").stdout
+    images = sorted(c["image"] for doc in yaml.safe_load_all(rendered) if doc and doc.get("kind") == "Deployment"
+                    for c in doc["spec"]["template"]["spec"]["containers"])
+    if images != sorted(expected):
+        raise ImageError(f"the chart renders {images}, expected {sorted(expected)}")
+    for ref in images:
+        host, _, rest = ref.partition("/")
+        name, _, ref_digest = rest.partition("@")
+        status, headers, body = http_get(f"http://{host}/v2/{name}/manifests/{ref_digest}", accept=OCI_MANIFEST)
+        if status != 200 or headers.get("Docker-Content-Digest") != ref_digest:
+            raise ImageError(f"the registry does not serve {ref}: HTTP {status} {body[:200]!r}")
+        manifest = json.loads(body)
+        for blob in [manifest["config"], *manifest["layers"]]:
+            status, _, _ = http_get(f"http://{host}/v2/{name}/blobs/{blob['digest']}", method="HEAD")
+            if status != 200:
+                raise ImageError(f"the registry lacks blob {blob['digest']} of {ref} (HTTP {status})")
+        log(f"chart: image {ref} resolves in the registry (manifest, config and {len(manifest['layers'])} layer(s))")
+    return images
 
 
 # ---------------------------------------------------------------------------------------
@@ -1017,14 +1219,8 @@ CI_INPUTS = ("images", "operator", "kernels", "pyproject.toml", "README.md", "re
 
 
 def inputs_hash() -> str:
-    """sha256 over every file of CI_INPUTS (path and bytes; __pycache__ left out)."""
-    digest = hashlib.sha256()
-    for top in CI_INPUTS:
-        paths = [ROOT / top] if (ROOT / top).is_file() else sorted((ROOT / top).rglob("*"))
-        for path in paths:
-            if path.is_file() and "__pycache__" not in path.parts:
-                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    """sha256 over every file of CI_INPUTS (path and bytes; IGNORED_INPUTS left out)."""
+    return tree_hash(CI_INPUTS)
 
 
 def ci(*, oracle: bool = False) -> int:
@@ -1049,7 +1245,8 @@ def ci(*, oracle: bool = False) -> int:
             results[image] = {k: v for k, v in record.items() if k != "packages"}
             results[image]["smoke"] = smoke(image)
             results[image]["push"] = push(image)
-        results["chart"] = chart_check(ensure_registry(), results["operator"]["digest"])
+        results["chart"] = chart_check(ensure_registry(), results["operator"]["digest"],
+                                       oracle_digest=results.get("oracle", {}).get("digest"))
     except ImageError:
         print(f"images: {len(results)} passed, 1 failed")
         raise
@@ -1073,7 +1270,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("image", choices=["operator", "oracle"])
     pu = sub.add_parser("push", help="push built images to the local registry (started on loopback if needed)")
     pu.add_argument("images", nargs="*", choices=["operator", "oracle"], default=["operator"])
-    sub.add_parser("chart-check", help="the chart with image.repository/digest names an image the registry serves")
+    cc = sub.add_parser("chart-check", help="the chart with image.repository/digest names an image the registry serves")
+    cc.add_argument("--oracle", action="store_true", help="also pin the oracle image (oracle.image.repository/digest)")
+    vr = sub.add_parser("verify-reproducible", help="build an image twice from nothing (no cached base) and compare digests")
+    vr.add_argument("image", choices=["operator", "oracle"])
     sub.add_parser("registry-stop", help="stop the local registry this tool started")
     c = sub.add_parser("ci", help="build, smoke, push and chart-check when an input changed (what .ci/run runs)")
     c.add_argument("--oracle", action="store_true", help="the oracle image too (cold: about 15 min more)")
@@ -1089,7 +1289,10 @@ def main(argv: list[str] | None = None) -> int:
             for image in args.images:
                 print(json.dumps(push(image)))
         elif args.command == "chart-check":
-            print(chart_check(ensure_registry(), record_of("operator")["digest"]))
+            oracle_digest = record_of("oracle")["digest"] if args.oracle else None
+            print("\n".join(chart_check(ensure_registry(), record_of("operator")["digest"], oracle_digest=oracle_digest)))
+        elif args.command == "verify-reproducible":
+            print(json.dumps(verify_reproducible(args.image), indent=1))
         elif args.command == "registry-stop":
             stop_registry()
         elif args.command == "ci":

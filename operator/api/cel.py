@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import celpy
 
 from .crd import all_crds
+from .structural import _regex
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,25 @@ class RuleViolation:
     message: str
 
 
+def _matches(text: Any, pattern: Any) -> Any:
+    """CEL's ``matches``: an unanchored RE2 search, compiled with the memory the long patterns
+    need (cel-python's own ``matches`` uses re2's default, too small for the image pattern)."""
+    return celpy.celtypes.BoolType(_regex(str(pattern)).search(str(text)) is not None)
+
+
+def _find_all(text: Any, pattern: Any) -> Any:
+    """The Kubernetes CEL regex library's ``findAll``: every non-overlapping match, leftmost first."""
+    return celpy.celtypes.ListType(celpy.celtypes.StringType(m.group(0)) for m in _regex(str(pattern)).finditer(str(text)))
+
+
+#: Functions the API server's CEL has beyond cel-python's (or with Go's RE2 semantics).
+_FUNCTIONS = {"matches": _matches, "findAll": _find_all}
+
+
 @lru_cache(maxsize=None)
 def _program(rule: str) -> Any:
     env = celpy.Environment()
-    return env.program(env.compile(rule))
+    return env.program(env.compile(rule), functions=_FUNCTIONS)
 
 
 @lru_cache(maxsize=None)

@@ -14,6 +14,7 @@ stale.
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +33,44 @@ MAX_NAME_LENGTH = 40
 MAX_MULTI_NODE_NAME_LENGTH = 32
 
 
-def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
+def structural_schema(model: type[BaseModel], *, path: str | None = None) -> dict[str, Any]:
     """Return the structural OpenAPI v3 schema of ``model`` as a plain dict.
 
-    Raises ``ValueError`` when the model uses a construct a structural schema cannot
-    express (a union of two object types, say), naming the offending schema.
+    ``path``: where the model's object sits in the custom object (``spec``). When given, a
+    ``pattern`` of :data:`v1alpha1.CEL_PATTERN_FORMS` becomes a CEL rule (:func:`pattern_rule`),
+    so the API server's error names the field and says the form in words instead of quoting
+    the regex. Raises ``ValueError`` when the model uses a construct a structural schema
+    cannot express (a union of two object types, say), naming the offending schema.
     """
     raw = model.model_json_schema(mode="validation", ref_template="#/$defs/{model}")
     defs = raw.pop("$defs", {})
-    return _convert(raw, defs)
+    return _convert(raw, defs, path, 1)
+
+
+#: The most a pattern's CEL rule may cost by the API server's static estimate (times how many
+#: values it runs on): the API server refuses a rule over 10,000,000 and a CRD whose rules add
+#: up to over 100,000,000 (apiextensions-apiserver, StaticEstimatedCostLimit /
+#: StaticEstimatedCRDCostLimit). A pattern whose rule would cost more stays a ``pattern``: the
+#: extraArgs items and env values (4,096 and 32,768 characters, 256 of each per role).
+PATTERN_RULE_COST_BUDGET = 1_000_000
+
+
+def pattern_rule_cost(max_length: int, pattern: str, cardinality: int) -> int:
+    """The API server's static cost estimate of ``self.matches(pattern)`` on a string of at most
+    ``max_length`` characters, run on ``cardinality`` values (cel-go's checker: the string's
+    traversal cost, 0.1 per byte, times the regex's, 0.25 per character; k8s sizes a string of
+    maxLength characters as 4 bytes each). Checked against kube-apiserver v1.36: an extraArgs
+    item (4,096 characters, 256 items) comes out at 12.2M here, 1.217 x 10M there."""
+    return math.ceil(max_length * 4 * 0.1) * math.ceil(len(pattern) * 0.25) * cardinality
+
+
+def pattern_rule(field: str, pattern: str) -> dict[str, str]:
+    """The CEL rule that replaces ``pattern`` on ``field``: the same RE2 regex (``matches`` is an
+    unanchored RE2 search, as ``pattern`` is), with a message naming the field, the form in
+    words and the fix."""
+    form = v1alpha1.CEL_PATTERN_FORMS[pattern]
+    return {"rule": f"self.matches({v1alpha1.cel_string(pattern)})",
+            "message": f"{field}: must be {form}; change the value to that form"}
 
 
 def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +93,11 @@ def _unwrap_optional(node: dict[str, Any]) -> dict[str, Any]:
     return {**non_null[0], **out}
 
 
-def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+def _convert(node: dict[str, Any], defs: dict[str, Any], path: str | None = None,
+             cardinality: int | None = 1) -> dict[str, Any]:
+    """``node`` (pydantic's JSON schema) as a structural schema node; ``path`` is the node's field
+    path (None: no pattern becomes a CEL rule), ``cardinality`` the most values it can hold in one
+    object (None: unbounded, a list or map without a maximum above it)."""
     node = dict(node)
     while "$ref" in node or "anyOf" in node:  # Optional[Model]: anyOf [$ref, null] -> $ref -> Model
         node = _unwrap_optional(_resolve(node, defs))
@@ -78,18 +112,28 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         elif key == "exclusiveMaximum":
             out["maximum"], out["exclusiveMaximum"] = value, True
         elif key == "properties":
-            out["properties"] = {name: _convert(sub, defs) for name, sub in value.items()}
+            out["properties"] = {name: _convert(sub, defs, path and f"{path}.{name}", cardinality)
+                                 for name, sub in value.items()}
         elif key == "items":
-            out["items"] = _convert(value, defs)
+            bound = node.get("maxItems")
+            out["items"] = _convert(value, defs, path and f"{path}[*]",
+                                    cardinality * bound if cardinality and bound else None)
         elif key == "additionalProperties":
             if value is True:
                 out["x-kubernetes-preserve-unknown-fields"] = True
             elif isinstance(value, dict):
-                out["additionalProperties"] = _convert(value, defs)
+                bound = node.get("maxProperties")
+                out["additionalProperties"] = _convert(value, defs, path and f"{path}.*",
+                                                       cardinality * bound if cardinality and bound else None)
             # False (extra="forbid"): structural schemas prune unknown fields and
             # kubectl's strict field validation reports them; nothing to emit.
         else:
             out[key] = value
+    pattern = out.get("pattern")
+    if (path and cardinality and pattern in v1alpha1.CEL_PATTERN_FORMS and "maxLength" in out
+            and pattern_rule_cost(out["maxLength"], pattern, cardinality) <= PATTERN_RULE_COST_BUDGET):
+        del out["pattern"]
+        out["x-kubernetes-validations"] = [pattern_rule(path, pattern), *out.get("x-kubernetes-validations", [])]
     if "enum" in out and "type" not in out:
         out["type"] = "string"
     if "properties" in out and "type" not in out:
@@ -114,7 +158,7 @@ def _printer_columns() -> list[dict[str, Any]]:
 
 def pddeployment_crd() -> dict[str, Any]:
     """The PDDeployment CRD (``pdd``) as a dict, from ``PDDeploymentSpec``/``Status``."""
-    spec_schema = structural_schema(v1alpha1.PDDeploymentSpec)
+    spec_schema = structural_schema(v1alpha1.PDDeploymentSpec, path="spec")
     status_schema = structural_schema(v1alpha1.PDDeploymentStatus)
     status_schema["x-kubernetes-preserve-unknown-fields"] = True
     return _crd(
@@ -230,7 +274,7 @@ def _kind_crd(module: Any, model: type[BaseModel], spec_model: type[BaseModel], 
         plural=module.PLURAL,
         short_names=[module.SHORT_NAME],
         description=model.__doc__ or "",
-        spec_schema=structural_schema(spec_model),
+        spec_schema=structural_schema(spec_model, path="spec"),
         status_schema=status_schema,
         printer_columns=printer_columns,
         name_rule=name_rule,

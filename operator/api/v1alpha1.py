@@ -98,17 +98,57 @@ def duration_nanoseconds(text: str) -> int:
     return total
 
 
+#: Most parts (number and unit) of a duration: one per unit, as 1h2m3s500ms. The CEL rule that
+#: bounds a duration adds each part's bound (at most MAX_DURATION) into a sum that cannot
+#: overflow Go's int64 nanoseconds (5 x MAX_DURATION would), so ``duration()`` never fails.
+MAX_DURATION_PARTS = 4
+_DURATION_PART_PATTERN = r"[0-9]+(\.[0-9]+)?(ms|s|m|h)"
+#: One part ``duration()`` parses without overflow, covering every part of at most MAX_DURATION
+#: (596523h, 35791394m, 2147483647s, 2147483647000ms; leading zeros allowed).
+_DURATION_PART_PARSES = (r"^0*([0-9]{1,6}(\.[0-9]+)?h|[0-9]{1,8}(\.[0-9]+)?m|([0-9]{1,9}|[1-8][0-9]{9})(\.[0-9]+)?s"
+                         r"|([0-9]{1,12}|[1-8][0-9]{12})(\.[0-9]+)?ms)$")
+
+
 def _bounded_duration(text: str) -> str:
-    """``text`` unchanged when it is at most ``MAX_DURATION``; raises ValueError naming the bound."""
+    """``text`` unchanged when it is at most ``MAX_DURATION`` in at most ``MAX_DURATION_PARTS``
+    parts; raises ValueError naming the bound."""
     if duration_nanoseconds(text) > MAX_DURATION_SECONDS * 10**9:
         raise ValueError(
             f"{text!r} is longer than {MAX_DURATION}, the longest duration Kubernetes' int32 seconds fields "
             f"take (a Deployment's progressDeadlineSeconds); write at most {MAX_DURATION}"
         )
+    if len(_DURATION_PART.findall(text)) > MAX_DURATION_PARTS:
+        raise ValueError(f"{text!r} has more than {MAX_DURATION_PARTS} parts; write it with one part per unit, "
+                         "e.g. 1h2m3s500ms")
     return text
 
 
-#: A duration, at most MAX_DURATION (2^31-1 s): the CRD's pattern and a CEL rule, and the
+def cel_string(text: str) -> str:
+    """``text`` as a CEL single-quoted string literal (backslashes and quotes escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def cel_duration_parses(expr: str) -> str:
+    """A CEL condition, never failing, that holds when ``duration(expr)`` parses (the string
+    ``expr`` is a duration of at most MAX_DURATION_PARTS parts, each at most MAX_DURATION, so
+    their sum cannot overflow Go's int64 nanoseconds). A rule reads ``!(this) || <rule on
+    duration(expr)>`` so that a value that is no duration is left to the Duration's own rules
+    (the form, the bound) instead of failing with the API server's "type conversion error"."""
+    part = cel_string(_DURATION_PART_PATTERN)
+    return (f"({expr}.matches({cel_string(DURATION_PATTERN)}) && {expr}.findAll({part}).size() <= {MAX_DURATION_PARTS}"
+            f" && {expr}.findAll({part}).all(p, p.matches({cel_string(_DURATION_PART_PARSES)}) && "
+            f"duration(p) <= duration('{MAX_DURATION}')))")
+
+
+#: The CEL rule bounding a duration, never failing to evaluate (the API server would print
+#: "type conversion error" and the literal word "string"): a value that is not a duration is
+#: left to the form's rule (crd.pattern_rule); parts too many or too long are refused here.
+DURATION_BOUND_RULE = (
+    f"!self.matches({cel_string(DURATION_PATTERN)}) || "
+    f"({cel_duration_parses('self')} && duration(self) <= duration('{MAX_DURATION}'))"
+)
+
+#: A duration, at most MAX_DURATION (2^31-1 s): the CRD's form and bound as CEL rules, and the
 #: same bound in check (the AfterValidator, exact to the nanosecond as Go parses it).
 Duration = Annotated[
     str,
@@ -118,9 +158,10 @@ Duration = Annotated[
         description="A duration: a number with unit ms, s, m or h, e.g. 800ms, 15s, 5m.",
         json_schema_extra={
             "x-kubernetes-validations": [
-                cel(f"duration(self) <= duration('{MAX_DURATION}')",
+                cel(DURATION_BOUND_RULE,
                     f"must be a duration of at most {MAX_DURATION} (2^31-1 seconds, the longest Kubernetes' "
-                    f"int32 seconds fields take); write a shorter duration")
+                    f"int32 seconds fields take) in at most {MAX_DURATION_PARTS} parts; write a shorter "
+                    "duration, e.g. 30m or 1h2m3s500ms")
             ]
         },
     ),
@@ -144,6 +185,15 @@ PATTERN_FORMS: dict[str, str] = {
     PRINTABLE_LINES_PATTERN: PRINTABLE_LINES_FORM,
     VOLUME_PATH_PATTERN: VOLUME_PATH_FORM,
     IMAGE_PATTERN: IMAGE_FORM,
+}
+
+#: The forms whose pattern the CRD writes as a CEL rule (crd.pattern_rule) so that the API
+#: server's error says the form in words and the fix, not the regex (these regexes are long:
+#: up to ~700 characters once the API server quotes them); the short DNS-label and quantity
+#: patterns stay patterns.
+CEL_PATTERN_FORMS: dict[str, str] = {
+    p: PATTERN_FORMS[p]
+    for p in (DURATION_PATTERN, PRINTABLE_PATTERN, PRINTABLE_LINES_PATTERN, VOLUME_PATH_PATTERN, IMAGE_PATTERN)
 }
 
 #: Text copied into engine commands, labels or logs: one printable line (api/text.py).
@@ -941,14 +991,16 @@ class SLOSpec(_Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    f"!has(self.window) || duration(self.window) <= duration('{MAX_SLO_WINDOW}')",
+                    f"!has(self.window) || !{cel_duration_parses('self.window')} || "
+                    f"duration(self.window) <= duration('{MAX_SLO_WINDOW}')",
                     f"spec.slo.window: at most {MAX_SLO_WINDOW} (the operator keeps 72 windows of outcomes for "
                     f"its burn rates); set a window of {MAX_SLO_WINDOW} or less, and judge longer periods with "
                     "the PrometheusRule's burn-rate alerts",
                     field_path=".window",
                 ),
                 cel(
-                    f"!has(self.window) || duration(self.window) >= duration('{MIN_SLO_WINDOW}')",
+                    f"!has(self.window) || !{cel_duration_parses('self.window')} || "
+                    f"duration(self.window) >= duration('{MIN_SLO_WINDOW}')",
                     f"spec.slo.window: at least {MIN_SLO_WINDOW} (a percentile needs several of the operator's "
                     f"measurement passes inside one window); set a window of {MIN_SLO_WINDOW} or more, e.g. 5m",
                     field_path=".window",
@@ -996,8 +1048,31 @@ class OracleSpec(_Model):
     )
 
 
+#: Shortest ``spec.rollout.progressDeadline``: a group cannot be Ready in no time (``0s`` failed
+#: every rollout at once, then cut over anyway); the child Deployment's progressDeadlineSeconds
+#: is whole seconds besides.
+MIN_PROGRESS_DEADLINE = "1s"
+_MIN_PROGRESS_DEADLINE_MESSAGE = (
+    f"spec.rollout.progressDeadline: at least {MIN_PROGRESS_DEADLINE} (a new group needs time to become Ready; "
+    f"a shorter deadline fails every rollout at once); set {MIN_PROGRESS_DEADLINE} or more, e.g. 30m (the default)"
+)
+
+
 class RolloutSpec(_Model):
     """How a change of the compat key rolls out: a new group beside the old, then a cutover."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"!has(self.progressDeadline) || !{cel_duration_parses('self.progressDeadline')} || "
+                    f"duration(self.progressDeadline) >= duration('{MIN_PROGRESS_DEADLINE}')",
+                    _MIN_PROGRESS_DEADLINE_MESSAGE,
+                    field_path=".progressDeadline",
+                ),
+            ]
+        }
+    )
 
     maxSurgeGPUs: int | None = Field(
         default=None,
@@ -1009,7 +1084,8 @@ class RolloutSpec(_Model):
         description=(
             "How long a new group (or an in-place update) may take to become Ready before the rollout fails "
             "(phase Failed; the older pods keep serving). Default 30m: on a cluster without spare GPUs a surge "
-            "pod waits that long; lower it, or set rollout.maxSurgeGPUs to 0 to replace pods one at a time."
+            "pod waits that long; lower it, or set rollout.maxSurgeGPUs to 0 to replace pods one at a time. "
+            f"At least {MIN_PROGRESS_DEADLINE}."
         ),
     )
     drainGracePeriod: Duration = Field(
@@ -1021,6 +1097,14 @@ class RolloutSpec(_Model):
             "terminationGracePeriodSeconds is this plus 60s (engines) or 10s (gateway)."
         ),
     )
+    @field_validator("progressDeadline")
+    @classmethod
+    def _at_least_min_progress_deadline(cls, value: str) -> str:
+        if duration_nanoseconds(value) < duration_nanoseconds(MIN_PROGRESS_DEADLINE):
+            raise ValueError(f"{value!r} is shorter than {MIN_PROGRESS_DEADLINE}; "
+                             + _MIN_PROGRESS_DEADLINE_MESSAGE.rpartition("; ")[2])
+        return value
+
     onFailure: Literal["Keep", "ScaleToZero"] = Field(
         default="Keep", description="What happens to a group that missed its deadline: Keep (for inspection) or ScaleToZero."
     )

@@ -253,7 +253,8 @@ def _assumptions(plan: Plan, catalog: Catalog) -> tuple[str, ...]:
     sp = plan.spec.speculative
     model = plan.prefill.inputs.model
     if sp is not None and sp.algorithm == "DSPARK" and model is not None and 2 in model.compressionRatios:
-        out.append("DSpark transfer layout: pool byte lengths are taken as equal exactly when KV layout and dtype are")
+        out.append("DSpark transfer layout: the pool byte lengths of the two roles are taken as equal exactly when their "
+                   "KV layouts and KV dtypes are equal")
     return tuple(out)
 
 

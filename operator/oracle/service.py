@@ -22,14 +22,21 @@ Endpoints:
 Verdicts are cached by :func:`judged_key`, the hash of what was judged: both roles'
 rendered launches (config file, args, env of every pod of a replica), each role's
 accelerator facts, the plugin catalog, the model's HF config and the sglang version.
+An indeterminate verdict (``accepted`` None: the oracle could not judge, e.g. a bootstrap
+or handshake request that timed out on a loaded machine, an ``OracleLimit``) may be
+transient, so it is kept only ``indeterminate_ttl_s`` seconds and then judged again;
+SGLang's accept or refusal is kept until evicted (LRU, ``cache_size`` entries).
 Two requests for the same key at once are judged once. Jobs wait in a bounded queue
 (``queue_size``) for ``judges`` threads; a job whose request already timed out is
 dropped unjudged. The pool's per-call timeout equals the request timeout, so a worker
 that hangs is killed (:mod:`.pool`).
 
-Limits against a huge or hostile request: the body size, the socket read timeout
-(``read_timeout_s``), the concurrent connections (``max_connections``; more are answered
-503 at once), the queue, the per-request time. Nothing here imports SGLang.
+Limits against a huge or hostile request: the body size, one deadline per request for
+its request line, headers and body (``read_timeout_s`` from the moment the server waits
+for the request, however slowly the bytes trickle in: a client sending a byte every few
+seconds is cut off at the deadline, with a 408 once the headers are in), the concurrent
+connections (``max_connections``; more are answered 503 at once), the queue, the
+per-request time. Nothing here imports SGLang.
 """
 
 from __future__ import annotations
@@ -37,9 +44,11 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import hashlib
+import io
 import json
 import logging
 import queue
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -63,6 +72,13 @@ DEFAULT_PORT = 8090
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_REQUEST_TIMEOUT_S = 120.0
 DEFAULT_QUEUE_SIZE = 64
+#: Seconds an indeterminate verdict is served from the cache before the same inputs are judged
+#: again (it may be transient: a handshake that timed out under load). The operator asks again
+#: every ``reconcilers.sglang_gate.RETRY_S`` (5 s) while it waits, so SGLang judges such a key
+#: at most once per this interval, however many deployments wait for it.
+DEFAULT_INDETERMINATE_TTL_S = 30.0
+#: Seconds a request's line, headers and body may take to arrive, in all.
+DEFAULT_READ_TIMEOUT_S = 10.0
 #: Distinct catalogs (the built-in one and admins' overrides) the service keeps an oracle for.
 MAX_CATALOGS = 4
 
@@ -76,7 +92,8 @@ def judged_key(plan: Plan, catalog: Catalog, *, sglang_version: str = SGLANG_VER
     model's HF config and ``sglang_version``. The deployment's name and namespace are not
     part of it: two tenants with the same spec share a verdict (the verdict carries no
     name). Raises nothing for a planned spec; an accelerator missing from the catalog
-    hashes as None (the verdict is then indeterminate, and cached as such).
+    hashes as None (the verdict is then indeterminate, and cached only briefly, like every
+    indeterminate verdict: ``VerdictService.indeterminate_ttl_s``).
     """
     roles = {}
     for role in (plan.prefill, plan.decode):
@@ -124,12 +141,15 @@ class VerdictService:
     ``oracle_factory(catalog) -> Oracle`` makes the oracle of one catalog (default: an
     :class:`Oracle` with ``python``, ``max_workers`` and a per-call timeout of
     ``request_timeout_s``); ``warm``: accelerator names whose workers start at
-    :meth:`start` (``/readyz`` waits for them). ``clock``: monotonic seconds.
+    :meth:`start` (``/readyz`` waits for them). ``cache_size``: verdicts kept (LRU);
+    ``indeterminate_ttl_s``: seconds an indeterminate one of them is kept (0: never
+    cached). ``clock``: monotonic seconds.
     """
 
     def __init__(self, *, catalog: Catalog | None = None, warm: tuple[str, ...] = (), judges: int = 2,
                  queue_size: int = DEFAULT_QUEUE_SIZE, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-                 cache_size: int = 4096, python: str | None = None, max_workers: int = 4,
+                 cache_size: int = 4096, indeterminate_ttl_s: float = DEFAULT_INDETERMINATE_TTL_S,
+                 python: str | None = None, max_workers: int = 4,
                  oracle_factory: Callable[[Catalog], Oracle] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.catalog = catalog or builtin_catalog()
@@ -137,21 +157,23 @@ class VerdictService:
         self.judges = max(1, judges)
         self.request_timeout_s = request_timeout_s
         self.cache_size = cache_size
+        self.indeterminate_ttl_s = indeterminate_ttl_s
         self.clock = clock
         self._factory = oracle_factory or (lambda c: Oracle(catalog=c, python=python, max_workers=max_workers,
                                                             timeout=request_timeout_s))
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
         self._lock = threading.Lock()
         self._stats_lock = threading.Lock()
-        self._cache: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        #: judged key -> (the verdict's JSON, when it expires in ``clock`` seconds; None: kept until evicted)
+        self._cache: collections.OrderedDict[str, tuple[dict[str, Any], float | None]] = collections.OrderedDict()
         self._inflight: dict[str, _Job] = {}
         self._oracles: dict[str, tuple[Catalog, Oracle]] = {}
         self._threads: list[threading.Thread] = []
         self.ready = threading.Event()
         self.warm_error: str | None = None
         self.warm_seconds: dict[str, float] = {}
-        self.stats = {"requests": 0, "cacheHits": 0, "coalesced": 0, "judged": 0, "oracleErrors": 0,
-                      "rejectedQueueFull": 0, "timeouts": 0, "expiredInQueue": 0}
+        self.stats = {"requests": 0, "cacheHits": 0, "coalesced": 0, "judged": 0, "indeterminate": 0,
+                      "oracleErrors": 0, "rejectedQueueFull": 0, "timeouts": 0, "expiredInQueue": 0}
 
     def _count(self, name: str) -> None:
         with self._stats_lock:
@@ -233,9 +255,8 @@ class VerdictService:
         key = judged_key(plan, oracle.catalog)
         base = {"valid": not errors(problems), "problems": [p.to_dict() for p in problems], "compatKey": plan.compat_key}
         with self._lock:
-            hit = self._cache.get(key)
+            hit = self._cached(key)
             if hit is not None:
-                self._cache.move_to_end(key)
                 self._count("cacheHits")
                 return {**base, "sglang": hit, "oracle": {"key": key, "cached": True, "queuedSeconds": 0.0}}
             job = self._inflight.get(key)
@@ -262,6 +283,36 @@ class VerdictService:
             raise Rejected(HTTPStatus.SERVICE_UNAVAILABLE, f"the oracle failed, no verdict: {e}") from None
         return {**base, "sglang": sglang, "oracle": {"key": key, "cached": False, **timing}}
 
+    def _cached(self, key: str) -> dict[str, Any] | None:
+        """The cached verdict's JSON for ``key``, None when there is none or it expired (dropped then).
+
+        The caller holds ``self._lock``.
+        """
+        entry = self._cache.get(key)
+        if entry is None:
+            return None
+        data, expires = entry
+        if expires is not None and self.clock() >= expires:
+            del self._cache[key]
+            return None
+        self._cache.move_to_end(key)
+        return data
+
+    def _remember(self, key: str, data: dict[str, Any]) -> None:
+        """Cache a verdict's JSON: SGLang's accept or refusal until evicted, an indeterminate one
+        (``accepted`` None) for ``indeterminate_ttl_s`` seconds (not at all when that is 0)."""
+        expires = None
+        if data.get("accepted") is None:
+            self._count("indeterminate")
+            if self.indeterminate_ttl_s <= 0:
+                return
+            expires = self.clock() + self.indeterminate_ttl_s
+        with self._lock:
+            self._cache[key] = (data, expires)
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
     def _judge_loop(self) -> None:
         while True:
             job = self._queue.get()
@@ -275,10 +326,7 @@ class VerdictService:
                 verdict = job.oracle.judge_plan(job.plan)
                 data = verdict.to_dict()
                 data["seconds"] = round(self.clock() - began, 3)
-                with self._lock:
-                    self._cache[job.key] = data
-                    while len(self._cache) > self.cache_size:
-                        self._cache.popitem(last=False)
+                self._remember(job.key, data)
                 self._count("judged")
                 job.future.set_result((data, {"queuedSeconds": round(began - job.queued_at, 3)}))
             except OracleError as e:
@@ -300,9 +348,54 @@ class VerdictService:
                     "warmError": self.warm_error}
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A connection's reads, each against its handler's ``read_deadline`` (``time.monotonic`` seconds).
+
+    Every ``recv`` gets the time left until the deadline as its socket timeout, so the
+    request line, headers and body of one request arrive within the deadline in all,
+    however slowly they trickle in. Past it a read raises ``TimeoutError`` (which
+    ``BaseHTTPRequestHandler`` answers by closing the connection). After each read the
+    socket's timeout is ``idle_timeout_s`` again: writes keep a per-operation timeout.
+    """
+
+    def __init__(self, sock: socket.socket, handler: "_Handler", *, idle_timeout_s: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._handler = handler
+        self._idle_timeout_s = idle_timeout_s
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._handler.read_deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request was not read within its deadline")
+        self._sock.settimeout(left)
+        try:
+            return self._sock.recv_into(buffer)
+        finally:
+            self._sock.settimeout(self._idle_timeout_s)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: "OracleHTTPServer"
     protocol_version = "HTTP/1.1"
+    #: ``time.monotonic`` seconds by which the current request's line, headers and body must be read.
+    read_deadline: float = 0.0
+
+    def setup(self) -> None:
+        """The connection's reader keeps each request's deadline (:class:`_DeadlineReader`)."""
+        super().setup()
+        self.rfile.close()  # the socket's own reader: its reference would keep the socket open
+        self.rfile = io.BufferedReader(
+            _DeadlineReader(self.connection, self, idle_timeout_s=self.server.read_timeout_s),
+            self.rbufsize if self.rbufsize > 0 else io.DEFAULT_BUFFER_SIZE)
+
+    def handle_one_request(self) -> None:
+        """One request, its line, headers and body read within ``server.read_timeout_s`` from now."""
+        self.read_deadline = time.monotonic() + self.server.read_timeout_s
+        super().handle_one_request()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         log.debug("%s " + format, self.address_string(), *args)
@@ -348,6 +441,9 @@ class _Handler(BaseHTTPRequestHandler):
                        headers)
 
     def _read_body(self) -> bytes:
+        """The request's body (Content-Length bytes, at most ``server.max_body_bytes``), read by the
+        request's deadline; raises :class:`Rejected` 411 (no length), 413 (too large), 408 (the
+        deadline passed), 400 (the client closed before the body ended)."""
         length = self.headers.get("Content-Length")
         limit = self.server.max_body_bytes
         if length is None or not length.isdigit():
@@ -357,16 +453,31 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             raise Rejected(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                            f"the body has {int(length)} bytes, more than the limit of {limit}")
-        return self.rfile.read(int(length))
+        try:
+            body = self.rfile.read(int(length))
+        except TimeoutError:
+            self.close_connection = True
+            raise Rejected(HTTPStatus.REQUEST_TIMEOUT, f"the request's headers and body did not arrive within "
+                           f"{self.server.read_timeout_s:g} s") from None
+        if len(body) < int(length):  # the client closed its side early
+            self.close_connection = True
+            raise Rejected(HTTPStatus.BAD_REQUEST, f"the body ended after {len(body)} of {int(length)} bytes")
+        return body
 
 
 class OracleHTTPServer(ThreadingHTTPServer):
-    """The HTTP front of a :class:`VerdictService`: one thread per connection, at most ``max_connections``."""
+    """The HTTP front of a :class:`VerdictService`: one thread per connection, at most ``max_connections``.
+
+    ``max_body_bytes``: the largest body (413 beyond, 411 without Content-Length);
+    ``read_timeout_s``: seconds each request's line, headers and body may take in all (the
+    connection is closed past it, with a 408 once the headers are in), also the timeout of
+    each write.
+    """
 
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], service: VerdictService, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 read_timeout_s: float = 10.0, max_connections: int = 128) -> None:
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, max_connections: int = 128) -> None:
         self.service = service
         self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s

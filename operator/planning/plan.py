@@ -23,6 +23,7 @@ from .kvlayout import LayoutInputs, LayoutPrediction, LayoutRefusal, predict_lay
 from .memory import plan_memory
 from .problems import Problem, errors
 from .roles import ROLES, Role, RoleInputs, resolve_role
+from .size import spec_size_problem
 from .rules import run_all_rules
 from .structs import Plan, RolePlan
 from .transfer import plan_transfer
@@ -198,15 +199,20 @@ def plan_object(obj: dict[str, Any], catalog: Catalog, *, rule_memo: RuleMemo | 
     rule's message is the more specific one). Used by ``check``, ``render`` and the
     reconciler alike; the reconciler passes a ``rule_memo`` (objects read from the API
     server have a uid and a generation). ``default_queue``: see :func:`build_plan`.
+    A spec too large for the record each workload keeps of it is refused too
+    (``planning.size``, rule ``spec_size``), with whatever else is wrong.
     """
+    too_large = spec_size_problem(obj)
     try:
         pdd = parse_pddeployment(obj)
     except SpecError as e:
-        return None, [schema_problem(err) for err in e.errors]
+        return None, [schema_problem(err) for err in e.errors] + ([too_large] if too_large else [])
     plan = build_plan(pdd, catalog, default_queue=default_queue)
     refused_fields = {p.field for p in errors(plan.problems)}
     found = rule_memo.violations(obj) if rule_memo is not None else rule_violations(obj)
     extra = [schema_problem(err) for err in found if err.field not in refused_fields]
+    if too_large is not None:
+        extra.append(too_large)
     if extra:
         plan = replace(plan, problems=tuple(sorted([*extra, *plan.problems], key=lambda p: (p.severity != "error", p.field))))
     return plan, list(plan.problems)

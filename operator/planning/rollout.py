@@ -228,8 +228,9 @@ def decide(
             message = f"group {target[:6]} serves"
         elif parked:
             roles = ", ".join(scaled_to_zero)
-            message = (f"group {target[:6]} serves nothing: {roles} scaled to 0 replicas (spec.<role>.replicas or "
-                       f"its PDRoleScale); scale {roles} to at least 1 to serve")
+            fields = " / ".join(f"spec.{r}.replicas" for r in scaled_to_zero)
+            message = (f"group {target[:6]} serves nothing: {roles} scaled to 0 replicas ({fields}, or the role's "
+                       f"PDRoleScale where that is omitted); scale {roles} to at least 1 to serve")
         elif phase == "Updating":
             message = f"group {target[:6]} updates in place, its older pods serve until the new ones are Ready ({'; '.join(state.updating)})" + pending
         else:

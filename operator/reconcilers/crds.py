@@ -27,6 +27,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import urllib3
+
 from ..api.crd import all_crds
 from .kube import Kube
 
@@ -38,6 +40,14 @@ POLICIES = ("check", "apply", "skip")
 
 class CRDSchemaError(RuntimeError):
     """The installed CRDs cannot serve this operator; the message says what is missing and the fix."""
+
+
+class CRDCheckUnreachable(RuntimeError):
+    """The API server did not answer the CRD check at start (connect or read timeout, refused).
+
+    The process exits (code 1) and its pod restarts, as controller-runtime's manager does
+    when it cannot reach the API server at start; the message names the server and the cause.
+    """
 
 
 def _walk(schema: dict[str, Any], path: str) -> Iterator[str]:
@@ -110,7 +120,8 @@ def ensure_crds(*, kube: Kube, policy: str, expected: dict[str, dict[str, Any]] 
     """Apply (policy ``apply``) and check (``check``/``apply``) the operator's CRDs; ``skip`` does nothing.
 
     Raises :class:`CRDSchemaError` when a CRD is missing or older than ``expected``
-    (default: the CRDs generated from this package's API models).
+    (default: the CRDs generated from this package's API models), :class:`CRDCheckUnreachable`
+    when the API server does not answer the check.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown CRD policy {policy!r}: one of {', '.join(POLICIES)}")
@@ -120,7 +131,12 @@ def ensure_crds(*, kube: Kube, policy: str, expected: dict[str, dict[str, Any]] 
     crds = expected if expected is not None else all_crds()
     for crd in crds.values():
         name = crd["metadata"]["name"]
-        installed = kube.get(CRD_API_VERSION, "CustomResourceDefinition", name)
+        try:
+            installed = kube.get(CRD_API_VERSION, "CustomResourceDefinition", name)
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            cause = getattr(e, "reason", None) or e
+            raise CRDCheckUnreachable(f"the API server did not answer the CRD check of {name}: {cause}; "
+                                      "check the kubeconfig / in-cluster address and the network path") from e
         if policy == "apply" and (installed is None or missing_in(installed=installed, expected=crd)):
             log.info("CRD %s is %s: applying this operator's version (server-side)", name,
                      "missing" if installed is None else "older than this operator")

@@ -130,6 +130,40 @@ def apply_body(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+class MetadataBumps:
+    """The generations this process's own metadata-only patches gave workloads (thread-safe).
+
+    apps/v1 bumps a Deployment's ``metadata.generation`` when its annotations change
+    (pkg/registry/apps/deployment/strategy.go), so a patch of the render record alone (the
+    adoption of a group made before 0.2.0, ``reconcilers/upgrade.adopt``) leaves the
+    Deployment with a generation its controller has not observed yet, which would read as a
+    rollout not settled (Ready False) until the controller catches up, though no pod
+    changes. :meth:`settles` tells that case: the only generation not observed yet is the
+    one our metadata patch made.
+    """
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def record(self, kind: str, namespace: str, name: str, generation: int | None) -> None:
+        """Our metadata-only patch of the object left it at ``generation``."""
+        if generation is not None:
+            with self._lock:
+                self._made[(kind, namespace, name)] = int(generation)
+
+    def forget(self, kind: str, namespace: str | None, name: str) -> None:
+        with self._lock:
+            self._made.pop((kind, namespace or "", name), None)
+
+    def settles(self, kind: str, namespace: str, name: str, *, generation: int, observed: int) -> bool:
+        """The object's controller observed every generation but ``generation``, which our
+        metadata-only patch made (no spec change is waiting to be observed)."""
+        with self._lock:
+            made = self._made.get((kind, namespace, name))
+        return made is not None and made == generation and observed == generation - 1
+
+
 class Kube:
     """API access for reconcilers.
 
@@ -138,8 +172,11 @@ class Kube:
     ``cache``: the process's object cache (see the module docstring), None to always ask
     the API server. ``dry_run``: every write is a server-side dry run (``dryRun=All``: the
     API server validates and admits it, nothing is stored), deletes, status patches and
-    events are not sent, and ``dry_run_writes`` lists what was checked (``apply Deployment ns/name``);
-    the CRD differential (tests/e2e/crd_differential.py) runs the operator's reconcile so.
+    events are not sent. ``dry_run_writes`` lists every request sent with ``dryRun=All``
+    (``apply Deployment ns/name``, ``create ...``, ``scale ...``), ``dry_run_skipped`` the
+    writes not sent (``delete ...``, ``write the status of ...``: a status patch of an object
+    that exists only as a dry run has nothing to patch); the CRD differential
+    (tests/e2e/crd_differential.py) runs the operator's reconcile so.
     """
 
     def __init__(
@@ -154,17 +191,21 @@ class Kube:
         self.api_client = api_client
         self.dry_run = dry_run
         self.dry_run_writes: list[str] = []
+        self.dry_run_skipped: list[str] = []
         self.field_manager = field_manager
         self.on_write = on_write
         self.cache = cache
         self._dynamic: DynamicClient | None = None
         self._lock = threading.Lock()
         self.writes: Counter[str] = Counter()
+        self.metadata_bumps = MetadataBumps()
 
     def uncached(self) -> "Kube":
         """A Kube on the same client and discovery that always asks the API server (writes are counted here too)."""
         other = Kube(self.api_client, field_manager=self.field_manager, on_write=self.on_write, dry_run=self.dry_run)
         other._dynamic, other.writes, other.dry_run_writes = self._dynamic, self.writes, self.dry_run_writes
+        other.metadata_bumps = self.metadata_bumps
+        other.dry_run_skipped = self.dry_run_skipped
         return other
 
     def _cached(self, api_version: str, kind: str) -> ObjectCache | None:
@@ -329,11 +370,13 @@ class Kube:
             content_type="application/merge-patch+json", field_manager=self.field_manager)
         self._count("patch", kind)
         self._store(result)
+        obj = result.to_dict() if hasattr(result, "to_dict") else (result or {})
+        self.metadata_bumps.record(kind, namespace, name, (obj.get("metadata") or {}).get("generation"))
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> bool:
         """Delete with background propagation; returns False when it was already gone."""
         if self.dry_run:
-            self.dry_run_writes.append(f"delete {kind} {namespace}/{name}")
+            self.dry_run_skipped.append(f"delete {kind} {namespace}/{name}")
             return True
         try:
             self._resource(api_version, kind).delete(
@@ -344,6 +387,7 @@ class Kube:
             return False
         self._count("delete", kind)
         self._forget(api_version, kind, name, namespace)
+        self.metadata_bumps.forget(kind, namespace, name)
         return True
 
     def _forget(self, api_version: str, kind: str, name: str, namespace: str | None) -> None:
@@ -360,7 +404,7 @@ class Kube:
         reads the newer object). None: no precondition.
         """
         if self.dry_run:  # skipped by a dry-run client
-            self.dry_run_writes.append(f"write the status of {kind} {namespace}/{name}")
+            self.dry_run_skipped.append(f"write the status of {kind} {namespace}/{name}")
             return
         res = self._resource(api_version, kind)
         body: dict[str, Any] = {"status": status}

@@ -140,6 +140,21 @@ def _gpus(deployment: dict[str, Any]) -> int:
     return total
 
 
+def _settled_by_own_metadata(kube: Kube, obj: dict[str, Any], kind: str, state: WorkloadState,
+                             namespace: str) -> WorkloadState:
+    """``state``, settled when the only generation its controller has not observed is one our own
+    metadata-only patch made (``kube.MetadataBumps``: the render record written into a group made
+    before 0.2.0 changes no pod, and must not read as a rollout in progress, i.e. Ready False)."""
+    bumps = getattr(kube, "metadata_bumps", None)  # test doubles of Kube may have none
+    if state.settled or bumps is None:
+        return state
+    meta, status = obj["metadata"], obj.get("status") or {}
+    if bumps.settles(kind, namespace, meta["name"], generation=int(meta.get("generation") or 0),
+                     observed=int(status.get("observedGeneration") or 0)):
+        return replace(state, settled=True)
+    return state
+
+
 def workload_state(deployment: dict[str, Any]) -> WorkloadState:
     """Readiness of one apps/v1 Deployment from its spec and status."""
     spec, status, meta = deployment.get("spec", {}), deployment.get("status") or {}, deployment["metadata"]
@@ -301,7 +316,8 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, 
         if component not in COMPONENTS:
             continue
         g = groups.setdefault(key, {"workloads": {}, "unschedulable": 0, "names": [], "refs": [], "records": {}})
-        g["workloads"][component] = state_of(obj)
+        kind = obj.get("kind") or ("Deployment" if state_of is workload_state else lws.KIND)
+        g["workloads"][component] = _settled_by_own_metadata(kube, obj, kind, state_of(obj), namespace)
         g["names"].append(obj["metadata"]["name"])
         g["refs"].append((obj.get("apiVersion") or ("apps/v1" if state_of is workload_state else lws.API_VERSION),
                           obj.get("kind") or ("Deployment" if state_of is workload_state else lws.KIND),

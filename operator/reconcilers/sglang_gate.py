@@ -22,6 +22,12 @@ events say:
   ``wait``: hold with ``Valid`` False, reason ``SGLangUnavailable`` (asked again), or
   ``rulesOnly``: go on, ``Valid`` True, reason ``RulesOnly`` and a Warning event. Never a
   silent accept.
+
+An indeterminate verdict (``accepted`` None: the oracle could not judge, which may be
+transient, e.g. a bootstrap request that timed out on a loaded machine) counts as no
+verdict: the book forgets it after ``retry_s`` like an unreachable service's error, so
+the key is asked again (the service keeps it only briefly too:
+``oracle.service.DEFAULT_INDETERMINATE_TTL_S``), and the same ``maxWait`` and policy apply.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ log = logging.getLogger(__name__)
 POLICIES = ("wait", "rulesOnly")
 DEFAULT_POLICY = "wait"
 DEFAULT_MAX_WAIT_S = 300.0
-#: Seconds between two asks for a key that got no verdict (unreachable, 503, 504).
+#: Seconds between two asks for a key that got no determinate verdict (unreachable, 503, 504, indeterminate).
 RETRY_S = 5.0
 #: How long one HTTP request may take (the service's own request timeout is 120 s).
 REQUEST_TIMEOUT_S = 150.0
@@ -118,8 +124,10 @@ class VerdictBook:
 
     ``ask(key, ...)`` returns at once; the answer (or the failure) lands in the book and
     ``on_answer(namespace, name)`` is called for every deployment that waits for that key.
-    A failure is kept ``retry_s`` seconds, then the key may be asked again. ``clock``:
-    Unix seconds (status timestamps use it too).
+    An answer without SGLang's accept or refusal (a failure, or an indeterminate verdict)
+    is kept ``retry_s`` seconds, then the key may be asked again; an accept or a refusal
+    is kept until ``max_answers`` newer keys evicted it. ``clock``: Unix seconds (status
+    timestamps use it too).
     """
 
     client: OracleClient
@@ -135,10 +143,11 @@ class VerdictBook:
     asked: int = 0
 
     def answer(self, key: str) -> Answer | None:
-        """The latest answer for ``key``; a failure older than ``retry_s`` counts as none (ask again)."""
+        """The latest answer for ``key``; one without SGLang's accept or refusal (a failure, an
+        indeterminate verdict) older than ``retry_s`` counts as none (ask again)."""
         with self._lock:
             a = self._answers.get(key)
-            if a is not None and a.verdict is None and self.clock() - a.at >= self.retry_s:
+            if a is not None and a.accepted is None and self.clock() - a.at >= self.retry_s:
                 return None
             return a
 

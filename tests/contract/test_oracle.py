@@ -336,11 +336,24 @@ def test_a_role_that_cannot_be_judged_is_named_and_the_other_is_not_blamed(oracl
 # --------------------------------------------------------------------------- the CLI
 
 
-def test_check_sglang_on_every_example_prints_sglangs_verdict():
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+def _check(*args: str) -> subprocess.CompletedProcess:
+    """``sglang-pd-operator check ARGS`` from this venv, as a user runs it."""
     exe = str(Path(sys.executable).with_name("sglang-pd-operator"))
-    out = subprocess.run([exe, "check", "--sglang", *map(str, EXAMPLES)], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=900)
+    return subprocess.run([exe, "check", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONSAFEPATH": "1"}, cwd=ROOT, timeout=900)
+
+
+def _edited_example(tmp_path: Path, example: str, decode_extra_args: list[str]) -> str:
+    """The path of a copy of ``example`` whose decode role has ``decode_extra_args``."""
+    doc = _example(example)
+    doc["spec"]["decode"]["extraArgs"] = decode_extra_args
+    path = tmp_path / "edited.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_check_sglang_on_every_example_prints_sglangs_verdict():
+    out = _check("--sglang", *map(str, EXAMPLES))
     assert out.returncode == 0, out.stdout + out.stderr
     print(out.stdout)
     for path in EXAMPLES:
@@ -348,25 +361,33 @@ def test_check_sglang_on_every_example_prints_sglangs_verdict():
         assert "SGLang 0.5.23: starts and pairs" in block, block
         assert "    prefill on " in block and "    decode on " in block
         assert "    pair: the PD handshake passes" in block
-    js = subprocess.run([exe, "check", "--sglang", "-o", "json", str(EXAMPLES[0])], capture_output=True, text=True,
-                        env=env, cwd=ROOT, timeout=900)
-    data = json.loads(js.stdout)
+    data = json.loads(_check("--sglang", "-o", "json", str(EXAMPLES[0])).stdout)
     assert data["sglang"]["accepted"] is True
     assert data["sglang"]["prefill"]["starts"] is True and data["sglang"]["pair"]["pairs"] is True
 
 
 def test_check_sglang_exits_1_with_sglangs_text(tmp_path):
-    doc = _example("dsv41-flash-gb300-throughput-dep.yaml")
-    doc["spec"]["decode"]["extraArgs"] = ["--moe-a2a-backend", "deepep"]
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
-    exe = str(Path(sys.executable).with_name("sglang-pd-operator"))
-    out = subprocess.run([exe, "check", "--sglang", str(path)], capture_output=True, text=True, env=env,
-                         cwd=ROOT, timeout=900)
+    path = _edited_example(tmp_path, "dsv41-flash-gb300-throughput-dep.yaml", ["--moe-a2a-backend", "deepep"])
+    out = _check("--sglang", path)
     assert out.returncode == 1
     assert "SGLang 0.5.23: refused" in out.stdout
     assert "DSpark with dp attention supports moe_a2a_backend 'none'" in out.stdout
+
+
+def test_check_sglang_first_line_says_sglang_refuses_what_our_rules_accept(tmp_path):
+    """A spec only SGLang refuses (memory planning: --mem-fraction-static 0.05): the first line
+    must not read "valid" alone while the exit code is 1; -o json keeps ``valid`` as our verdict."""
+    path = _edited_example(tmp_path, "dsv41-flash-gb300-low-latency.yaml", ["--mem-fraction-static", "0.05"])
+    plain = _check(path)
+    assert plain.returncode == 0 and ": valid, compat key " in plain.stdout.splitlines()[0], plain.stdout
+    out = _check("--sglang", path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    first = out.stdout.splitlines()[0]
+    assert ": valid by the operator's rules but SGLang refuses it, compat key " in first, first
+    assert "SGLang 0.5.23: refused" in out.stdout and "--mem-fraction-static" in out.stdout
+    js = _check("--sglang", "-o", "json", path)
+    data = json.loads(js.stdout)
+    assert js.returncode == 1 and data["valid"] is True and data["sglang"]["accepted"] is False
 
 
 # --------------------------------------------------------------------------- the scheduler's startup stages

@@ -16,9 +16,17 @@ Each spec meets three judges:
    ``fieldValidation=Strict``, as ``kubectl apply --server-side --dry-run=server`` sends it
    (:func:`kubectl_verdict` runs kubectl itself on a sample, to hold the two equal);
 3. for a spec both accept, the operator's own ``reconcile`` on a dry-run ``Kube``
-   (``Kube(dry_run=True)``): every child it would write is applied with ``dryRun=All``, so
-   the API server judges every rendered Deployment, Service, ConfigMap, LeaderWorkerSet
-   and KernelBuild; a refused child or an exception is a disagreement.
+   (``Kube(dry_run=True)``), told what the cluster serves (:func:`served_apis`: the dev
+   cluster serves LeaderWorkerSets, ComputeDomains and, once their CRDs are installed,
+   the Prometheus Operator's PodMonitor and PrometheusRule): every child it would write is
+   sent with ``dryRun=All``, so the API server judges every rendered Deployment, Service,
+   ConfigMap, LeaderWorkerSet, ComputeDomain, PDRoleScale, KernelBuild, PodMonitor and
+   PrometheusRule; a refused child or an exception is a disagreement, and so is a
+   reconcile that stops before applying anything (a Missing-API condition such as
+   ComputeDomainMissing) or refuses what ``check`` accepted. Only requests really sent
+   with ``dryRun=All`` count as children (each object once per spec, though the group's
+   are sent twice: the all-or-nothing dry run, then the "write"); status patches and
+   deletes, which a dry-run client does not send, are counted apart.
 
 Every disagreement where ``check`` refuses and the API server accepts is classified by
 ``tests/e2e/crd_stricter_by_design.yaml`` (a field pattern and a rule, with the reason
@@ -44,8 +52,11 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 
+from sglang_pd_operator.api import computedomain as cd
+from sglang_pd_operator.api import lws
 from sglang_pd_operator.api.crd import all_crds
 from sglang_pd_operator.api.v1alpha1 import GROUP, VERSION
+from sglang_pd_operator.metrics.monitoring import MONITORING_API_VERSION
 from sglang_pd_operator.planning.plan import plan_object
 from sglang_pd_operator.reconcilers.apierrors import server_message
 from sglang_pd_operator.reconcilers.kube import Kube, apply_body
@@ -251,9 +262,14 @@ class Verdict:
     check_fields: tuple[str, ...] = ()
     api_ok: bool | None = None  #: None: not asked (JSON-unencodable) or the API server failed
     api_message: str = ""
-    children: int = 0  #: children the operator's dry-run reconcile applied
+    judged_children: bool = True  #: False: the operator's reconcile was not run (``run(children=False)``)
+    children: tuple[str, ...] = ()  #: "Kind ns/name" of each child sent with dryRun=All (once each)
+    requests: int = 0  #: requests sent with dryRun=All (a group's children go twice)
+    not_sent: int = 0  #: status writes and deletes the dry-run client did not send
     child_refused: str = ""
     operator_crash: str = ""
+    operator_refused: str = ""  #: the reconcile refused (Valid=False) what check accepted
+    stopped: str = ""  #: the reconcile stopped before applying anything: the status reason and message
     check_crash: str = ""
 
     @property
@@ -268,10 +284,16 @@ class Verdict:
             return "check refuses, API server accepts"
         if not self.check_ok:
             return "both refuse"
+        if not self.judged_children:
+            return "both accept (children not judged)"
         if self.operator_crash:
             return "operator crashed"
         if self.child_refused:
             return "both accept, a child refused"
+        if self.operator_refused:
+            return "both accept, the operator refuses"
+        if self.stopped:
+            return "both accept, reconcile stopped before any child"
         return "both accept, every child accepted"
 
 
@@ -312,7 +334,8 @@ def api_verdict(api_client, namespace: str, doc: dict[str, Any], v: Verdict) -> 
     except ApiException as e:
         # server-side apply answers 500 "failed to create typed patch object" for an unknown
         # field or a wrong type (the structured-merge-diff type check); kubectl fails on it too
-        if e.status in (400, 422) or "failed to create typed patch object" in server_message(e):
+        # 413: a body over the API server's 3 MiB request limit, refused unread (kubectl apply fails on it too)
+        if e.status in (400, 413, 422) or "failed to create typed patch object" in server_message(e):
             v.api_ok, v.api_message = False, server_message(e)[:400]
         else:
             v.api_ok, v.api_message = None, f"{e.status}: {server_message(e)[:300]}"
@@ -326,21 +349,107 @@ def kubectl_verdict(cluster, namespace: str, doc: dict[str, Any]) -> tuple[bool,
     return res.returncode == 0, res.stderr.strip()[:400]
 
 
-def operator_verdict(kube: Kube, namespace: str, doc: dict[str, Any], catalog, v: Verdict, *, lws_served: bool) -> None:
-    """The operator's reconcile of an accepted spec on a dry-run client: every child judged by the API server."""
+@dataclass(frozen=True)
+class Served:
+    """The optional APIs the cluster serves, as the operator's ``run`` finds them (discovery)."""
+
+    lws: bool
+    cd: bool
+    monitoring: bool
+
+
+def served_apis(kube: Kube) -> Served:
+    """What the cluster serves: LeaderWorkerSets, ComputeDomains, PodMonitor and PrometheusRule."""
+    return Served(lws=kube.has_kind(lws.API_VERSION, lws.KIND), cd=kube.has_kind(cd.API_VERSION, cd.KIND),
+                  monitoring=kube.has_kind(MONITORING_API_VERSION, "PodMonitor")
+                  and kube.has_kind(MONITORING_API_VERSION, "PrometheusRule"))
+
+
+class DryRunKube(Kube):
+    """A dry-run ``Kube`` that also keeps the status each reconcile would write (a dry-run client
+    sends none): how a reconcile that stopped early (LeaderWorkerSetMissing, ComputeDomainMissing)
+    is told from one that applied its children."""
+
+    def __init__(self, api_client) -> None:
+        super().__init__(api_client, dry_run=True)
+        self.statuses: list[dict[str, Any]] = []
+
+    def patch_status(self, api_version, kind, name, namespace, status, **kw) -> None:
+        if kind == "PDDeployment":
+            self.statuses.append(status)
+        super().patch_status(api_version, kind, name, namespace, status, **kw)
+
+
+def _reconciled(status: dict[str, Any] | None) -> dict[str, Any]:
+    return next((c for c in (status or {}).get("conditions") or [] if c.get("type") == "Reconciled"), {})
+
+
+def operator_verdict(kube: DryRunKube, namespace: str, doc: dict[str, Any], catalog, v: Verdict, *,
+                     served: Served) -> None:
+    """The operator's reconcile of an accepted spec on a dry-run client: every child judged by the API server.
+
+    ``served``: what the cluster serves (:func:`served_apis`), passed as the operator passes it.
+    """
     from sglang_pd_operator.reconcilers.pddeployment import reconcile
 
     body = copy.deepcopy(doc)
     body["metadata"] = {**body["metadata"], "namespace": namespace, "uid": "00000000-0000-0000-0000-00000000d1ff",
                         "generation": 1}
-    before = len(kube.dry_run_writes)
+    sent, skipped, statuses = len(kube.dry_run_writes), len(kube.dry_run_skipped), len(kube.statuses)
+    outcome = None
     try:
-        reconcile(kube=kube, body=body, catalog=catalog, now=time.time(), lws_served=lws_served)
+        outcome = reconcile(kube=kube, body=body, catalog=catalog, now=time.time(), lws_served=served.lws,
+                            cd_served=served.cd, monitoring=served.monitoring)
     except ApiException as e:
         v.child_refused = f"{e.status}: {server_message(e)[:400]}"
     except Exception:
         v.operator_crash = traceback.format_exc(limit=4)
-    v.children = len(kube.dry_run_writes) - before
+    requests = kube.dry_run_writes[sent:]
+    v.requests = len(requests)
+    v.children = tuple(dict.fromkeys(r.split(" ", 1)[1] for r in requests))  # "Kind ns/name", once each
+    v.not_sent = len(kube.dry_run_skipped) - skipped
+    if outcome is None:
+        return
+    status = kube.statuses[-1] if len(kube.statuses) > statuses else None
+    if not outcome.valid:
+        problems = [p for p in (status or {}).get("problems") or [] if p.get("severity") == "error"]
+        first = problems[0] if problems else {}
+        v.operator_refused = f"{first.get('field')}: {first.get('message')} [{first.get('rule')}]"
+    elif outcome.decision is None:  # LeaderWorkerSetMissing, ComputeDomainMissing, held for SGLang's verdict
+        cond = _reconciled(status)
+        v.stopped = f"{cond.get('reason')}: {str(cond.get('message'))[:200]}"
+    elif not v.children:
+        v.stopped = "nothing applied: " + str(_reconciled(status).get("reason"))
+
+
+MONITORING_CRD_NAMES = ("podmonitors.monitoring.coreos.com", "prometheusrules.monitoring.coreos.com")
+
+
+def _kubeconform_schemas():
+    """hack/kubeconform/schemas.py (not a package): the pinned Prometheus Operator module's CRDs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kschemas", ROOT / "hack" / "kubeconform" / "schemas.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def install_monitoring_crds(cluster) -> bool:
+    """The Prometheus Operator's real PodMonitor and PrometheusRule CRDs (its pinned Go module, v0.85.0:
+    their schemas, not the open stand-ins of tests/e2e/fixtures), Established. Returns False when they
+    were installed already (then the caller leaves them)."""
+    if cluster.kubectl("get", "crd", *MONITORING_CRD_NAMES, check=False).returncode == 0:
+        return False
+    crds = [c for c in _kubeconform_schemas().prometheus_operator_crds() if c["metadata"]["name"] in MONITORING_CRD_NAMES]
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(crds))
+    cluster.kubectl("wait", "--for=condition=Established", *(f"crd/{n}" for n in MONITORING_CRD_NAMES), "--timeout=60s")
+    return True
+
+
+def remove_monitoring_crds(cluster) -> None:
+    """Delete the two CRDs again, so later tests meet a cluster without the Prometheus Operator."""
+    cluster.kubectl("delete", "crd", *MONITORING_CRD_NAMES, "--ignore-not-found", "--wait=false", check=False)
 
 
 # ------------------------------------------------------------------------------ classes
@@ -369,12 +478,19 @@ class Matrix:
     cells: Counter = field(default_factory=Counter)
     classes: Counter = field(default_factory=Counter)
     examples: dict[str, tuple[int, int, str]] = field(default_factory=dict)  #: class -> (seed, index, detail)
-    children: int = 0
+    children: int = 0  #: children sent with dryRun=All, each object once per spec
+    kinds: Counter = field(default_factory=Counter)  #: the same, by kind
+    requests: int = 0  #: requests sent with dryRun=All
+    not_sent: int = 0  #: status writes and deletes a dry-run client does not send
+    served: Served | None = None
     seconds: float = 0.0
 
     def add(self, v: Verdict, *, seed_value: int, classes: list[dict[str, str]]) -> None:
         self.total += 1
-        self.children += v.children
+        self.children += len(v.children)
+        self.kinds.update(child.split(" ", 1)[0] for child in v.children)
+        self.requests += v.requests
+        self.not_sent += v.not_sent
         cell = v.cell
         self.cells[cell] += 1
         name = None
@@ -386,22 +502,46 @@ class Matrix:
             name = f"CHILD REFUSED: {v.child_refused[:160]}"
         elif cell in ("check crashed", "operator crashed"):
             name = f"CRASH: {(v.check_crash or v.operator_crash).strip().splitlines()[-1][:160]}"
+        elif cell == "API server gave no verdict":
+            name = f"NO VERDICT: {v.api_message[:160]}"
+        elif cell == "both accept, the operator refuses":
+            name = f"OPERATOR REFUSES: {v.operator_refused[:160]}"
+        elif cell == "both accept, reconcile stopped before any child":
+            name = f"STOPPED: {v.stopped[:160]}"
         if name is not None:
             self.classes[name] += 1
-            self.examples.setdefault(name, (seed_value, v.index, v.check_first or v.api_message or v.child_refused))
+            self.examples.setdefault(name, (seed_value, v.index, v.check_first or v.api_message or v.child_refused
+                                            or v.operator_refused or v.stopped))
 
     def bad(self) -> dict[str, int]:
-        """The classes the targets forbid: false accepts, refused children, crashes, unexplained strictness."""
+        """The classes the targets forbid: false accepts, refused children, crashes, unexplained strictness,
+        a reconcile that refused what check accepted or stopped before applying a child (not every child judged),
+        a spec the API server gave no verdict on (an error other than a refusal: the spec was not judged)."""
         return {k: n for k, n in self.classes.items()
-                if k.startswith(("FALSE ACCEPT", "CHILD REFUSED", "CRASH", "UNEXPLAINED"))}
+                if k.startswith(("FALSE ACCEPT", "CHILD REFUSED", "CRASH", "UNEXPLAINED", "OPERATOR REFUSES",
+                                 "STOPPED", "NO VERDICT"))}
 
     def render(self) -> str:
         lines = [f"CRD differential: {self.total} specs, {self.children} children dry-run applied, "
                  f"{self.seconds:.0f} s ({self.total / max(self.seconds, 1e-9):.1f} specs/s)"]
-        for cell in ("both accept, every child accepted", "both refuse", "check refuses, API server accepts",
-                     "check accepts, API server refuses", "both accept, a child refused", "check crashed",
-                     "operator crashed", "API server gave no verdict"):
-            lines.append(f"  {cell:<40} {self.cells.get(cell, 0):>6}")
+        if self.served is not None:
+            lines.append(f"  served: LeaderWorkerSet {self.served.lws}, ComputeDomain {self.served.cd}, "
+                         f"PodMonitor/PrometheusRule {self.served.monitoring}")
+        if self.cells.get("both accept (children not judged)"):  # run(children=False): no reconcile
+            cells = ("both accept (children not judged)", "both refuse", "check refuses, API server accepts",
+                     "check accepts, API server refuses", "check crashed", "API server gave no verdict")
+        else:
+            cells = ("both accept, every child accepted", "both refuse", "check refuses, API server accepts",
+                     "check accepts, API server refuses", "both accept, a child refused",
+                     "both accept, the operator refuses", "both accept, reconcile stopped before any child",
+                     "check crashed", "operator crashed", "API server gave no verdict")
+        for cell in cells:
+            lines.append(f"  {cell:<48} {self.cells.get(cell, 0):>6}")
+        if self.served is not None:
+            lines.append(f"  children dry-run applied by kind (each object once per spec; {self.requests} requests "
+                         f"with dryRun=All; {self.not_sent} status writes and deletes not sent):")
+            for kind, n in sorted(self.kinds.items(), key=lambda kv: (-kv[1], kv[0])):
+                lines.append(f"    {n:>6}  {kind}")
         if self.classes:
             lines.append("  classes (count, seed, spec index):")
             for name, n in self.classes.most_common():
@@ -410,25 +550,42 @@ class Matrix:
         return "\n".join(lines)
 
 
-def run(*, api_client, namespace: str, catalog, n: int, seed_value: int, batch: int = BATCH,
-        lws_served: bool = True, matrix: Matrix | None = None, on_batch: Callable[[Matrix], None] | None = None) -> Matrix:
-    """Generate ``n`` specs from ``seed_value`` in batches of ``batch`` (seed + batch number) and judge each."""
-    matrix = matrix or Matrix()
-    classes = stricter_classes()
-    kube = Kube(api_client, dry_run=True)
-    started = time.monotonic()
+def batches(n: int, seed_value: int, batch: int = BATCH):
+    """The generated specs as batches: for each, a list of (seed, index, spec), the batch's seed being
+    ``seed_value`` + its number."""
     done = 0
     for b in range((n + batch - 1) // batch):
         s = seed_value + b
-        for i, doc in enumerate(generate(min(batch, n - done), seed_value=s)):
-            v = Verdict(index=i)
+        yield [(s, i, doc) for i, doc in enumerate(generate(min(batch, n - done), seed_value=s))]
+        done += min(batch, n - done)
+
+
+def run(*, api_client, namespace: str, catalog, n: int = 0, seed_value: int = 0, batch: int = BATCH,
+        served: Served | None = None, matrix: Matrix | None = None,
+        on_batch: Callable[[Matrix], None] | None = None, children: bool = True, specs=None) -> Matrix:
+    """Generate ``n`` specs from ``seed_value`` in batches of ``batch`` (seed + batch number) and judge each.
+
+    ``served``: what the reconcile is told the cluster serves; None asks the cluster (:func:`served_apis`).
+    ``children``: False judges with check and the API server only (no reconcile): the "before"
+    matrix of benchmarks/bench_crd_differential_before.py, for a commit without a dry-run ``Kube``.
+    ``specs``: batches of (seed, index, spec) to judge instead of generating them (:func:`batches`;
+    the "before" specs judged by today's check and CRD, ``bench_crd_differential.py --specs``).
+    """
+    matrix = matrix or Matrix()
+    classes = stricter_classes()
+    kube = DryRunKube(api_client) if children else None
+    if kube is not None:
+        matrix.served = served = served or served_apis(kube)
+    started = time.monotonic()
+    for chunk in (specs if specs is not None else batches(n, seed_value, batch)):
+        for s, i, doc in chunk:
+            v = Verdict(index=i, judged_children=kube is not None)
             check_verdict(doc, catalog, v)
             if not v.check_crash:
                 api_verdict(api_client, namespace, doc, v)
-                if v.check_ok and v.api_ok:
-                    operator_verdict(kube, namespace, doc, catalog, v, lws_served=lws_served)
+                if v.check_ok and v.api_ok and kube is not None:
+                    operator_verdict(kube, namespace, doc, catalog, v, served=served)
             matrix.add(v, seed_value=s, classes=classes)
-        done += min(batch, n - done)
         matrix.seconds = time.monotonic() - started
         if on_batch is not None:
             on_batch(matrix)

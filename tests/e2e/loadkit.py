@@ -124,6 +124,8 @@ class KubeletStandIn:
     """The kubelet's container start and stop for the engine and gateway pods of one PDDeployment
     (see the module docstring). ``drains``: (pod, role, seconds, hook output) per pod stopped
     with its preStop (seconds None: the pod has no preStop, e.g. one rendered by v0.1.0);
+    ``in_flight``: pod -> the requests its preStop hook's gauges counted when the hook started
+    (read once from the pod's /metrics, the gauges the hook waits on: what the drain waited for);
     ``killed``: pods killed outright (``drain = False``, the control: SIGKILL, no preStop)."""
 
     FINALIZER = "e2e.sglang-operator.io/kubelet-stand-in"
@@ -134,6 +136,7 @@ class KubeletStandIn:
         self.model, self.sim_extra, self.drain, self.gateways = model, list(sim_extra), drain, gateways
         self.running: dict[str, dict] = {}  # pod name -> pod as it was started
         self.drains: list[tuple[str, str, float | None, str]] = []
+        self.in_flight: dict[str, float] = {}
         self.killed: list[str] = []
         self.stop = threading.Event()
         self.busy = 0
@@ -174,6 +177,7 @@ class KubeletStandIn:
             else:
                 argv = [pod["status"]["podIP"] if a == POD_LOOPBACK else a for a in hook["command"]]
                 argv[0] = sys.executable
+                self.in_flight[name] = gauges_sum(argv[3], int(argv[4]), argv[7:])
                 t0 = time.monotonic()
                 res = subprocess.run(argv, capture_output=True, text=True,
                                      timeout=pod["spec"]["terminationGracePeriodSeconds"])
@@ -241,6 +245,16 @@ class KubeletStandIn:
         for name in list(self.running):  # the namespace's teardown waits for its pods to go
             self._hold(name, False)
             self.procs.stop(name)
+
+
+def gauges_sum(host: str, port: int, names: list[str]) -> float:
+    """The sum of the gauges ``names`` on ``host:port``'s /metrics, as the drain hook reads them (-1: unreadable)."""
+    try:
+        page = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=2).read().decode()
+    except Exception:  # noqa: BLE001 - the server is gone: the hook returns at once too
+        return -1.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+               if line.split("{", 1)[0].split(" ", 1)[0] in names)
 
 
 class ServiceProxyStandIn:
@@ -418,6 +432,7 @@ class ChangeTable:
         self.windows.append((start, end))
         row.update({"sent": len(sent), "failed": len(failed),
                     "drain_s": {d[0]: (round(d[2], 1) if d[2] is not None else d[3]) for d in drains},
+                    "in_flight": {d[0]: self.kubelet.in_flight[d[0]] for d in drains if d[0] in self.kubelet.in_flight},
                     "seconds": round(end - start, 1), "failures": sorted({r[3] for r in failed})[:3]})
         self.rows.append(row)
 
@@ -444,4 +459,5 @@ def print_table(rows: list[dict[str, Any]], log: Callable[[str], None], title: s
     """The requests sent / failed and drain seconds per change, one line each."""
     for row in rows:
         log(f"== {title}: {row['change']}: sent {row['sent']}, failed {row['failed']}, drain {row['drain_s']}, "
-            f"window {row['seconds']} s {row['failures'] or ''}")
+            f"in flight at preStop {row.get('in_flight') or {}}, window {row['seconds']} s "
+            f"{row.get('note') or ''}{row['failures'] or ''}")

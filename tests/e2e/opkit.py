@@ -138,13 +138,53 @@ def reconciles(op, kind: str, namespace: str, name: str) -> float:
                if metric == "sglang_pd_operator_reconciles_total" and tuple(lb for lb in labels if lb[0] != "result") == ident)
 
 
-def looked(op, kind: str, namespace: str, name: str, *, more: int = 2, timeout: float = 60) -> float:
+def looked(op, kind: str, namespace: str, name: str, *, more: int = 2, timeout: float = 60,
+           poke: Callable[[], Any] | None = None) -> float:
     """Wait until the operator has finished ``more`` reconciles of the object beyond those done so far; returns the count.
 
     What every "nothing happened" assertion waits on first: proof from the operator's
     own metrics that it looked at the object again (a stalled operator fails here; a
-    fixed sleep would have passed).
+    fixed sleep would have passed). ``poke``, called once after the count was read, makes
+    the operator look when no resync is due (an operator with a long ``--resync``): e.g.
+    a label change of the object, a watch event that queues it.
     """
     start = reconciles(op, kind, namespace, name)
+    if poke is not None:
+        poke()
     return wait_for(lambda: (n := reconciles(op, kind, namespace, name)) >= start + more and n, timeout=timeout,
                     interval=0.2, what=f"{more} more reconciles of {kind} {namespace}/{name} (from {start:.0f})")
+
+
+#: A test-owned finalizer: a deleted pod stays Terminating, as under a kubelet draining it.
+TERMINATING_FINALIZER = "e2e.sglang-pd-operator.io/kubelet-terminating"
+
+
+def delete_lws_worker(cluster, namespace: str, worker: str, *, timeout: float = 120) -> float:
+    """Delete the LeaderWorkerSet worker pod ``worker`` as a kubelet lets it go; return once LWS deleted
+    its group's leader (the group restarts), with the deletion's wall time.
+
+    A kubelet keeps a deleted pod Terminating while its preStop drains (docs/drain.md);
+    kwok removes it at once. LWS v0.9.0 recreates the group only if its pod controller
+    reads the worker while it still has a ``deletionTimestamp`` (pod_controller.go
+    ``handleRestartPolicy``: PodDeleted), so a pod gone before that read (a loaded
+    machine) restarts nothing. A test finalizer stands in for the kubelet's drain until
+    LWS has deleted (or replaced) the leader ``<lws>-<group>`` of ``worker``
+    (``<lws>-<group>-<index>``); it is removed on every way out.
+    """
+    leader = worker.rsplit("-", 1)[0]
+    uid = kget(cluster, "pod", leader, "-n", namespace)["metadata"]["uid"]
+    unhold = json.dumps({"metadata": {"finalizers": None}})
+    cluster.kubectl("patch", "pod", worker, "-n", namespace, "--type=merge", "-p",
+                    json.dumps({"metadata": {"finalizers": [TERMINATING_FINALIZER]}}))
+    deleted_at = time.time()
+    try:
+        cluster.kubectl("delete", "pod", worker, "-n", namespace, "--wait=false")
+
+        def leader_going():
+            obj = kget(cluster, "pod", leader, "-n", namespace)
+            return obj is None or obj["metadata"]["uid"] != uid or bool(obj["metadata"].get("deletionTimestamp"))
+
+        wait_for(leader_going, timeout=timeout, what=f"LWS deleting leader {leader} after its worker {worker} was deleted")
+    finally:
+        cluster.kubectl("patch", "pod", worker, "-n", namespace, "--type=merge", "-p", unhold, check=False)
+    return deleted_at

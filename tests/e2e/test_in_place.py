@@ -99,7 +99,10 @@ def test_in_place_change_that_cannot_schedule_keeps_the_only_prefill_serving(clu
         wait_for(lambda: (d := kget(cluster, "deployment", dep, "-n", ns)) and d["spec"]["template"]["spec"]["nodeSelector"]
                  .get(f"{LBL}/node-pool") == "gb300-typo" and d.get("status", {}).get("observedGeneration") == d["metadata"]["generation"],
                  timeout=30, what="the operator to apply the typo in place")
-        time.sleep(3)  # the Deployment controller has acted on the new template by now
+        # proof the Deployment controller acted on the new template: its surge pod exists (Pending: no node has the label)
+        wait_for(lambda: [p for p in pods(cluster, ns, f"{LBL}/role=prefill")
+                          if (p["spec"].get("nodeSelector") or {}).get(f"{LBL}/node-pool") == "gb300-typo"],
+                 timeout=30, what="the Deployment controller's surge pod of the new template")
         assert not gone, f"the only ready prefill pod went away before its replacement was Ready: {gone[:5]}"
         updating = wait_for(
             lambda: (o := _pdd(cluster, ns)) and (o.get("status") or {}).get("observedGeneration") == o["metadata"]["generation"]

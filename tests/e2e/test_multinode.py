@@ -3,11 +3,16 @@
 Two parts:
 
 1. Without the LeaderWorkerSet controller (runs on any dev cluster): a cluster of its
-   own whose API server does not serve LeaderWorkerSets. A multi-node PDDeployment gets
+   own whose API server does not serve LeaderWorkerSets, nor ComputeDomains (no NVIDIA
+   DRA driver: ``imex_channels=False``). A multi-node PDDeployment gets
    ``LeaderWorkerSetMissing`` naming what to install and creates nothing, while a
    single-node one beside it becomes Ready; then LWS's CRD (from its pinned Go module) is
    installed and the running operator notices on its own and creates the LeaderWorkerSet,
-   which the real API server accepts against LWS's schema.
+   which the real API server accepts against LWS's schema. In the same cluster, with
+   LWS's CRD served, the wide-EP example with its default NVLink placement gets
+   ``ComputeDomainMissing`` and creates nothing (checked after the operator looked again);
+   the ComputeDomain CRD installed, the running operator creates the ComputeDomain and the
+   LeaderWorkerSet.
 2. Acceptance, with the real LWS controller of the dev cluster (its pod webhook injects
    LWS_LEADER_ADDRESS / LWS_WORKER_INDEX and the worker-index label; the session
    ``cluster`` runs it): the wide-EP example (DEP64 decode on 16 fake GB300 nodes)
@@ -35,13 +40,16 @@ import pytest
 import yaml
 from helpers import EXAMPLES, ROOT, load_example
 from kubernetes import client as k8s
-from opkit import OperatorProcess, condition, kapply, kget, model_store, pods, rbac_denials, ready_now, wait_for
+from opkit import (OperatorProcess, condition, delete_lws_worker, kapply, kget, looked, model_store, pods, rbac_denials,
+                   ready_now, wait_for)
 from simkit import get_json, serve_pd, smg_binary
 from test_helm import sa_kubeconfig
 from test_rollout import _selector_keys
 
+from sglang_pd_operator.api import computedomain as cd
 from sglang_pd_operator.api import lws
 from sglang_pd_operator_dev.cluster import cluster as devcluster
+from sglang_pd_operator_dev.cluster import imex
 from sglang_pd_operator_dev.cluster.demo import install_crds
 from sglang_pd_operator.oracle.judge import expand_refs
 
@@ -95,13 +103,33 @@ LWS_WEBHOOKS = (("mutatingwebhookconfiguration", "lws-mutating-webhook-configura
                 ("validatingwebhookconfiguration", "lws-validating-webhook-configuration"))
 
 
+def _missing(c, ns: str, name: str, reason: str) -> str:
+    """Wait until PDDeployment ``name`` is not reconciled for ``reason`` (an API the cluster does not serve);
+    assert Valid True and Reconciled, Ready and Progressing False with that reason for its generation.
+    Returns the message."""
+
+    def missing():
+        obj = kget(c, "pdd", name, "-n", ns)
+        rec = condition(obj, "Reconciled")
+        return obj if rec and rec["reason"] == reason else None
+
+    obj = wait_for(missing, timeout=60, what=reason)
+    conds = {t: condition(obj, t) for t in ("Valid", "Reconciled", "Ready", "Progressing")}
+    assert conds["Valid"]["status"] == "True"
+    for t in ("Reconciled", "Ready", "Progressing"):
+        assert (conds[t]["status"], conds[t]["reason"]) == ("False", reason), conds[t]
+        assert conds[t]["observedGeneration"] == obj["metadata"]["generation"]
+    return conds["Reconciled"]["message"]
+
+
 @pytest.fixture(scope="module")
 def bare_cluster(tmp_path_factory, cluster_log):
-    """A dev cluster of this module's own, without LeaderWorkerSet: the harness's LWS controller
-    stopped, its webhook configurations and CRD deleted (the session cluster's LWS must stay for
-    part 2), i.e. a cluster where nobody installed LWS."""
+    """A dev cluster of this module's own, without LeaderWorkerSet and without NVIDIA's DRA driver:
+    the harness's LWS controller stopped, its webhook configurations and CRD deleted (the session
+    cluster's LWS must stay for part 2), no ComputeDomain API (``imex_channels=False``), i.e. a
+    cluster where nobody installed either."""
     run_dir = tmp_path_factory.mktemp("bare-cluster")
-    c = devcluster.start_cluster(run_dir=run_dir, log=cluster_log)
+    c = devcluster.start_cluster(run_dir=run_dir, log=cluster_log, imex_channels=False)
     try:
         if hasattr(devcluster, "stop_lws_controller"):
             devcluster.stop_lws_controller(run_dir)
@@ -124,18 +152,7 @@ def test_without_lws_nothing_is_created_until_it_is_installed(bare_cluster, tmp_
     try:
         kapply(c, [_doc(WIDE_EP, ns), _doc(EXAMPLES / "dsv41-flash-h200-flashmla.yaml", ns)])
 
-        def missing():
-            obj = kget(c, "pdd", "dsv41-flash-wide-ep", "-n", ns)
-            rec = condition(obj, "Reconciled")
-            return obj if rec and rec["reason"] == "LeaderWorkerSetMissing" else None
-
-        obj = wait_for(missing, timeout=60, what="LeaderWorkerSetMissing")
-        conds = {t: condition(obj, t) for t in ("Valid", "Reconciled", "Ready", "Progressing")}
-        assert conds["Valid"]["status"] == "True"
-        for t in ("Reconciled", "Ready", "Progressing"):
-            assert (conds[t]["status"], conds[t]["reason"]) == ("False", "LeaderWorkerSetMissing"), conds[t]
-            assert conds[t]["observedGeneration"] == obj["metadata"]["generation"]
-        message = conds["Reconciled"]["message"]
+        message = _missing(c, ns, "dsv41-flash-wide-ep", "LeaderWorkerSetMissing")
         assert lws.API_VERSION in message and lws.TESTED_VERSIONS[0] in message and "kubectl apply" in message
         # nothing half-created: not the single-node prefill, not the gateway, not a Service
         wait_for(lambda: ready_now(kget(c, "pdd", "dsv41-flash-h200", "-n", ns)), timeout=90,
@@ -165,6 +182,70 @@ def test_without_lws_nothing_is_created_until_it_is_installed(bare_cluster, tmp_
         # the kind it did not find at start: the loop found it, lists and watches it, and says so
         wait_for(lambda: "leaderworkersets are served since the operator started" in op.log_tail(400), timeout=30,
                  what="the operator to watch leaderworkersets")
+    finally:
+        op.stop()
+        c.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_without_the_compute_domain_api_nothing_is_created_until_it_is_installed(bare_cluster, tmp_path):
+    """ComputeDomainMissing on a real API server (issue 27 item 2): LWS's CRD is served (installed by the
+    test above, or here when run alone), NVIDIA's ComputeDomain CRD is not."""
+    c = bare_cluster
+    assert c.kubectl("get", "crd", cd.CRD_NAME, check=False).returncode != 0, "this cluster must not serve ComputeDomains"
+    if not _lws_served(c):
+        _install_lws_crd(c)
+    ns = f"cd-{uuid.uuid4().hex[:6]}"
+    name = "dsv41-flash-wide-ep"
+    c.kubectl("create", "namespace", ns)
+    kapply(c, model_store(ns))
+    # the default resync (300 s): the CRD installed later must be noticed without it
+    op = OperatorProcess(kubeconfig=c.kubeconfig, log_path=tmp_path / "operator.log", resync=300).start()
+    try:
+        doc = load_example(WIDE_EP)  # as written: nvlinkDomain defaults to required on gb300
+        doc["metadata"]["namespace"] = ns
+        assert "placement" not in doc["spec"]
+        kapply(c, doc)
+
+        message = _missing(c, ns, name, "ComputeDomainMissing")
+        for said in (cd.API_VERSION, cd.CRD_NAME, "nvidia-dra-driver-gpu", "nvlinkDomain: none", "decode nodes 16 on gb300"):
+            assert said in message, (said, message)
+        # proof the operator looked again (its own metrics; a label change queues it, no resync is due),
+        # then nothing half-created: not the single-node prefill, not the gateway, not a Service, no LWS
+        looked(op, "PDDeployment", ns, name, more=1,
+               poke=lambda: c.kubectl("label", "pdd", name, "-n", ns, "e2e-poke=1", "--overwrite"))
+        for kind in ("deployments", "services", "configmaps", "kernelbuilds", "serviceaccounts", "roles",
+                     "rolebindings", "leaderworkersets", "resourceclaimtemplates"):
+            got = kget(c, kind, "-n", ns, "-l", f"{LBL}/deployment={name}")
+            assert got is not None and got["items"] == [], (kind, got and [i["metadata"]["name"] for i in got["items"]])
+        assert (kget(c, "leaderworkersets", "-n", ns) or {"items": [None]})["items"] == []
+        events = kget(c, "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")
+        assert [e["reason"] for e in events["items"] if e["type"] == "Warning"] == ["ComputeDomainMissing"]
+
+        # the driver's CRD installed (the dev cluster's restatement of it; no controller runs here):
+        # the running operator notices and creates the ComputeDomain and the LeaderWorkerSet
+        c.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(imex.crd()))
+        established = lambda: (x := condition(kget(c, "crd", cd.CRD_NAME), "Established")) and x["status"] == "True"  # noqa: E731
+        wait_for(established, timeout=60, what=f"{cd.CRD_NAME} Established")
+        installed = time.monotonic()
+
+        def made():
+            domains = (kget(c, "computedomains.resource.nvidia.com", "-n", ns) or {}).get("items") or []
+            groups = (kget(c, "leaderworkersets", "-n", ns) or {}).get("items") or []
+            return (domains, groups) if domains and groups else None
+
+        (domain,), (group,) = wait_for(made, timeout=60, what="the ComputeDomain and LeaderWorkerSet created after the CRD")
+        print(f"\nComputeDomain CRD installed: the operator created {domain['metadata']['name']} and its "
+              f"LeaderWorkerSet {time.monotonic() - installed:.1f}s later")
+        assert domain["spec"]["numNodes"] == 16 and group["spec"]["leaderWorkerTemplate"]["size"] == 16
+        template = domain["spec"]["channel"]["resourceClaimTemplate"]["name"]
+        claims = group["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["resourceClaims"]
+        assert [x["resourceClaimTemplateName"] for x in claims] == [template]
+        reconciled = lambda: (o := kget(c, "pdd", name, "-n", ns)) and \
+            (condition(o, "Reconciled") or {}).get("status") == "True" and o  # noqa: E731
+        obj = wait_for(reconciled, timeout=30, what="Reconciled True")
+        assert condition(obj, "Ready")["status"] == "False"  # no LWS controller and no driver here: no pods
+        wait_for(lambda: "computedomains are served since the operator started" in op.log_tail(400), timeout=30,
+                 what="the operator to watch computedomains")
     finally:
         op.stop()
         c.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -342,15 +423,26 @@ def test_deleting_a_worker_recreates_its_group_only(lws_cluster, chart_operator,
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
-    deleted_at = time.time()
-    c.kubectl("delete", "pod", victim, "-n", ns, "--wait=false")
     try:
-        def recreated():
-            now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in _engine_pods(c, ns, name, "decode")
-                   if p["metadata"]["labels"][lws.LABEL_GROUP_INDEX] == "0" and _running_ready(p)}
-            return len(now) == 4 and not set(now.values()) & set(groups["0"].values()) and now
+        deleted_at = delete_lws_worker(c, ns, victim)  # held Terminating until LWS deleted group 0's leader
 
-        wait_for(recreated, timeout=120, what="group 0 recreated, every pod new")
+        def recreated():
+            group0 = [p for p in _engine_pods(c, ns, name, "decode") if p["metadata"]["labels"][lws.LABEL_GROUP_INDEX] == "0"]
+            now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in group0 if _running_ready(p)}
+            if len(now) == 4 and not set(now.values()) & set(groups["0"].values()):
+                return now
+            state.update({p["metadata"]["name"]: ("old" if p["metadata"]["uid"] in groups["0"].values() else "new",
+                                                  (p.get("status") or {}).get("phase"), _running_ready(p),
+                                                  bool(p["metadata"].get("deletionTimestamp"))) for p in group0})
+            return None
+
+        state: dict[str, tuple] = {}
+        began = time.monotonic()
+        try:
+            wait_for(recreated, timeout=120, what="group 0 recreated, every pod new")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; group 0 (name: uid old/new, phase, ready, terminating): {state}") from None
+        print(f"group 0 recreated and Ready {time.monotonic() - began:.1f} s after LWS deleted its leader")
         obj = wait_for(lambda: ready_now(kget(c, "pdd", name, "-n", ns)), timeout=120, what="Ready again")
     finally:
         stop.set()

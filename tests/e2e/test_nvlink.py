@@ -12,7 +12,8 @@ controller and its webhook, the operator running as the chart's ServiceAccount.
    on 16 trays of one clique, every rank's IMEX channel claim is allocated on its own
    node, the ComputeDomain is Ready with those 16 nodes, the PDDeployment Ready. Printed:
    rank -> node -> clique. Deleting one tray's pod recreates the whole group (LWS), again
-   inside one clique, Ready again.
+   inside one clique, Ready again (the deleted pod is held Terminating, as a kubelet's
+   drain holds it, until LWS deleted the leader: ``opkit.delete_lws_worker``).
 2. A second DEP64 group that cannot fit in any clique (the first holds 16 of its rack's
    18 trays, 3 trays of the other rack cordoned): it never runs across cliques: every
    bound pod of it shares one clique, the rest wait Pending with the scheduler naming the
@@ -30,7 +31,7 @@ import time
 
 import pytest
 from helpers import load_example
-from opkit import kapply, kget, pods, ready_now, wait_for
+from opkit import delete_lws_worker, kapply, kget, pods, ready_now, wait_for
 from test_multinode import WIDE_EP, _engine_pods, chart_operator, lws_cluster  # noqa: F401 (fixtures)
 
 from sglang_pd_operator.api import computedomain as cd
@@ -109,7 +110,7 @@ def test_wide_ep_lands_in_one_clique_with_a_ready_compute_domain(lws_cluster, ch
     # a tray's pod deleted: LWS recreates the whole group, again inside one clique, the domain Ready again
     worker = next(p for p in decode if p["metadata"]["labels"][lws.LABEL_WORKER_INDEX] == "5")
     old_uids = {p["metadata"]["uid"] for p in decode}
-    c.kubectl("delete", "pod", worker["metadata"]["name"], "-n", ns, "--wait=false")
+    delete_lws_worker(c, ns, worker["metadata"]["name"])  # held Terminating until LWS deleted the leader (opkit)
 
     def regrouped():
         now = _engine_pods(c, ns, name, "decode")

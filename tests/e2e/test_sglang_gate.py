@@ -125,9 +125,14 @@ def test_the_oracle_killed_mid_judgement_gives_the_policys_behaviour(cluster, ns
                           {"oracle": {"onUnavailable": "wait", "maxWait": "20s"}, "decode.replicas": 1})
     waiting["metadata"] = {"name": "waits", "namespace": ns}
     try:
+        judged = oracle.stats()["judged"]
         kapply(cluster, waiting)
         wait_for(lambda: _valid(cluster, ns, "waits", "AwaitingSGLangVerdict"), timeout=60, what="awaiting")
+        # mid-judgement: the service holds the h200 judgement in flight and has finished none since the apply
+        busy = wait_for(lambda: (st := oracle.stats())["inflight"] >= 1 and st, timeout=30, interval=0.1,
+                        what="the h200 judgement in flight")
         oracle.kill()
+        assert busy["judged"] == judged, busy
         unknown = wait_for(lambda: (c := _valid(cluster, ns, "waits", "AwaitingSGLangVerdict"))
                            and "unreachable" in c["message"] and c, timeout=60, what="unreachable")
         assert unknown["status"] == "Unknown"
@@ -183,6 +188,14 @@ def test_fifty_deployments_at_once_are_judged_through_the_cache_and_the_queue(cl
     judged = after["judged"] - before["judged"]
     hits = after["cacheHits"] - before["cacheHits"]
     coalesced = after["coalesced"] - before["coalesced"]
+    asked = after["requests"] - before["requests"]
     print(f"\n50 PDDeployments (5 distinct specs): apply -> Valid p50 {p50:.1f}s, p99 {p99:.1f}s, last {times[-1]:.1f}s; "
-          f"oracle judged {judged}, cache hits {hits}, coalesced {coalesced}, queue full {after['rejectedQueueFull']}")
+          f"the operator asked {asked} times; oracle judged {judged}, cache hits {hits}, coalesced {coalesced}, "
+          f"queue full {after['rejectedQueueFull'] - before['rejectedQueueFull']}")
     assert judged <= 5, "each distinct spec is judged once"
+    # the operator's book answers the other 45 from its own cache (one ask per distinct judged key,
+    # plus a re-ask of a key whose answer was a failure); every ask was judged, served from the
+    # service's cache or coalesced with one in flight
+    assert 5 <= asked <= 10, asked
+    ends = ("cacheHits", "coalesced", "judged", "oracleErrors", "expiredInQueue", "rejectedQueueFull")
+    assert asked == sum(after[k] - before[k] for k in ends), (asked, before, after)

@@ -38,6 +38,40 @@ def test_every_example_runs_on_the_dev_cluster():
             assert not missing, f"{path.name}: no node pool in hack/cluster/node-pools.yaml for {missing}"
 
 
+def test_each_example_fits_the_dev_cluster_on_its_own_and_the_readme_promises_no_more():
+    """Each example fits on the fake nodes alone: its GB300 trays (one per engine pod) within the
+    pool and each multi-node group within one NVLink clique. All of them at once are NOT
+    promised (no gang scheduling without Kueue: the other examples' pods fragment the racks
+    and the wide-EP decode group of 16 may find no clique with 16 free trays), so the README
+    must say "on its own", name what the wide-EP example needs, and never "side by side"."""
+    (pool,) = [p for p in yaml.safe_load((ROOT / "hack/cluster/node-pools.yaml").read_text())["pools"]
+               if p["name"] == "gb300"]
+    size = pool["nvlinkCliques"]["size"]
+    cliques = [min(size, pool["count"] - start) for start in range(0, pool["count"], size)]
+    biggest_group = 0
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            spec, trays = doc["spec"], 0
+            for role in ("prefill", "decode"):
+                rs = spec.get(role) or {}
+                if (rs.get("accelerator") or spec.get("accelerator")) != "gb300":
+                    continue
+                nodes = (rs.get("parallelism") or {}).get("nodes", 1)
+                trays += rs.get("replicas", 1) * nodes
+                assert nodes <= max(cliques), f"{path.name}: a {role} group of {nodes} trays fits no clique"
+                biggest_group = max(biggest_group, nodes)
+            assert trays <= pool["count"], f"{path.name}: {trays} GB300 trays, the dev cluster has {pool['count']}"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    dev_cluster = " ".join((ROOT / "docs/dev-cluster.md").read_text().split())
+    for text in (readme, dev_cluster):
+        assert "run side by side" not in text and "All examples run" not in text
+    assert "each example in `examples/` fits on the fake nodes on its own" in readme
+    assert f"{biggest_group} free trays of one NVLink clique" in readme, biggest_group
+    assert f"the racks are {', '.join(map(str, cliques[:-1]))} and {cliques[-1]} trays" in readme, cliques
+    assert "`dev cluster up --kueue`" in readme and "`spec.scheduling.queueName`" in readme
+    assert "Limit without gang admission" in readme
+
+
 def test_override_replaces_an_entry_and_adds_new_ones():
     override = {
         "plugins.yaml": yaml.safe_dump(

@@ -156,3 +156,31 @@ def test_leader_election_without_operator_namespace_uses_the_kubeconfig_namespac
         assert result.exit_code == 0, result.output
         assert f"leader lease in namespace {expect} (" in caplog.text, caplog.text
         assert seen["leader"].namespace == expect and seen["unelected_lease"] is None
+
+
+def test_an_unreachable_api_server_at_start_is_one_clear_line_and_exit_1(tmp_path, caplog):
+    """``run`` whose CRD check gets no answer (here: nothing listens) refuses to run with the
+    server's cause in one log line and exit code 1; before, a urllib3 traceback ended it."""
+    import logging
+    import socket
+
+    import yaml
+    from click.testing import CliRunner
+
+    from sglang_pd_operator.cli import main
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}]}))
+    with caplog.at_level(logging.ERROR, logger="sglang_pd_operator"):
+        result = CliRunner().invoke(main, ["run", "--kubeconfig", str(kubeconfig), "--crds", "check",
+                                           "--metrics-port", "0", "--no-leader-elect"])
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert "refusing to run: the API server did not answer the CRD check of" in caplog.text, caplog.text
+    assert "kubeconfig" in caplog.text and "Traceback" not in result.output

@@ -40,3 +40,18 @@ def test_printer_columns_and_short_name():
     assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Ready", "Valid", "Prefill", "Decode", "Pods", "KV Layout", "Age"]
     assert crd["spec"]["names"]["shortNames"] == ["pdd"]
     assert version["subresources"] == {"status": {}}
+
+
+def test_the_readme_says_which_kind_kubectl_scale_works_on():
+    """PDRoleScale serves /scale, PDDeployment does not (kubectl scale pdd answers NotFound,
+    the API server's word): the README must say so and point to pdrs."""
+    import yaml
+
+    def scale(name: str):
+        (version,) = [v for v in yaml.safe_load((ROOT / "crds" / name).read_text())["spec"]["versions"] if v.get("served")]
+        return (version.get("subresources") or {}).get("scale")
+
+    assert scale("pdrolescales.yaml") is not None and scale("pddeployments.yaml") is None
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`kubectl scale pdrs dsv41-flash-decode --replicas=3`" in readme
+    assert "`kubectl scale pdd …` answers NotFound" in readme

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_pd_operator_dev.cluster.demo import not_ready_report, running_hints
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_pd_operator_dev.cluster.demo import not_ready_report, operator_exited_lines, running_hints, serve_until_interrupted
 from sglang_pd_operator_dev.cluster.handle import Cluster
 
 PDD = {
@@ -63,3 +68,45 @@ def test_shell_exports_put_the_built_kubectl_first_and_the_demo_prints_them():
     assert "export KUBECONFIG=/r/kubeconfig" in hints and "export PATH=/cache/bin:$PATH" in hints
     assert "/cache/bin/kubectl" in hints and "namespace inference and its model-store PVC exist" in hints
     assert "qwen3-30b-a3b-paged-experts.yaml" in hints and "/r/operator.log" in hints
+
+
+class _ExitingOperator:
+    """An OperatorProcess whose process exits (SIGTERM) after ``alive_for`` polls."""
+
+    def __init__(self, alive_for: int, returncode: int):
+        self.polls, self.alive_for = 0, alive_for
+        self.proc = SimpleNamespace(pid=4242, returncode=returncode)
+        self.log_path = Path("/r/operator.log")
+
+    def alive(self) -> bool:
+        self.polls += 1
+        return self.polls <= self.alive_for
+
+
+def test_the_demo_keeps_its_cluster_up_when_its_operator_exits_and_says_so():
+    """README: a second `run` takes over when the leader goes away. Stopping the demo's operator
+    (kill -TERM, to try that) must not end the demo and its cluster: the foreground wait says
+    which pid exited and how, who holds the Lease, and goes on until Ctrl-C."""
+    logged: list[str] = []
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) >= 10:  # the user presses Ctrl-C
+            raise KeyboardInterrupt
+
+    op = _ExitingOperator(alive_for=3, returncode=-signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        serve_until_interrupted(op, log=logged.append, lease_holder=lambda: "host-9876", sleep=sleep)
+    assert len(sleeps) == 10, "the wait goes on after the operator exited, until Ctrl-C"
+    (text,) = logged
+    assert "error" not in text and "pid 4242" in text and "SIGTERM" in text, text
+    assert "cluster stays up until Ctrl-C" in text and "does not restart" in text
+    assert "Lease default/sglang-pd-operator is held by host-9876" in text
+
+
+def test_operator_exited_lines_name_the_exit_code_and_a_free_lease():
+    text = "\n".join(operator_exited_lines(pid=7, returncode=1, holder=None, log_path=Path("/r/operator.log")))
+    assert "(pid 7) exited with code 1" in text and "/r/operator.log" in text
+    assert "nobody holds the Lease default/sglang-pd-operator" in text
+    assert "kubectl get lease sglang-pd-operator -n default" in text

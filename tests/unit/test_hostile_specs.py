@@ -11,6 +11,7 @@ same in RE2 (the API server), Rust's regex (pydantic) and google-re2 (structural
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import re2
@@ -61,8 +62,57 @@ def test_the_duration_bound_is_a_cel_rule_too():
         return [v.field for v in violations({"metadata": {"name": "x"}, "spec": {"rollout": {"progressDeadline": deadline}}})]
 
     assert fields("596523h14m8s") == ["spec.rollout.progressDeadline"]
-    assert fields("99999999999999h") == ["spec.rollout.progressDeadline"]  # overflows: not evaluable, refused
+    assert fields("99999999999999h") == ["spec.rollout.progressDeadline"]  # would overflow: refused by the guard
     assert fields("596523h14m7s") == []
+
+
+@pytest.mark.parametrize("value", ["abc", "30d", "1y", "30", "9999999999h", "2562048h", "99999999999999h",
+                                   "1h1h1h1h1h", "596523h14m8s", "8999999999999ms"])
+def test_no_duration_rule_fails_to_evaluate(value):
+    """The API server prints "type conversion error" and the literal word "string" for a rule that fails
+    on a value that is no duration (a fresh user's report): every duration rule guards duration() so that it runs
+    only on values Go parses, and a bad value meets the rule's own message, which names the field."""
+    doc = {"metadata": {"name": "x"}, "spec": {"rollout": {"progressDeadline": value},
+                                               "slo": {"ttft": {"p90": "1s"}, "window": value}}}
+    found = violations(doc)
+    assert found and {v.field for v in found} == {"spec.rollout.progressDeadline", "spec.slo.window"}, found
+    assert not [v for v in found if "not evaluable" in v.message], found
+    forms = [v for v in found if "must be a duration: a number with unit" in v.message]
+    assert bool(forms) == (value in ("abc", "30d", "1y", "30")), found
+
+
+@pytest.mark.parametrize("value", ["1s", "0000001h", "1h2m3s500ms", "2147483647000ms", "2147483647s",
+                                   "35791394m", "1.5h"])
+def test_the_duration_guard_passes_every_duration_up_to_the_bound(value):
+    doc = {"metadata": {"name": "x"}, "spec": {"rollout": {"progressDeadline": value}}}
+    assert violations(doc) == []
+
+
+def test_a_duration_of_more_than_four_parts_is_refused_by_check_too(gb300_doc, catalog):
+    gb300_doc["spec"]["rollout"] = {"drainGracePeriod": "1s1s1s1s1s"}
+    (err,) = _errors(gb300_doc, catalog)
+    assert err.field == "spec.rollout.drainGracePeriod" and "more than 4 parts" in err.message
+
+
+@pytest.mark.parametrize("deadline,ok", [("0s", False), ("0ms", False), ("999ms", False), ("0.5s", False),
+                                         ("1s", True), ("1000ms", True), ("30m", True)])
+def test_progress_deadline_has_a_minimum_in_the_schema(deadline, ok):
+    """``progressDeadline: 0s`` failed every rollout at once (a fresh user's report): the CRD refuses under 1s."""
+    doc = {"metadata": {"name": "x"}, "spec": {"rollout": {"progressDeadline": deadline}}}
+    bad = [v for v in violations(doc) if v.field == "spec.rollout.progressDeadline"]
+    assert (not bad) == ok, bad
+    if not ok:
+        assert "at least 1s" in bad[0].message and "set 1s or more" in bad[0].message
+
+
+@pytest.mark.parametrize("deadline,ok", [("0s", False), ("999ms", False), ("1s", True)])
+def test_progress_deadline_has_the_same_minimum_in_check(gb300_doc, catalog, deadline, ok):
+    gb300_doc["spec"]["rollout"] = {"progressDeadline": deadline}
+    found = [p for p in _errors(gb300_doc, catalog) if p.field == "spec.rollout.progressDeadline"]
+    assert (not found) == ok, found
+    if not ok:
+        (err,) = found
+        assert "shorter than 1s" in err.message and err.fix.startswith("set 1s or more")
 
 
 def test_duration_nanoseconds_truncates_fractions_as_go():
@@ -134,6 +184,109 @@ def test_control_and_bidi_characters_are_refused_in_env_values(gb300_doc, catalo
 
 def test_a_multi_line_env_value_passes(gb300_doc, catalog):
     gb300_doc["spec"]["decode"]["env"] = [{"name": "PEM", "value": "-----BEGIN-----\n\tabc\n-----END-----"}]
+    assert _errors(gb300_doc, catalog) == []
+
+
+# --------------------------------------------------------------------------- found by the differential
+# Two classes the CRD differential found (docs/validation.md, "The classes of disagreement found"):
+# a toleration the PDDeployment accepted and the rendered Deployment's Pod template did not
+# (core/v1 ValidateTolerations), and a perUserSpeed of 1e300 that broke check's CEL evaluation.
+TOLERATION_ROLES = ("prefill", "decode", "gateway")
+
+
+@pytest.mark.parametrize("role", TOLERATION_ROLES)
+@pytest.mark.parametrize("toleration, rule_field, fix", [
+    ({"operator": "Equal", "value": "x", "effect": "NoSchedule"}, "operator", "set operator: Exists or give a key"),
+    ({"key": "", "operator": "Equal"}, "operator", "set operator: Exists or give a key"),
+    ({"key": "nvidia.com/gpu", "operator": "Exists", "value": "present"}, "value",
+     "remove the value or use operator: Equal"),
+    ({"key": "nvidia.com/gpu", "operator": "Equal", "value": "x", "effect": "NoSchedule", "tolerationSeconds": 30},
+     "tolerationSeconds", "set effect: NoExecute or remove tolerationSeconds"),
+    ({"key": "nvidia.com/gpu", "tolerationSeconds": 30}, "tolerationSeconds",
+     "set effect: NoExecute or remove tolerationSeconds"),
+])
+def test_a_toleration_core_v1_refuses_is_refused_by_check_and_the_crd(gb300_doc, catalog, role, toleration,
+                                                                     rule_field, fix):
+    """Seeds 26000 #184 (prefill), 26003 #34 (decode), 26003 #43 (gateway) at 8f16918: an empty-key toleration
+    with operator Equal passed the CRD and was refused in the rendered Deployment. Now the CRD's CEL rules
+    (as core/v1 validates tolerations) refuse it, and check runs the same rules."""
+    gb300_doc["spec"][role]["tolerations"] = [toleration]
+    (err,) = _errors(gb300_doc, catalog)
+    assert err.field == f"spec.{role}.tolerations[0].{rule_field}", err.line()
+    assert err.fix == fix and err.rule == "schema", err.line()
+    cel_fields = [v.field for v in violations({"metadata": {"name": "x"}, "spec": {role: {"tolerations": [toleration]}}})]
+    assert cel_fields == [f"spec.{role}.tolerations[0].{rule_field}"]
+
+
+@pytest.mark.parametrize("toleration", [
+    {"operator": "Exists"},  # matches every taint
+    {"operator": "Exists", "effect": "NoSchedule"},
+    {"key": "nvidia.com/gpu", "operator": "Exists"},
+    {"key": "nvidia.com/gpu", "operator": "Exists", "value": ""},
+    {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+])
+def test_a_toleration_core_v1_accepts_passes(gb300_doc, catalog, toleration):
+    for role in TOLERATION_ROLES:
+        gb300_doc["spec"][role]["tolerations"] = [toleration]
+    assert _errors(gb300_doc, catalog) == []
+    assert violations({"metadata": {"name": "x"}, "spec": {r: {"tolerations": [toleration]} for r in TOLERATION_ROLES}}) == []
+
+
+@pytest.mark.parametrize("percentile", ["p50", "p90", "p99"])
+@pytest.mark.parametrize("speed", [100_000.5, 1e6, 1e300])
+def test_a_per_user_speed_past_100000_tokens_per_second_is_refused(gb300_doc, catalog, percentile, speed):
+    """A perUserSpeed of 1e300 once broke the evaluation of check's CEL rules; the schema bounds it."""
+    gb300_doc["spec"]["slo"]["perUserSpeed"] = {percentile: speed}
+    (err,) = _errors(gb300_doc, catalog)
+    assert err.field == f"spec.slo.perUserSpeed.{percentile}" and err.rule == "schema", err.line()
+    assert "100000" in err.line(), err.line()
+
+
+@pytest.mark.parametrize("speed", [0.5, 40, 100_000])
+def test_a_per_user_speed_up_to_100000_passes(gb300_doc, catalog, speed):
+    gb300_doc["spec"]["slo"]["perUserSpeed"] = {"p90": speed}
+    assert _errors(gb300_doc, catalog) == []
+
+
+def test_the_per_user_speed_bound_is_in_the_crd():
+    from sglang_pd_operator.api.crd import all_crds
+
+    crd = next(c for c in all_crds().values() if c["spec"]["names"]["kind"] == "PDDeployment")
+    speed = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["slo"][
+        "properties"]["perUserSpeed"]["properties"]
+    for percentile in ("p50", "p90", "p99"):
+        assert speed[percentile]["maximum"] == 100_000 and speed[percentile].get("exclusiveMaximum") in (None, False)
+
+
+def test_a_spec_too_large_for_the_record_in_its_workloads_is_refused_naming_the_part(gb300_doc, catalog):
+    """Every workload records the spec in its annotations (262,144 bytes at most per object): a spec past
+    planning.size.MAX_SPEC_BYTES had every Deployment refused although the API server accepted it."""
+    from sglang_pd_operator.planning.size import MAX_SPEC_BYTES, record_bytes
+
+    gb300_doc["spec"]["decode"]["env"] = [{"name": f"E{i}", "value": "x" * 30_000} for i in range(9)]
+    assert record_bytes(gb300_doc["spec"]) > MAX_SPEC_BYTES
+    (err,) = _errors(gb300_doc, catalog)
+    assert (err.field, err.rule) == ("spec.decode.env", "spec_size"), err.line()
+    assert "262,144" in err.message and f"at most {MAX_SPEC_BYTES:,} bytes" in err.fix, err.line()
+
+
+def test_the_spec_size_counts_as_the_record_writes_it(gb300_doc, catalog):
+    """ASCII escapes count (a non-ASCII character is 6 bytes in the record), and one field holding
+    most of the spec is named down to the item; the size is reported with schema errors too."""
+    from sglang_pd_operator.planning.size import MAX_SPEC_BYTES, record_bytes
+
+    gb300_doc["spec"]["prefill"]["extraArgs"] = ["--x", "--y=" + "é" * (MAX_SPEC_BYTES // 6)]
+    assert len(json.dumps(gb300_doc["spec"], ensure_ascii=False)) < MAX_SPEC_BYTES < record_bytes(gb300_doc["spec"])
+    fields = {(p.field, p.rule) for p in _errors(gb300_doc, catalog)}
+    assert ("spec.prefill.extraArgs[1]", "spec_size") in fields, fields
+    gb300_doc["spec"]["kvLayout"]["pageSize"] = "256"  # a schema error as well: both are reported
+    _, problems = plan_object(gb300_doc, catalog)
+    assert {p.rule for p in problems if p.severity == "error"} >= {"schema", "spec_size"}
+
+
+def test_a_large_spec_under_the_bound_passes(gb300_doc, catalog):
+    gb300_doc["spec"]["decode"]["env"] = [{"name": f"E{i}", "value": "x" * 30_000} for i in range(6)]
     assert _errors(gb300_doc, catalog) == []
 
 

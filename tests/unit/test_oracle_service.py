@@ -24,14 +24,21 @@ from sglang_pd_operator.oracle.service import API_PATH, OracleHTTPServer, Verdic
 from sglang_pd_operator.planning.plan import plan_object
 
 
-class StandInOracle:
-    """Counts judgements; ``gate`` holds each one until set; ``fail`` raises OracleError."""
+#: Why the stand-in's indeterminate verdict is one: a transient limit of the oracle (issue 23's OracleLimit).
+BOOTSTRAP_LIMIT = "bootstrap: the bootstrap server did not listen within 10 s (OracleLimit)"
 
-    def __init__(self, catalog, *, gate: threading.Event | None = None, fail: bool = False) -> None:
+
+class StandInOracle:
+    """Counts judgements; ``gate`` holds each one until set; ``fail`` raises OracleError;
+    ``indeterminate``: the pair's verdict is indeterminate (``BOOTSTRAP_LIMIT``), not an accept."""
+
+    def __init__(self, catalog, *, gate: threading.Event | None = None, fail: bool = False,
+                 indeterminate: bool = False) -> None:
         self.catalog = catalog
         self.judged: list[str] = []
         self.gate = gate
         self.fail = fail
+        self.indeterminate = indeterminate
         self.pool = SimpleNamespace(worker=lambda acc: self.warmed.append(acc))
         self.warmed: list[str] = []
         self.closed = False
@@ -43,26 +50,39 @@ class StandInOracle:
         if self.fail:
             raise OracleError("worker for gb300 exited (code -9)")
         ok = RoleVerdict("prefill", "gb300", True), RoleVerdict("decode", "gb300", True)
-        return Verdict(plan.name, plan.namespace, ok[0], ok[1], PairVerdict(True))
+        pair = PairVerdict(None, indeterminate=BOOTSTRAP_LIMIT) if self.indeterminate else PairVerdict(True)
+        return Verdict(plan.name, plan.namespace, ok[0], ok[1], pair)
 
     def close(self) -> None:
         self.closed = True
 
 
+class FakeClock:
+    """Monotonic seconds that move only when a test moves them (``now``)."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
 def served():
-    """(start(service options) -> (service, oracle, port)); everything stops at the end."""
+    """(start(service options) -> (service, oracle, port)); everything stops at the end.
+
+    ``read_timeout_s``: the server's deadline per request (2 s unless given)."""
     made = []
 
-    def start(*, gate=None, fail=False, **options):
+    def start(*, gate=None, fail=False, indeterminate=False, read_timeout_s=2.0, **options):
         holder = {}
 
         def factory(catalog):
-            holder["oracle"] = StandInOracle(catalog, gate=gate, fail=fail)
+            holder["oracle"] = StandInOracle(catalog, gate=gate, fail=fail, indeterminate=indeterminate)
             return holder["oracle"]
 
         service = VerdictService(oracle_factory=factory, **options)
-        server = OracleHTTPServer(("127.0.0.1", 0), service, max_body_bytes=256 * 1024, read_timeout_s=2.0,
+        server = OracleHTTPServer(("127.0.0.1", 0), service, max_body_bytes=256 * 1024, read_timeout_s=read_timeout_s,
                                   max_connections=16)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         service.start()
@@ -199,6 +219,40 @@ def test_no_verdict_in_time_is_504_and_the_expired_job_is_never_judged(served):
     assert oracle.judged == ["slow"]
 
 
+def test_an_indeterminate_verdict_is_cached_only_briefly_then_judged_again(served):
+    """The oracle could not judge (a transient limit, e.g. a bootstrap server slow under load):
+    served from the cache for ``indeterminate_ttl_s`` only, so an operator that asks again gets a
+    fresh judgement after it; SGLang's accept stays cached."""
+    clock = FakeClock()
+    service, oracle, port = served(indeterminate=True, clock=clock, indeterminate_ttl_s=30.0)
+    status, first, _ = post(port, named("alpha"))
+    assert status == 200, first
+    assert first["sglang"]["accepted"] is None and first["sglang"]["pair"]["indeterminate"] == BOOTSTRAP_LIMIT
+    assert first["oracle"]["cached"] is False
+    clock.now += 29.0
+    assert post(port, named("alpha"))[1]["oracle"]["cached"] is True  # within the 30 s: not judged again
+    assert oracle.judged == ["alpha"]
+    clock.now += 1.0
+    status, again, _ = post(port, named("alpha"))
+    assert status == 200 and again["oracle"]["cached"] is False
+    assert oracle.judged == ["alpha", "alpha"]
+    assert service.snapshot()["indeterminate"] == 2
+    # SGLang's accept (and refusal) is kept however long it waits
+    oracle.indeterminate = False
+    clock.now += 30.0
+    assert post(port, named("alpha"))[1]["sglang"]["accepted"] is True
+    clock.now += 3600.0
+    assert post(port, named("alpha"))[1]["oracle"]["cached"] is True
+    assert len(oracle.judged) == 3
+
+
+def test_an_indeterminate_verdict_is_never_cached_with_a_zero_ttl(served):
+    service, oracle, port = served(indeterminate=True, clock=FakeClock(), indeterminate_ttl_s=0)
+    answers = [post(port, named("alpha"))[1] for _ in range(2)]
+    assert [a["oracle"]["cached"] for a in answers] == [False, False]
+    assert oracle.judged == ["alpha", "alpha"] and service.snapshot()["cached"] == 0
+
+
 def test_an_oracle_failure_is_503_and_not_cached(served):
     service, oracle, port = served(fail=True)
     for _ in range(2):
@@ -235,10 +289,66 @@ def test_a_request_without_length_and_a_stalled_body_do_not_hold_the_service(ser
     with socket.create_connection(("127.0.0.1", port)) as s:  # promises 1000 bytes, sends 10
         s.sendall(f"POST {API_PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{{".encode() + b" " * 9)
         t0 = time.monotonic()
-        s.settimeout(10)
-        assert s.recv(4096) == b""  # closed by the read timeout (2 s here)
+        assert b" 408 " in _until_closed(s, within=10)  # answered and closed at the request's deadline (2 s here)
         assert time.monotonic() - t0 < 8
     assert post(port, named("after"))[0] == 200
+
+
+def _until_closed(sock: socket.socket, *, within: float) -> bytes:
+    """Everything the server sends on ``sock`` until it closes the connection; raises
+    ``TimeoutError`` when it is still open ``within`` seconds from now."""
+    deadline = time.monotonic() + within
+    got = b""
+    while True:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(4096)
+        except ConnectionResetError:
+            return got
+        if not chunk:
+            return got
+        got += chunk
+
+
+@pytest.mark.parametrize("trickled", ["headers", "body"])
+def test_a_client_trickling_its_request_is_cut_off_at_the_request_deadline(served, trickled):
+    """A byte every 0.2 s never trips a per-read timeout of 1 s, but the request as a whole has
+    1 s for its line, headers and body: the server answers 408 (body) or closes (headers) by
+    then, not when the client stops (the trickle would last 40 s)."""
+    service, oracle, port = served(read_timeout_s=1.0)
+    body = json.dumps(named("slow")).encode()
+    head = (f"POST {API_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    at_once, slowly = (b"", head.encode() + body) if trickled == "headers" else (head.encode(), body)
+    stop = threading.Event()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(at_once)
+
+        def trickle():
+            for i in range(min(len(slowly), 200)):  # at most 40 s
+                if stop.wait(0.2):
+                    return
+                try:
+                    s.sendall(slowly[i:i + 1])
+                except OSError:  # the server closed the connection
+                    return
+
+        sender = threading.Thread(target=trickle, daemon=True)
+        sender.start()
+        t0 = time.monotonic()
+        try:
+            answer = _until_closed(s, within=6)
+        finally:
+            stop.set()
+            sender.join()
+        cut_after = time.monotonic() - t0
+    assert cut_after < 4, cut_after
+    if trickled == "body":
+        assert b" 408 " in answer and b"did not arrive within 1 s" in answer
+    else:
+        assert answer == b""
+    assert oracle.judged == []
+    assert post(port, named("after"))[0] == 200  # the service still serves
 
 
 def test_a_huge_spec_within_the_size_limit_is_judged_or_refused_quickly(served):
@@ -251,6 +361,46 @@ def test_a_huge_spec_within_the_size_limit_is_judged_or_refused_quickly(served):
     # the schema bounds extraArgs (api/structural.py): refused with the field named, never judged
     assert status == 422, body
     assert body["problems"][0]["field"] == "spec.decode.extraArgs" and oracle.judged == []
+
+
+@pytest.mark.parametrize("warm_fails", [False, True])
+def test_readyz_answers_503_with_why_over_http_until_the_warm_worker_started(warm_fails):
+    """GET /readyz: 503 naming the warming accelerators while a worker imports SGLang, then
+    200; a worker that fails to start keeps it 503 with the worker's error (never ready)."""
+    release = threading.Event()
+
+    def worker(acc):
+        release.wait(30)
+        if warm_fails:
+            raise OracleError(f"worker for {acc} exited (code 1)\nTraceback ...")
+
+    def factory(catalog):
+        oracle = StandInOracle(catalog)
+        oracle.pool = SimpleNamespace(worker=worker)
+        return oracle
+
+    service = VerdictService(oracle_factory=factory, warm=("gb300",))
+    server = OracleHTTPServer(("127.0.0.1", 0), service, max_body_bytes=1024, read_timeout_s=2.0, max_connections=4)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    service.start()
+    try:
+        port = server.server_address[1]
+        assert get(port, "/readyz") == (503, {"ready": False, "why": "warming the workers of gb300"})
+        assert get(port, "/healthz") == (200, {"ok": True})  # alive while it warms
+        release.set()
+        if warm_fails:
+            deadline = time.monotonic() + 5
+            while not service.warm_error and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert get(port, "/readyz") == (503, {"ready": False, "why": "worker for gb300 exited (code 1)"})
+        else:
+            assert service.ready.wait(5)
+            assert get(port, "/readyz") == (200, {"ready": True})
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        service.close()
 
 
 def test_ready_once_the_warm_workers_started(served):

@@ -215,6 +215,7 @@ def test_a_role_scaled_to_zero_is_complete_and_says_it_serves_nothing_instead_of
                scaled_to_zero=("decode",))
     assert d.phase == "Complete" and d.serving_key == "aaa" and not d.events
     assert "serves nothing: decode scaled to 0 replicas" in d.message and "at least 1" in d.message
+    assert "spec.decode.replicas" in d.message and "<role>" not in d.message, d.message  # the field, not a placeholder
     # without a role at zero the same group is a surge waiting for its pods (and may fail its deadline)
     d = decide(target="aaa", serving="aaa", groups=not_ready, previous=serving, settings=S, target_gpus=8, now=10)
     assert d.phase == "Surging"

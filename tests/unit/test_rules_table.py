@@ -428,3 +428,41 @@ def test_numbers_are_read_as_kubectl_reads_them(tmp_path):
     assert run.returncode == 1
     [problem] = json.loads(run.stdout)["problems"]
     assert problem["field"] == "spec.model.revision" and "quote the value" in problem["message"]
+
+
+class _RefusingOracle:
+    """Stands in for the SGLang oracle: the decode role is refused at startup, as
+    ``--moe-a2a-backend deepep`` is by SGLang 0.5.23 (tests/contract/test_oracle.py runs the real one)."""
+
+    def judge_plan(self, plan):
+        from sglang_pd_operator.oracle import PairVerdict, Refusal, RoleVerdict, Verdict
+
+        refusal = Refusal(stage="validate", type="ValueError", message="MoE A2A requires CUDA MegaMoE", phase="args")
+        return Verdict(name=plan.name, namespace=plan.namespace,
+                       prefill=RoleVerdict(role="prefill", accelerator="gb300", starts=True, facts={}),
+                       decode=RoleVerdict(role="decode", accelerator="gb300", starts=False, refusal=refusal),
+                       pair=PairVerdict(pairs=None, indeterminate="decode did not start"))
+
+    def close(self):
+        pass
+
+
+def test_check_sglang_first_line_does_not_say_valid_when_sglang_refuses(monkeypatch):
+    """The first line of ``check --sglang`` gives both verdicts when SGLang refuses what the
+    operator's rules accept (exit 1); -o json keeps ``valid`` as the operator's rules' verdict."""
+    from click.testing import CliRunner
+
+    from sglang_pd_operator import cli as cli_module
+
+    monkeypatch.setattr(cli_module, "_start_oracle", lambda catalog, python: (_RefusingOracle(), None))
+    path = str(EXAMPLES / "dsv41-flash-gb300-low-latency.yaml")
+    res = CliRunner().invoke(cli_module.main, ["check", "--sglang", path])
+    assert res.exit_code == 1, res.output
+    first = res.output.splitlines()[0]
+    assert ": valid," not in first and "SGLang refuses" in first, first
+    assert "SGLang 0.5.23: refused" in res.output
+    js = CliRunner().invoke(cli_module.main, ["check", "--sglang", "-o", "json", path])
+    data = json.loads(js.output)
+    assert js.exit_code == 1 and data["valid"] is True and data["sglang"]["accepted"] is False
+    plain = CliRunner().invoke(cli_module.main, ["check", path])  # without --sglang: unchanged
+    assert plain.exit_code == 0 and ": valid, compat key " in plain.output.splitlines()[0]

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import EXAMPLES, load_example, merge_patched
+from helpers import EXAMPLES, all_deployments_ready, load_example, merge_patched
 
 from sglang_pd_operator.planning import compat
+from sglang_pd_operator.reconcilers import kube as K
 from sglang_pd_operator.reconcilers import pddeployment as P
 from sglang_pd_operator.reconcilers import upgrade as U
 from sglang_pd_operator.render import engine, gateway
@@ -42,6 +43,7 @@ class MemoryKube:
         self.status: list[dict] = []
         self.events: list[tuple[str, str]] = []
         self.total_writes = 0
+        self.metadata_bumps = K.MetadataBumps()
 
     def get(self, api_version, kind, name, namespace=None):
         return copy.deepcopy(self.objects.get((kind, name)))
@@ -74,7 +76,11 @@ class MemoryKube:
     def patch_metadata(self, api_version, kind, name, namespace, *, annotations):
         self.patched.append((kind, name, annotations))
         meta = self.objects[(kind, name)]["metadata"]
-        meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+        merged = {**(meta.get("annotations") or {}), **annotations}
+        if kind == "Deployment" and merged != meta.get("annotations"):  # apps/v1: annotations bump the generation
+            meta["generation"] = meta.get("generation", 1) + 1
+        meta["annotations"] = merged
+        self.metadata_bumps.record(kind, namespace, name, meta.get("generation"))  # as Kube.patch_metadata does
         self.total_writes += 1
 
     def delete(self, api_version, kind, name, namespace):
@@ -92,12 +98,7 @@ class MemoryKube:
 
     def all_ready(self):
         """Every Deployment rolled out and Ready (what the Deployment controller and the kubelet would report)."""
-        for (kind, _), obj in self.objects.items():
-            if kind == "Deployment":
-                n = obj["spec"].get("replicas", 1)
-                gen = obj["metadata"].setdefault("generation", 1)
-                obj["status"] = {"observedGeneration": gen, "replicas": n, "readyReplicas": n,
-                                 "updatedReplicas": n, "availableReplicas": n}
+        all_deployments_ready(self.objects)
 
     def deployments(self):
         return {name: o for (kind, name), o in self.objects.items() if kind == "Deployment"}
@@ -134,6 +135,14 @@ def _serving(catalog, **fields) -> tuple[MemoryKube, str]:
     status = _body(kube)["status"]
     assert status["rollout"]["phase"] == "Complete"
     return kube, status["compatKey"]
+
+
+def _unrecord(kube: MemoryKube) -> None:
+    """Remove the render record from every Deployment, as a group made before 0.2.0 has none."""
+    for dep in kube.deployments().values():
+        for a in list(dep["metadata"]["annotations"]):
+            if a.startswith(f"{L.DOMAIN}/rendered"):
+                del dep["metadata"]["annotations"][a]
 
 
 @pytest.fixture(autouse=True)
@@ -282,10 +291,7 @@ def test_a_replica_change_is_no_spec_change_for_a_held_group(catalog, request):
 
 def test_a_group_made_before_0_2_0_is_adopted_and_held(catalog, request):
     kube, key = _serving(catalog)
-    for dep in kube.deployments().values():  # what v0.1.0 left: no record
-        for a in list(dep["metadata"]["annotations"]):
-            if a.startswith(f"{L.DOMAIN}/rendered"):
-                del dep["metadata"]["annotations"][a]
+    _unrecord(kube)  # what v0.1.0 left: no record
     request.getfixturevalue("new_compat_input")
     kube.applied.clear()
     P.reconcile(kube=kube, body=_body(kube), catalog=catalog, now=1020.0)
@@ -300,6 +306,34 @@ def test_a_group_made_before_0_2_0_is_adopted_and_held(catalog, request):
     kube.patched.clear()
     P.reconcile(kube=kube, body=_body(kube), catalog=catalog, now=1030.0)
     assert kube.patched == []
+
+
+def test_the_adoptions_record_moves_deployment_generations_and_ready_stays_true(catalog, request):
+    """The adoption's metadata write bumps each Deployment's generation (apps/v1 counts annotations); until
+    the controller observes it, the group must not read as a rollout in progress: Ready stays True in the
+    reconcile that wrote it and in the next one (the e2e release upgrade saw one Ready=False sample)."""
+    kube, key = _serving(catalog)
+    _unrecord(kube)  # what v0.1.0 left: no record
+    request.getfixturevalue("new_compat_input")
+    before = {n: d["metadata"]["generation"] for n, d in kube.deployments().items()}
+    P.reconcile(kube=kube, body=_body(kube), catalog=catalog, now=1020.0)
+    for n, d in kube.deployments().items():  # moved, not observed yet by the Deployment controller
+        assert d["metadata"]["generation"] == before[n] + 1 and d["status"]["observedGeneration"] == before[n]
+    assert _conds(kube, _body())["Ready"]["status"] == "True"
+    assert _conds(kube, _body())["UpgradePending"]["status"] == "True"
+    P.reconcile(kube=kube, body=_body(kube), catalog=catalog, now=1021.0)
+    assert _conds(kube, _body())["Ready"]["status"] == "True"
+
+
+def test_only_our_own_metadata_generation_counts_as_settled():
+    bumps = K.MetadataBumps()
+    assert not bumps.settles("Deployment", "ns", "d", generation=3, observed=2)  # not ours: a spec change
+    bumps.record("Deployment", "ns", "d", 3)
+    assert bumps.settles("Deployment", "ns", "d", generation=3, observed=2)
+    assert not bumps.settles("Deployment", "ns", "d", generation=3, observed=1)  # an earlier change not observed
+    assert not bumps.settles("Deployment", "ns", "d", generation=4, observed=3)  # a later change on top of ours
+    bumps.forget("Deployment", "ns", "d")
+    assert not bumps.settles("Deployment", "ns", "d", generation=3, observed=2)
 
 
 def test_an_unrecorded_group_mid_rollout_is_not_held(catalog, request):

@@ -182,8 +182,9 @@ def ensure_kueue(*, log: Log = print) -> KueueBinaries:
             return KueueBinaries(dir=final, cached=True)
         started = time.monotonic()
         module_dir = source / "kueue"
-        log(f"kueue: cache miss; building {KUEUE_MODULE} from {module_dir}/go.mod into {final} (from an empty "
-            f"Go build cache about 15 minutes on 2 cores; with a warm one it only links)")
+        log(f"kueue: cache miss; building {KUEUE_MODULE} from {module_dir}/go.mod into {final} (after the "
+            f"core binaries' cold build about 3 minutes on 2 cores: 187 s in a CI run from nothing, "
+            f"docs/dev-cluster.md; with a warm Go build cache it only links)")
         gomod.download_modules(module_dir=module_dir)
         for stale in final.parent.glob(f".{final.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)

@@ -94,8 +94,8 @@ def start_cluster(*, run_dir: Path, detach: bool = False, log: Log = print,
     venv (``oracle serve --warm`` ``oracle_warm``) as a process of the run and waits for its
     /readyz: the handle's ``oracle_url`` is what ``run --oracle-url`` takes; when this venv has
     no sglang 0.5.23 it logs why and the cluster comes up without it (``oracle_url`` None).
-    ``kueue_queue=True`` also runs Kueue (``start_kueue``: built on first use, 4 to 6 minutes
-    cold on an idle 2-core machine). On any error,
+    ``kueue_queue=True`` also runs Kueue (``start_kueue``: built on first use, after the core
+    binaries: 187 s cold on this 2-core machine, docs/dev-cluster.md). On any error,
     or Ctrl-C, everything started so far is stopped before the exception propagates.
     """
     begin = time.monotonic()

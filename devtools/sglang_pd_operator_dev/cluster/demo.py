@@ -4,7 +4,8 @@ Starts the dev cluster, installs the CRDs (and waits until the API server serves
 creates the example's namespace and its ``model-store`` PV and PVC, runs the operator as
 a process, applies the GB300 example (or ``--example``), prints the resolved plan and
 every child object once the PDDeployment is Ready, then keeps running until Ctrl-C,
-printing what to paste in a second terminal (``--once``: stop right away). When the
+printing what to paste in a second terminal (``--once``: stop right away); if its operator
+exits meanwhile, the cluster stays up until Ctrl-C (:func:`serve_until_interrupted`). When the
 PDDeployment does not get Ready, it prints why: its conditions and the namespace's recent
 Warning events. Also home of the pieces the e2e tests reuse: :class:`OperatorProcess`,
 :func:`install_crds` and :func:`model_store`.
@@ -413,6 +414,54 @@ def running_hints(cluster, *, namespace: str, operator_log: Path) -> list[str]:
     ]
 
 
+#: The Lease the demo's operator (``run`` with its defaults, the kubeconfig without a namespace) elects a leader on.
+DEMO_LEASE = ("default", "sglang-pd-operator")
+
+
+def _lease_holder(cluster) -> str | None:
+    """The identity holding the demo's leader Lease, None when unknown."""
+    namespace, name = DEMO_LEASE
+    res = cluster.kubectl("get", "lease", name, "-n", namespace, "-o", "jsonpath={.spec.holderIdentity}", check=False)
+    return (res.stdout.strip() or None) if res.returncode == 0 else None
+
+
+def operator_exited_lines(*, pid: int, returncode: int | None, holder: str | None, log_path: Path) -> list[str]:
+    """What the demo says when its operator exits while the demo waits for Ctrl-C. Pure."""
+    if returncode is None:
+        how = "exited"
+    elif returncode < 0:
+        how = f"was stopped by signal {signal.Signals(-returncode).name}" if -returncode in signal.valid_signals() \
+            else f"exited (signal {-returncode})"
+    else:
+        how = f"exited with code {returncode}"
+    namespace, name = DEMO_LEASE
+    lease = (f"the Lease {namespace}/{name} is held by {holder}" if holder
+             else f"nobody holds the Lease {namespace}/{name} now")
+    return [
+        f"== the demo's operator (pid {pid}) {how}; its log: {log_path}",
+        "   The cluster stays up until Ctrl-C, with everything applied to it. This demo does not restart its",
+        f"   operator: another `sglang-pd-operator run` on this cluster takes over once it holds the Lease ({lease};",
+        f"   kubectl get lease {name} -n {namespace}). Without one, nothing reconciles your PDDeployments.",
+    ]
+
+
+def serve_until_interrupted(op, *, log: Callable[[str], None], lease_holder: Callable[[], str | None],
+                            sleep: Callable[[float], None] = time.sleep) -> None:
+    """The demo's foreground wait: returns only by KeyboardInterrupt (Ctrl-C, SIGTERM).
+
+    The operator may exit meanwhile (a user stopping it to try the failover the README
+    describes): the demo then says so (which pid, how it exited, who holds the Lease) and
+    keeps the cluster up, so that another ``run`` can take over. It does not restart it.
+    """
+    while op.alive():
+        sleep(1)
+    proc = op.proc
+    log("\n".join(operator_exited_lines(pid=proc.pid if proc else -1, returncode=proc.returncode if proc else None,
+                                        holder=lease_holder(), log_path=op.log_path)))
+    while True:
+        sleep(1)
+
+
 def run_demo(*, cluster, example: Path, log: Callable[[str], None], once: bool) -> int:
     """Drive the demo on a running ``cluster``; returns a process exit code."""
     doc = yaml.safe_load(example.read_text())
@@ -464,9 +513,7 @@ def run_demo(*, cluster, example: Path, log: Callable[[str], None], once: bool) 
         if once:
             return 0
         log("\n".join(running_hints(cluster, namespace=namespace, operator_log=op.log_path)))
-        while op.alive():
-            time.sleep(1)
-        log(f"error: the operator exited\n{op.log_tail()}")
-        return 1
+        serve_until_interrupted(op, log=log, lease_holder=lambda: _lease_holder(cluster))
+        return 0  # not reached: Ctrl-C unwinds as KeyboardInterrupt
     finally:
         op.stop()

@@ -24,10 +24,14 @@ def dsv4_page_size(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) 
     """SGLang forces page size 256 for DeepSeek-V4 models; a different pageSize is overridden (warning).
 
     Once per field: the spec-wide ``spec.kvLayout`` is reported with the prefill role, a
-    role's own ``kvLayout`` override with that role.
+    role's own ``kvLayout`` override with that role, and only when that override sets
+    ``pageSize`` itself (an override without it carries the schema's default, which the
+    user did not write: the operator renders 256 for it all the same).
     """
     shared = role.inputs.kv_layout_field == "spec.kvLayout"
     if (shared and role.role != "prefill") or not role.inputs.is_deepseek_v4:
+        return []
+    if not shared and "pageSize" not in role.inputs.kv_layout.model_fields_set:
         return []
     if role.inputs.kv_layout.pageSize == DSV4_PAGE_SIZE:
         return []
