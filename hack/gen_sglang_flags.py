@@ -35,7 +35,10 @@ def snapshot() -> dict:
         in_config = isinstance(action, argparse._StoreTrueAction) or (
             isinstance(action, argparse._StoreAction) and action.nargs is None
         )
-        value_type = action.type.__name__ if action.type in (int, float) else None
+        # the converters operator/planning/sglang_flags.py restates (tests/contract/test_flag_snapshot.py
+        # holds each to SGLang's own); values of other types are left to the SGLang oracle
+        name = getattr(action.type, "__name__", None)
+        value_type = name if name in ("int", "float", "human_readable_int", "loads") else None
         for opt in action.option_strings:
             if opt.startswith("--"):
                 flags[opt] = {

@@ -303,43 +303,62 @@ def _cache_key(request: dict[str, Any]) -> str:
 
 
 #: Models built on the meta device, by :func:`_cache_key` (the last few; they hold no data).
-_MODELS: "dict[str, tuple[tuple[Any, dict[str, Any], list[str]], tuple[list[int], Any]]]" = {}
+_MODELS: "dict[str, tuple[tuple[Any, dict[str, Any], list[str]], tuple[int, ...]]]" = {}
 _MODELS_KEPT = 8
 
 
 def _built_model(server_args: Any, key: str) -> tuple[Any, dict[str, Any], list[str]]:
-    """The role's model built on the meta device (rank 0), reused for the same command."""
+    """The role's model built on the meta device (rank 0), reused for the same command.
+
+    Building the model may change the decode CUDA-graph sizes this command resolved (Paged
+    Experts caps them at K // top-k in each MoE layer's ``make_for_layer``,
+    layers/moe/paged_experts/method.py:283). Those sizes also depend on flags outside the
+    model's key (``--max-running-requests``, :data:`NOT_MODEL_SHAPE`), so a reuse does not
+    copy the sizes of the command that built the model: it replays SGLang's own cap, with
+    the argument the build gave it, on the sizes this command resolved.
+    """
     if key in _MODELS:
-        built, decode_graphs = _MODELS[key]
+        built, caps = _MODELS[key]
         with startup.scheduler_rank(server_args):
-            _set_decode_graph_sizes(decode_graphs)
+            _replay_decode_graph_caps(caps)
         return built
-    with startup.scheduler_rank(server_args):
+    with startup.scheduler_rank(server_args), _recorded_decode_graph_caps() as caps:
         built = startup.build_model(server_args)
-        decode_graphs = _decode_graph_sizes()
     built[2].extend(take_answered())  # kept with the model: a reuse lists them too
     while len(_MODELS) >= _MODELS_KEPT:
         _MODELS.pop(next(iter(_MODELS)))
-    _MODELS[key] = (built, decode_graphs)
+    _MODELS[key] = (built, tuple(dict.fromkeys(caps)))  # every MoE layer calls it; once per value
     return built
 
 
-def _decode_graph_sizes() -> tuple[list[int], Any]:
-    """The resolved decode CUDA-graph sizes (bs list, max bs) as the model build left them:
-    building the model may change them (Paged Experts caps them at K // top-k in each MoE
-    layer's ``make_for_layer``, layers/moe/paged_experts/method.py:283), so a reused model
-    carries them to the next command with the same key."""
-    from sglang.srt.runtime_context import get_exec
+@contextlib.contextmanager
+def _recorded_decode_graph_caps() -> Iterator[list[int]]:
+    """Record each ``max_bs`` the model build passes to Paged Experts' decode-graph cap
+    (``_cap_decode_capture_batch_sizes``, paged_experts/method.py:282), which still runs."""
+    from sglang.srt.layers.moe.paged_experts import method
 
-    decode = get_exec().graph.cuda_graph_config.decode
-    return list(decode.bs or []), decode.max_bs
+    caps: list[int] = []
+    real = method._cap_decode_capture_batch_sizes
+
+    def recording(max_bs: int) -> None:
+        caps.append(max_bs)
+        real(max_bs)
+
+    method._cap_decode_capture_batch_sizes = recording
+    try:
+        yield caps
+    finally:
+        method._cap_decode_capture_batch_sizes = real
 
 
-def _set_decode_graph_sizes(sizes: tuple[list[int], Any]) -> None:
-    from sglang.srt.runtime_context import get_exec
+def _replay_decode_graph_caps(caps: tuple[int, ...]) -> None:
+    """Apply SGLang's decode-graph cap with each recorded ``max_bs`` to this command's sizes."""
+    if not caps:
+        return
+    from sglang.srt.layers.moe.paged_experts import method
 
-    decode = get_exec().graph.cuda_graph_config.decode
-    decode.bs, decode.max_bs = list(sizes[0]), sizes[1]
+    for max_bs in caps:
+        method._cap_decode_capture_batch_sizes(max_bs)
 
 
 #: The speculative stage's outcome per :func:`_cache_key`: the draft worker's checks and its

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -26,7 +27,8 @@ class FlagInfo:
     ``dest``: the ServerArgs field; ``takes_value``: False for switches; ``choices``;
     ``multiple``: nargs + or *; ``config_file``: expressible in a ``--config`` YAML file
     (switches and one-value options; server_args_config_parser.py refuses the rest);
-    ``value_type``: ``int`` or ``float`` when argparse converts the value, else None.
+    ``value_type``: the converter argparse applies (``int``, ``float``, ``human_readable_int``, ``loads``) when the
+    operator restates it, else None (a value of another type is left to the SGLang oracle).
     """
 
     dest: str
@@ -67,13 +69,32 @@ class ArgError:
     message: str
 
 
+#: ``human_readable_int`` (sglang/srt/server_args.py): an integer, or a number with an SI suffix
+#: (k, M, G, T; decimals allowed) or an IEC suffix (Ki, Mi, Gi, Ti; integers only).
+_HUMAN_READABLE_INT = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
+
+
 def _converts(value: str, value_type: str) -> bool:
-    """argparse's conversion of ``value`` with ``int`` or ``float`` succeeds."""
+    """argparse's conversion of ``value`` with the flag's type succeeds: ``int``, ``float``,
+    ``human_readable_int`` (``--context-length 128k``) or ``loads`` (json.loads), as the
+    snapshot names them; tests/contract/test_flag_snapshot.py holds each to SGLang's own."""
     try:
-        (int if value_type == "int" else float)(value)
+        if value_type == "human_readable_int":
+            match = _HUMAN_READABLE_INT.fullmatch(value.strip())
+            if match:
+                return not (match.group(2).endswith("i") and "." in match.group(1))
+            int(value.strip())
+        elif value_type == "loads":
+            json.loads(value)
+        else:
+            (int if value_type == "int" else float)(value)
     except ValueError:
         return False
     return True
+
+
+#: How a refusal names a value type.
+_TYPE_WORDS = {"human_readable_int": "integer (e.g. 131072, 128k or 128Ki)", "loads": "JSON value"}
 
 
 def validate_args(args: list[str] | tuple[str, ...]) -> list[ArgError]:
@@ -118,7 +139,7 @@ def validate_args(args: list[str] | tuple[str, ...]) -> list[ArgError]:
         if info.choices and value not in info.choices:
             out.append(ArgError(i, f"{name} {value!r} is not one of {', '.join(info.choices)}"))
         elif info.value_type is not None and not _converts(value, info.value_type):
-            out.append(ArgError(i, f"{name} {value!r} is not a valid {info.value_type}"))
+            out.append(ArgError(i, f"{name} {value!r} is not a valid {_TYPE_WORDS.get(info.value_type, info.value_type)}"))
         i += 1
         while info.multiple and not eq and i < len(args) and not args[i].startswith("--"):
             i += 1

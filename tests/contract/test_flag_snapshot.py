@@ -107,3 +107,22 @@ def test_value_flags_without_a_value_are_refused_like_sglang():
         assert validate_args(args) and "needs a value" in validate_args(args)[0].message
         with pytest.raises(real.EngineArgsError, match="expected one argument"):
             real.parse_engine_args(args)
+
+
+TYPED_VALUES = ["131072", "128k", "25.6k", "1Ki", "1.5Ki", "2Mi", " 64k ", "abc", "1e3", "-5", "12kb", "0x10", "",
+                "1.0", "3.5", "[1, 2]", '{"a": 1}', "null", "{a: 1}", "true"]
+
+
+@pytest.mark.parametrize("flag", sorted(f for f, i in TABLE.items() if i.value_type in ("human_readable_int", "loads")))
+@pytest.mark.parametrize("value", TYPED_VALUES)
+def test_typed_values_are_refused_like_sglang(flag, value):
+    """The converters the operator restates (``human_readable_int``, json ``loads``) accept and
+    refuse exactly what SGLang's own parser does (a fresh-user report: ``--context-length abc``
+    passed ``check``, and only ``check --sglang`` refused it)."""
+    ours = validate_args([flag, value])
+    try:
+        real.parse_engine_args(["--model-path", real.DUMMY_MODEL_PATH, flag, value])
+        theirs = None
+    except real.EngineArgsError as e:
+        theirs = str(e)
+    assert (not ours) == (theirs is None), (flag, value, ours, theirs)

@@ -12,6 +12,8 @@ is run on every example, as CI does.
 
 from __future__ import annotations
 
+import copy
+
 import json
 import os
 import subprocess
@@ -683,6 +685,34 @@ def test_the_default_thread_pool_is_sized_by_the_node_cpus(oracle, catalog, queu
 
 
 # --------------------------------------------------------------------------- the CUDA-graph runner's checks
+
+
+def test_a_warm_worker_judges_each_spec_as_a_fresh_one_whatever_came_before(oracle, catalog):
+    """A model reused from a warm worker must not carry what the command that built it resolved.
+    ``--max-running-requests`` is not part of the model's key (it only sizes the request pool),
+    but the decode CUDA-graph sizes resolve from it: a fresh-user report saw
+    ``--max-running-requests 0`` judged after the example accepted (the earlier command's sizes
+    restored on reuse), and the example judged after it refused with ``capture_bs=[0]``. Both
+    orders must give each spec its own verdict, and the Paged Experts cap still holds on reuse."""
+    good = _example("dsv41-flash-gb300-low-latency.yaml")
+    bad = copy.deepcopy(good)
+    bad["spec"]["decode"]["extraArgs"] = [*(bad["spec"]["decode"].get("extraArgs") or []),
+                                          "--max-running-requests", "0"]
+    for order in ((bad, good), (good, bad), (bad, good)):
+        verdicts = [_judge(oracle, catalog, doc)[1] for doc in order]
+        by_spec = {id(doc): v for doc, v in zip(order, verdicts)}
+        assert by_spec[id(good)].accepted is True, by_spec[id(good)].to_dict()
+        refused = by_spec[id(bad)]
+        assert refused.accepted is False and refused.decode.starts is False, refused.to_dict()
+        assert refused.decode.refusal.stage == "graphs" and "capture_bs" in refused.decode.refusal.message, refused.decode.refusal
+    # Paged Experts: the cap the build made is applied again to a reuse with a smaller request pool
+    pe = _example("qwen3-30b-a3b-paged-experts.yaml")
+    _judge(oracle, catalog, pe)
+    small = copy.deepcopy(pe)
+    small["spec"]["decode"]["extraArgs"] = [*(small["spec"]["decode"].get("extraArgs") or []),
+                                            "--max-running-requests", "2"]
+    graphs = _judge(oracle, catalog, small)[1].decode.facts["graphs"]
+    assert max(graphs["captureBs"]) <= 3 and graphs["maxBs"] <= 3, graphs
 
 
 def test_the_decode_graph_runner_checks_run_on_the_planned_request_pool(oracle, catalog):
