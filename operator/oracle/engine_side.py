@@ -353,8 +353,6 @@ def _recorded_decode_graph_caps() -> Iterator[list[int]]:
 
 def _replay_decode_graph_caps(caps: tuple[int, ...]) -> None:
     """Apply SGLang's decode-graph cap with each recorded ``max_bs`` to this command's sizes."""
-    if not caps:
-        return
     from sglang.srt.layers.moe.paged_experts import method
 
     for max_bs in caps:
