@@ -176,6 +176,15 @@ class ModelFacts(_Entry):
     dsparkDraftBundled: bool = Field(
         default=False, description="The checkpoint bundles a DSpark draft head (dspark_* keys in its config.json)."
     )
+    deviceWeightBytes: dict[ISA, int] = Field(
+        default_factory=dict,
+        description=(
+            "Bytes SGLang 0.5.23 puts on one GPU for the whole model at tp 1, by the GPU's ISA: every parameter and "
+            "buffer of its model build (quantization create_weights included), without an Engram table or a DSpark "
+            "draft. Measured by the SGLang oracle's model stage; tests/contract/test_weight_bytes.py holds each "
+            "value to it. rules/memory.py weights_fit_gpu divides it by tp for a lower bound per GPU."
+        ),
+    )
 
     @property
     def expert_bytes_total(self) -> int:

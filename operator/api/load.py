@@ -310,6 +310,62 @@ class _KubectlYAMLLoader(yaml.SafeLoader):
 
     yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
+    def construct_document(self, node: yaml.Node) -> Any:
+        """Refuse a document whose aliases expand it past :data:`MAX_EXPANDED_NODES` before
+        building it (a "billion laughs" file grew ``check`` to 3 GB; kubectl refuses it with
+        "document contains excessive aliasing")."""
+        expanded = _expanded_nodes(node, MAX_EXPANDED_NODES)
+        if expanded > MAX_EXPANDED_NODES:
+            raise yaml.YAMLError(
+                f"document contains excessive aliasing: more than {MAX_EXPANDED_NODES:,} nodes once its aliases are "
+                "expanded (or an alias that contains itself); write the values out instead of aliasing them")
+        return super().construct_document(node)
+
+
+#: Nodes one document may have with its aliases expanded; a PDDeployment has a few hundred.
+MAX_EXPANDED_NODES = 100_000
+
+
+def _expanded_nodes(root: yaml.Node, limit: int) -> int:
+    """Nodes under ``root`` counting an aliased node at every place it is used, in time linear
+    in the distinct nodes (each node's expanded size is computed once); ``limit + 1`` as soon
+    as the count passes ``limit`` or a node contains itself (a recursive alias)."""
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            on_path.discard(key)
+            total = 1
+            for child in _children(node):
+                total += size[id(child)]
+                if total > limit:
+                    return limit + 1
+            size[key] = total
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            return limit + 1
+        on_path.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in on_path:
+                return limit + 1
+            if id(child) not in size:
+                stack.append((child, False))
+    return size[id(root)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
 
 def _construct_bool(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> bool:
     return loader.construct_scalar(node).lower() in ("y", "yes", "true", "on")

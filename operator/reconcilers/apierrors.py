@@ -31,6 +31,9 @@ class CallTracker:
     def __init__(self, kube: Kube):
         self._kube = kube
         self.last = "read the cluster"
+        #: (Valid condition, status.sglang record) of the generation being reconciled, once decided
+        #: (pddeployment._reconcile); a failed call's record writes them too
+        self.decided: tuple[Any, Any] | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._kube, name)

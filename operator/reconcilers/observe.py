@@ -70,6 +70,19 @@ class WorkloadState:
         no_old = self.total is None or self.total == self.desired
         return self.settled and no_old and self.desired > 0 and self.desired == self.ready == self.updated == self.available
 
+    def updating_line(self, component: str) -> str:
+        """One line of an in-place update, in replicas (a LeaderWorkerSet's are groups), e.g.
+        ``decode: 1/1 on the new template, 1 of an older one still running, 1/2 available``.
+
+        "On the new template" is the workload's ``updatedReplicas``: created from it, not
+        Ready (a fresh user read "1/1 updated" while the new pod was Pending), so the line
+        also gives the available count over every replica that exists, old and new.
+        """
+        total = self.total if self.total is not None else self.updated
+        older = max(0, total - self.updated)
+        return (f"{component}: {self.updated}/{self.desired} on the new template, {older} of an older one still running, "
+                f"{self.available}/{total} available")
+
     @property
     def updating(self) -> bool:
         """Pods of an older pod template still run beside the current one's (an in-place update)."""
@@ -111,7 +124,7 @@ class ObservedGroup:
             gpus=self.gpus,
             unschedulable=self.unschedulable,
             unschedulable_reason=self.unschedulable_reason,
-            updating=tuple(f"{c} {w.updated}/{w.desired} updated, {w.total} pods" for c, w in ordered if w.updating),
+            updating=tuple(w.updating_line(c) for c, w in ordered if w.updating),
             stalled=tuple(f"{c}: {w.stalled}" for c, w in ordered if w.stalled),
         )
 

@@ -157,7 +157,7 @@ def reconcile(
         if e.status == 409:  # the object changed since it was read (a status write's precondition): no
             raise            # failure to record; the retry reads the newer object
         reason, message = describe_api_error(e, call=tracked.last)
-        _record_failure(kube, body, reason=reason, message=message, now=now)
+        _record_failure(kube, body, reason=reason, message=message, now=now, decided=tracked.decided)
         raise
 
 
@@ -208,6 +208,13 @@ def _reconcile(
         outcome = _hold_for_sglang(kube, body, plan, verdict, previous, generation, now)
         outcome.writes = kube.total_writes - writes_before
         return outcome
+
+    # what this generation's verdict is, kept for the failure record should an API call below fail
+    # (a fresh user saw Valid=Unknown/AwaitingSGLangVerdict long after SGLang had accepted, and a VALID
+    # column of the previous generation, while every apply failed)
+    if isinstance(kube, CallTracker):
+        kube.decided = (S.Cond("Valid", *verdict.valid) if verdict is not None else S.Cond("Valid", "True", "Valid", ""),
+                        verdict.record if verdict is not None else previous.get("sglang"))
 
     # 2. kernels: each role's KernelBuild (created when missing); a built cache's digest enters the compat key
     gates = _kernel_gates(kube, plan)
@@ -452,9 +459,14 @@ def _missing_dependency(kube: Kube, body: dict[str, Any], plan: Plan, previous: 
     return outcome
 
 
-def _record_failure(kube: Kube, body: dict[str, Any], *, reason: str, message: str, now: float) -> None:
+def _record_failure(kube: Kube, body: dict[str, Any], *, reason: str, message: str, now: float,
+                    decided: tuple[S.Cond, dict[str, Any] | None] | None = None) -> None:
     """Write Reconciled=False (and, for a generation not yet applied, Ready/Progressing False) and
-    one Warning event when that condition changed. Best effort: the caller re-raises the error."""
+    one Warning event when that condition changed. Best effort: the caller re-raises the error.
+
+    ``decided``: this generation's Valid condition and SGLang record when the reconcile got past
+    its verdict before the call failed; they are written too, so Valid speaks for the current
+    generation (without them Valid keeps what the last successful write said)."""
     meta = body["metadata"]
     previous = body.get("status") or {}
     generation = int(meta.get("generation") or 0)
@@ -462,12 +474,13 @@ def _record_failure(kube: Kube, body: dict[str, Any], *, reason: str, message: s
     old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Reconciled"), {})
     new_status = dict(previous)
     new_status["observedGeneration"] = generation
+    conds = S.reconcile_error_conditions(reason=reason, message=message[: S.MAX_CONDITION_MESSAGE],
+                                         generation=generation, previous=previous)
+    if decided is not None:
+        conds = [decided[0], *conds]
+        new_status["sglang"] = decided[1]
     new_status["conditions"] = S.merge_conditions(
-        previous.get("conditions") or [],
-        S.reconcile_error_conditions(reason=reason, message=message[: S.MAX_CONDITION_MESSAGE],
-                                     generation=generation, previous=previous),
-        generation=generation,
-        now=now,
+        previous.get("conditions") or [], conds, generation=generation, now=now,
     )
     try:
         _write_status(kube, body, previous, new_status)

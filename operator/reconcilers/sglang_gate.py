@@ -46,6 +46,7 @@ from typing import Any, Callable
 from ..api.v1alpha1 import parse_duration
 from ..oracle.service import API_PATH
 from ..planning.problems import Problem
+from ..planning.rules.fields import field_named_in
 from ..planning.structs import Plan
 
 log = logging.getLogger(__name__)
@@ -231,9 +232,20 @@ def policy_of(plan: Plan, *, default_policy: str, default_max_wait_s: float) -> 
     return policy, wait
 
 
-def refusal_problems(verdict: dict[str, Any]) -> list[Problem]:
-    """One Problem per refusal in a verdict's JSON: field ``spec.<role>`` (``spec`` for the pair),
-    rule ``sglang:<stage>``, SGLang's exception text and where it raised."""
+#: The start of SGLang's memory-planning refusal when the weights leave no KV memory
+#: (mem_cache/kv_cache_configurator.py _profile_available_bytes).
+WEIGHTS_FILL_GPU = "Loaded weights leave no GPU memory for the KV cache"
+
+
+def refusal_problems(verdict: dict[str, Any], plan: Plan | None = None) -> list[Problem]:
+    """One Problem per refusal in a verdict's JSON, rule ``sglang:<stage>``, with SGLang's
+    exception text and where it raised.
+
+    The field is the ``extraArgs`` item or ``env`` entry SGLang's message names when exactly
+    one of the role's is named (``rules.fields.field_named_in``; needs ``plan``), the role's
+    ``parallelism.tp`` when SGLang's weights leave no KV memory (:data:`WEIGHTS_FILL_GPU`), else
+    ``spec.<role>``, and ``spec`` for the pair's handshake.
+    """
     out = []
     for part in ("prefill", "decode", "pair"):
         r = (verdict.get(part) or {}).get("refusal")
@@ -241,12 +253,20 @@ def refusal_problems(verdict: dict[str, Any]) -> list[Problem]:
             continue
         where = f" ({r['where']})" if r.get("where") else ""
         who = f"the {part} role" if part != "pair" else "the PD handshake"
-        out.append(Problem(
-            field=f"spec.{part}" if part != "pair" else "spec",
-            message=f"SGLang 0.5.23 refuses {who} at stage {r.get('stage')}: {r.get('type')}: {r.get('message')}{where}",
-            fix="change what SGLang names (check --sglang shows the same verdict offline)",
-            rule=f"sglang:{r.get('stage')}",
-        ))
+        message = f"SGLang 0.5.23 refuses {who} at stage {r.get('stage')}: {r.get('type')}: {r.get('message')}{where}"
+        field_path = f"spec.{part}" if part != "pair" else "spec"
+        fix = "change what SGLang names (check --sglang shows the same verdict offline)"
+        text = str(r.get("message") or "")
+        named = field_named_in(getattr(plan, part), text) if plan and part != "pair" else None
+        if named is not None:
+            field_path = named
+            fix = f"change or remove {named}, which SGLang's message names (check --sglang shows the same verdict offline)"
+        elif part != "pair" and WEIGHTS_FILL_GPU in text:
+            # SGLang's own fix ("raise --mem-fraction-static above ...") names a value the user never set
+            field_path = f"spec.{part}.parallelism.tp"
+            fix = (f"raise spec.{part}.parallelism.tp (the weights on each GPU shrink with it) or use a GPU with more "
+                   "memory; a higher --mem-fraction-static helps only where SGLang's message gives one below 1")
+        out.append(Problem(field=field_path, message=message, fix=fix, rule=f"sglang:{r.get('stage')}"))
     return out
 
 
@@ -293,7 +313,7 @@ def gate(*, plan: Plan, key: str, previous: dict[str, Any], generation: int, ans
                             {**base, "verdict": "Accepted", "message": msg, "seconds": (answer.verdict or {}).get("seconds")},
                             event=("Normal", REASON_ACCEPTED, f"generation {generation}: {msg}"))
     if answer is not None and answer.accepted is False:
-        problems = refusal_problems(answer.verdict or {})
+        problems = refusal_problems(answer.verdict or {}, plan)
         msg = f"generation {generation}: " + "; ".join(p.message for p in problems)
         return GateDecision(False, ("False", REASON_REFUSED, msg),
                             {**base, "verdict": "Refused", "message": msg, "seconds": (answer.verdict or {}).get("seconds")},

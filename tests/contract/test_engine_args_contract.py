@@ -42,6 +42,7 @@ from sglang_pd_operator.catalog import builtin_catalog  # noqa: E402
 from sglang_pd_operator.api import lws  # noqa: E402
 from sglang_pd_operator.oracle.judge import expand_refs  # noqa: E402
 from sglang_pd_operator.planning.engine_args import DIST_INIT_PORT, ENGINE_PORT, MODEL_MOUNT  # noqa: E402
+from sglang_pd_operator.planning.memory import quantity_bytes  # noqa: E402
 from sglang_pd_operator.planning.plan import build_plan
 from sglang_pd_operator.planning.structs import Plan, RolePlan  # noqa: E402
 from sglang_pd_operator.render.engine import CONFIG_DIR, CONFIG_FILE, render_role  # noqa: E402
@@ -89,10 +90,21 @@ SLO_SPECS = (
 )
 
 
-def _parallelism(draw, gpus_per_node: int, *, shape: str | None = None, tp: int | None = None) -> dict:
-    """TP (tp, optional ep dividing tp) or DEP (dp = ep = tp, dpAttention) within one node."""
+def _weights_fit(model: str, acc: Any, tp: int) -> bool:
+    """The model's weights (and a default device Engram table) leave GPU memory at ``tp``
+    (rules/weights.py weights_fit_gpu refuses the rest)."""
+    facts = CATALOG.model(model)
+    at_tp1 = facts.deviceWeightBytes.get(acc.isa, 0) + ((facts.engramTableBytes or 0) if facts.engram else 0)
+    return at_tp1 // tp < quantity_bytes(acc.gpuMemory)
+
+
+def _parallelism(draw, gpus_per_node: int, *, shape: str | None = None, tp: int | None = None,
+                 fits: Any = None) -> dict:
+    """TP (tp, optional ep dividing tp) or DEP (dp = ep = tp, dpAttention) within one node;
+    ``fits(tp)`` keeps the sizes whose weights leave GPU memory."""
     shape = shape or draw(st.sampled_from(["TP", "DEP"]))
-    tp = tp or draw(st.sampled_from([t for t in (1, 2, 4, 8) if t <= gpus_per_node]))
+    sizes = [t for t in (1, 2, 4, 8) if t <= gpus_per_node and (fits is None or fits(t))]
+    tp = tp or draw(st.sampled_from(sizes or [gpus_per_node]))
     if shape == "DEP" and tp > 1:
         return {"tp": tp, "dp": tp, "ep": tp, "dpAttention": True}
     ep = draw(st.sampled_from([e for e in (1, 2, 4, 8) if tp % e == 0]))
@@ -167,7 +179,8 @@ def valid_pdd_docs(draw) -> dict:
             "layout": layout,
             "compressed": draw(st.sampled_from(["auto", "fp8"] if layout == "v4" else ["auto", "fp8", "fp4"])),
             "pageSize": 256,
-            "dtype": draw(st.sampled_from(["auto", "fp8_e4m3", "bfloat16"])),
+            # bfloat16 only now and then: on a GPU SGLang's DeepSeek-V4 pool refuses it (dsv4_kv_dtype_gpu_pool)
+            "dtype": draw(st.sampled_from(["auto", "fp8_e4m3", "auto", "fp8_e4m3", "bfloat16"])),
         }
     else:
         spec["kvLayout"] = {
@@ -183,13 +196,14 @@ def valid_pdd_docs(draw) -> dict:
             r["parallelism"] = {"tp": 1}
     else:
         same_shape = draw(st.sampled_from([True, True, True, False]))
-        pre = _parallelism(draw, acc.gpusPerNode)
+        fits = (lambda t: _weights_fit(name, acc, t)) if draw(st.integers(0, 5)) else None  # sometimes anything
+        pre = _parallelism(draw, acc.gpusPerNode, fits=fits)
         if same_shape:
             dec = _parallelism(
                 draw, acc.gpusPerNode, shape="DEP" if pre.get("dpAttention") else "TP", tp=pre["tp"]
             )
         else:
-            dec = _parallelism(draw, acc.gpusPerNode)
+            dec = _parallelism(draw, acc.gpusPerNode, fits=fits)
         roles["prefill"]["parallelism"], roles["decode"]["parallelism"] = pre, dec
 
     # DeepSeek-V4.1 serves DSpark only; V4 also EAGLE; Qwen EAGLE.
@@ -593,7 +607,8 @@ def test_strategy_produces_valid_plans_of_every_family():
     """The strategy is not vacuous: valid plans of each family (plugin, DEP, paged, DSpark) exist."""
     seen: set[str] = set()
 
-    @settings(max_examples=300, deadline=None, database=None, derandomize=True)
+    # 500: the weights and KV-dtype rules of issue 23 refuse more of the draws than before
+    @settings(max_examples=500, deadline=None, database=None, derandomize=True)
     @given(doc=valid_pdd_docs())
     def collect(doc):
         plan = plan_of(doc)

@@ -377,16 +377,17 @@ def test_check_sglang_exits_1_with_sglangs_text(tmp_path):
 
 
 def test_check_sglang_first_line_says_sglang_refuses_what_our_rules_accept(tmp_path):
-    """A spec only SGLang refuses (memory planning: --mem-fraction-static 0.05): the first line
-    must not read "valid" alone while the exit code is 1; -o json keeps ``valid`` as our verdict."""
-    path = _edited_example(tmp_path, "dsv41-flash-gb300-low-latency.yaml", ["--mem-fraction-static", "0.05"])
+    """A spec only SGLang refuses (--enable-lora without a rank or target modules; --mem-fraction-static
+    0.05 was one until rules/weights.py caught it): the first line must not read "valid" alone while
+    the exit code is 1; -o json keeps ``valid`` as our verdict."""
+    path = _edited_example(tmp_path, "dsv41-flash-gb300-low-latency.yaml", ["--enable-lora"])
     plain = _check(path)
     assert plain.returncode == 0 and ": valid, compat key " in plain.stdout.splitlines()[0], plain.stdout
     out = _check("--sglang", path)
     assert out.returncode == 1, out.stdout + out.stderr
     first = out.stdout.splitlines()[0]
     assert ": valid by the operator's rules but SGLang refuses it, compat key " in first, first
-    assert "SGLang 0.5.23: refused" in out.stdout and "--mem-fraction-static" in out.stdout
+    assert "SGLang 0.5.23: refused" in out.stdout and "--max-lora-rank" in out.stdout, out.stdout
     js = _check("--sglang", "-o", "json", path)
     data = json.loads(js.stdout)
     assert js.returncode == 1 and data["valid"] is True and data["sglang"]["accepted"] is False

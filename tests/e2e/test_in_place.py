@@ -111,6 +111,10 @@ def test_in_place_change_that_cannot_schedule_keeps_the_only_prefill_serving(clu
         )
         prog = condition(updating, "Progressing")
         assert "creating the first group" not in prog["message"], prog
+        # the surge pod is Pending: status says it exists on the new template and is not available
+        wait_for(lambda: "prefill: 1/1 on the new template, 1 of an older one still running, 1/2 available"
+                 in condition(_pdd(cluster, ns), "Progressing")["message"],
+                 timeout=30, what="the in-place update's line to count the Pending surge pod as not available")
         assert updating["status"]["compatKey"] == key
         failed = wait_for(
             lambda: (o := _pdd(cluster, ns)) and (o.get("status") or {}).get("rollout", {}).get("phase") == "Failed" and o,

@@ -53,5 +53,5 @@ def test_the_readme_says_which_kind_kubectl_scale_works_on():
 
     assert scale("pdrolescales.yaml") is not None and scale("pddeployments.yaml") is None
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert "`kubectl scale pdrs dsv41-flash-decode --replicas=3`" in readme
+    assert "`kubectl scale pdrs <name>-decode -n <namespace> --replicas=3`" in readme
     assert "`kubectl scale pdd …` answers NotFound" in readme

@@ -128,3 +128,22 @@ def test_an_accepted_group_is_dry_run_then_written_once(catalog):
     body["status"] = kube.status[-1]
     P.reconcile(kube=kube, body=body, catalog=catalog, now=1001.0)
     assert len(kube.dry_runs) == dry_before, "an unchanged child is not dry-run again"
+
+
+def test_a_refused_child_still_records_this_generations_verdict(catalog):
+    """A fresh user's finding: while every apply of generation 3 failed, Valid (and the VALID
+    column) still spoke for generation 2, and a new object kept Valid=Unknown/AwaitingSGLangVerdict
+    long after SGLang had answered. The failure record now carries the verdict the reconcile
+    reached before the failing call: Valid speaks for the current generation."""
+    body = _body()
+    body["metadata"]["generation"] = 3
+    body["status"] = {"observedGeneration": 2, "conditions": [
+        {"type": "Valid", "status": "Unknown", "reason": "AwaitingSGLangVerdict", "message": "generation 2: waiting",
+         "observedGeneration": 2, "lastTransitionTime": "2026-12-06T00:00:00Z"}]}
+    kube = RefusingKube(refuse="-decode", at="dry-run")
+    with pytest.raises(ApiException):
+        P.reconcile(kube=kube, body=body, catalog=catalog, now=1000.0)
+    conds = {c["type"]: c for c in kube.status[-1]["conditions"]}
+    assert (conds["Valid"]["status"], conds["Valid"]["reason"]) == ("True", "Valid")
+    assert conds["Valid"].get("observedGeneration") == 3 and kube.status[-1]["observedGeneration"] == 3
+    assert conds["Reconciled"]["status"] == "False"

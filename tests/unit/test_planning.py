@@ -340,10 +340,13 @@ def test_attention_tp_and_cp(parallelism, extra, attention_tp, attention_cp):
 
 
 def test_dspark_prefill_cp_pairs_with_tp_decode_on_mla():
-    """conn.py accepts prefill attention TP x CP == decode attention TP for MLA models."""
-    doc = edit(example(GB300), "spec.prefill.extraArgs", ["--enable-prefill-cp", "--cp-strategy", "interleave"])
-    plan = plan_of(doc)
+    """conn.py accepts prefill attention TP x CP == decode attention TP for MLA models (text only:
+    DeepSeek-V4.1's vision tower refuses attention CP, models/deepseek_v4.py:4684)."""
+    args = ["--enable-prefill-cp", "--cp-strategy", "interleave"]
+    plan = plan_of(edit(example(GB300), "spec.prefill.extraArgs", [*args, "--language-model-only"]))
     assert plan.valid, [p.line() for p in plan.problems]
+    with_vision = plan_of(edit(example(GB300), "spec.prefill.extraArgs", args))
+    assert [p.rule for p in with_vision.problems if p.severity == "error"] == ["dsv41_vision_parallelism"]
     doc = edit(example(DEP), "spec.decode.parallelism", {"tp": 4})
     assert "dspark_attention_tp_equal" in {p.rule for p in plan_of(doc).problems}
 

@@ -5,7 +5,8 @@ spec and a compact overlay: ``set`` (dotted field path -> value; ``[i]`` for lis
 items), ``unset`` (paths to delete) and ``catalog`` (catalog file -> entries merged over
 the built-in kernels/ catalog, given to ``check --catalog-dir``). ``expect`` is the
 outcome: ``errors`` and ``warnings`` as exact sets of ``[field path, rule]`` (empty
-lists when none), optionally ``contains`` (substrings of the problem messages) and
+lists when none), optionally ``contains`` (substrings of the problem messages), ``fix_contains`` /
+``fix_lacks`` (substrings the fixes have / must not have) and
 ``roles`` (values of the JSON's per-role fields). Every case runs through the real
 ``sglang-pd-operator check ... -o json`` (and the human-readable ``check``) in a
 subprocess, batched by expected outcome so the exit code is asserted too: 0 for valid
@@ -238,6 +239,11 @@ def test_case(case, results):
     text = "\n".join(p["message"] for p in problems)
     for needle in expect.get("contains", []):
         assert needle in text
+    fixes = "\n".join(p["message"].partition(". Fix: ")[2] for p in problems)
+    for needle in expect.get("fix_contains", []):
+        assert needle in fixes, fixes
+    for needle in expect.get("fix_lacks", []):
+        assert needle not in fixes, fixes
     if "compatKey" in out and not errors:
         roles = out["roles"]
         assert set(roles) == {"prefill", "decode"}
@@ -380,6 +386,27 @@ def test_overlay_helpers():
     }
     with pytest.raises(KeyError):
         unset_path(doc, "spec.nothing")
+
+
+def test_an_alias_bomb_or_a_recursive_alias_is_unreadable_at_once(tmp_path):
+    """A fresh user's finding: a 9-level "billion laughs" file grew ``check`` to 3 GB and died
+    with a MemoryError traceback (exit 1); kubectl refuses it at once. Aliases expanding past
+    100,000 nodes, or an alias inside itself, are unreadable input (exit 2); a few ordinary
+    aliases still load."""
+    from sglang_pd_operator.api.load import load_documents
+
+    levels = ["a: &a [" + ", ".join(['"lol"'] * 9) + "]"]
+    for prev, cur in zip("abcdefgh", "bcdefghi"):
+        levels.append(f"{cur}: &{cur} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("apiVersion: pd.sglang-operator.io/v1alpha1\nkind: PDDeployment\nmetadata: {name: x}\n"
+                    + "\n".join(levels) + "\nspec: *i\n")
+    run = run_check([str(bomb)], cwd=tmp_path)
+    assert run.returncode == 2 and "excessive aliasing" in run.stderr, (run.returncode, run.stderr[-500:])
+    with pytest.raises(yaml.YAMLError, match="excessive aliasing"):
+        load_documents("kind: PDDeployment\nspec: &s {a: [*s]}\n")
+    doc = load_documents("kind: PDDeployment\nx: &v {k: 1}\ny: *v\nz: [*v, *v]\n")[0]
+    assert doc["z"] == [{"k": 1}, {"k": 1}]
 
 
 def test_list_documents_are_expanded_and_an_empty_file_is_unreadable(tmp_path):

@@ -488,3 +488,66 @@ def test_the_dspark_assumption_in_the_valid_message_reads_as_a_whole_sentence():
 
     summary = _verdict_summary({"prefill": {"accelerator": "gb300"}, "decode": {"accelerator": "gb300"}, "assumptions": [note]})
     assert summary.endswith("KV layouts and KV dtypes are equal"), summary
+
+
+def _refusal_of(part: str, message: str) -> dict:
+    verdict = copy.deepcopy(REFUSED)
+    verdict["decode"]["refusal"] = None
+    verdict[part]["refusal"] = {"stage": "resolve", "type": "ValueError", "message": message, "where": None}
+    return verdict
+
+
+def test_a_refusal_points_at_the_extra_arg_or_env_entry_sglangs_message_names():
+    """A fresh user's finding: SGLangRefused named ``spec.decode`` where SGLang's message named
+    the flag the user added. The field now names the item (option or SGLang's dest spelling, an
+    env variable's name), and stays the role when nothing or two items are named."""
+    from sglang_pd_operator.api.load import parse_pddeployment
+    from sglang_pd_operator.catalog import builtin_catalog
+    from sglang_pd_operator.planning.plan import build_plan
+    from sglang_pd_operator.reconcilers.sglang_gate import refusal_problems
+
+    doc = load_example()
+    decode = doc["spec"]["decode"]
+    decode["extraArgs"] = [*decode.get("extraArgs", []), "--chunked-prefill-size", "2048", "--max-running-requests=7"]
+    decode["env"] = [*decode.get("env", []), {"name": "SGLANG_DISAGGREGATION_QUEUE_SIZE", "value": "3"}]
+    plan = build_plan(parse_pddeployment(doc), builtin_catalog())
+    n = len(decode["extraArgs"])
+
+    def field_of(message: str, part: str = "decode") -> str:
+        (problem,) = refusal_problems(_refusal_of(part, message), plan)
+        return problem.field
+
+    assert field_of("chunked_prefill_size 2048 must be a multiple of page_size") == f"spec.decode.extraArgs[{n - 3}]"
+    assert field_of("--max-running-requests must be positive") == f"spec.decode.extraArgs[{n - 1}]"
+    env_index = len(decode["env"]) - 1
+    assert field_of("SGLANG_DISAGGREGATION_QUEUE_SIZE exceeds the pool") == f"spec.decode.env[{env_index}]"
+    # two items named, or none, or a word that only contains a dest: the role
+    assert field_of("chunked_prefill_size and max_running_requests disagree") == "spec.decode"
+    assert field_of("LoRA needs a rank") == "spec.decode"
+    assert field_of("my_chunked_prefill_size_x") == "spec.decode"
+    # the prefill carries none of these items; without a plan the role as before
+    assert field_of("chunked_prefill_size 2048", part="prefill") == "spec.prefill"
+    (problem,) = refusal_problems(_refusal_of("decode", "chunked_prefill_size 2048"))
+    assert problem.field == "spec.decode"
+    assert "change or remove" not in problem.fix
+
+
+def test_a_weights_fill_the_gpu_refusal_points_at_tp_not_at_a_fraction_the_user_never_set():
+    """A fresh user's finding: SGLang's memory refusal ("Raise --mem-fraction-static above 1.000")
+    came as field ``spec.prefill`` with the fix "change what SGLang names"; the fix is more tp."""
+    from sglang_pd_operator.api.load import parse_pddeployment
+    from sglang_pd_operator.catalog import builtin_catalog
+    from sglang_pd_operator.planning.plan import build_plan
+    from sglang_pd_operator.reconcilers.sglang_gate import refusal_problems
+
+    plan = build_plan(parse_pddeployment(load_example()), builtin_catalog())
+    message = ("Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.901. Raise "
+               "--mem-fraction-static above 1.000 (minimum viable = 1 - available/pre = 1.0000).")
+    (problem,) = refusal_problems(_refusal_of("prefill", message), plan)
+    assert problem.field == "spec.prefill.parallelism.tp" and "raise spec.prefill.parallelism.tp" in problem.fix
+    # the user's own --mem-fraction-static, named in the message, is pointed at instead
+    doc = load_example()
+    doc["spec"]["decode"]["extraArgs"] = [*doc["spec"]["decode"].get("extraArgs", []), "--mem-fraction-static", "0.05"]
+    plan = build_plan(parse_pddeployment(doc), builtin_catalog())
+    (problem,) = refusal_problems(_refusal_of("decode", message.replace("0.901", "0.05")), plan)
+    assert problem.field == f"spec.decode.extraArgs[{len(doc['spec']['decode']['extraArgs']) - 2}]"

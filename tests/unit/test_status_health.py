@@ -250,3 +250,15 @@ def test_ready_false_scaled_to_zero_when_the_decision_is_complete_but_the_group_
     conds = {c["type"]: c for c in st["conditions"]}
     assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", "ScaledToZero")
     assert (conds["Progressing"]["status"], conds["Progressing"]["reason"]) == ("False", "Complete")
+
+
+def test_an_in_place_update_line_counts_a_pending_new_pod_as_not_available():
+    """A fresh user read "decode 1/1 updated" while the new pod was Pending: updatedReplicas
+    counts pods created from the new template, not Ready ones. The line now says so and gives
+    the available count over every replica (old and new); a settled update is not listed."""
+    surging = WorkloadState(name="decode", desired=1, ready=1, updated=1, available=1, settled=True, total=2)
+    rolled = WorkloadState(name="decode", desired=1, ready=1, updated=1, available=1, settled=True, total=1)
+    group = ObservedGroup(key=KEY, workloads={"prefill": ws("prefill"), "decode": surging, "gateway": ws("gateway")})
+    assert group.state().updating == ("decode: 1/1 on the new template, 1 of an older one still running, 1/2 available",)
+    done = ObservedGroup(key=KEY, workloads={"prefill": ws("prefill"), "decode": rolled, "gateway": ws("gateway")})
+    assert done.state().updating == ()

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from sglang_pd_operator.api.load import parse_pddeployment
 from sglang_pd_operator.catalog import builtin_catalog, load_catalog
+from sglang_pd_operator.planning.memory import quantity_bytes
 from sglang_pd_operator.planning.plan import build_plan
 from sglang_pd_operator.render import render_all
 
@@ -75,7 +76,10 @@ def whole_node_specs(draw):
     elif shape == "dep" and n > 1:
         par = {"tp": n, "dp": n, "ep": n, "dpAttention": True}
     else:
-        tp = draw(st.sampled_from([d for d in (1, 2, 4) if n % d == 0]))
+        # Qwen3-30B-A3B's 62 GB of weights fill one GPU of less memory (weights_fit_gpu): tp 2 at least there
+        fits = [d for d in (1, 2, 4) if n % d == 0 and CATALOG.model("Qwen/Qwen3-30B-A3B").deviceWeightBytes[
+            CATALOG.accelerator(acc).isa] // d < quantity_bytes(CATALOG.accelerator(acc).gpuMemory)]
+        tp = draw(st.sampled_from(fits))
         par = {"tp": tp, "dp": n // tp} if n // tp > 1 else {"tp": tp}
     backend = draw(st.sampled_from(["mooncake", "nixl"]))
     return acc, par, backend

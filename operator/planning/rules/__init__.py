@@ -14,7 +14,7 @@ from ...catalog import Catalog
 from ..structs import RolePlan
 from ..problems import Problem
 from . import (args, autoscaling, deepseek_v4, engram, handshake, kv, kvcache, moe, multinode, paged_experts, parallel, placement,
-               plugins, runtime, speculative, transfer, updates)
+               plugins, runtime, speculative, transfer, updates, weights)
 
 ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     placement.accelerator_known,
@@ -24,21 +24,26 @@ ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     placement.parallelism_consistent,
     placement.parallelism_divides_model,
     placement.memory_fits_node,
+    weights.weights_fit_gpu,
     kv.kv_layout_predictable,
     kv.kv_layout_servable,
+    kv.dsv4_kv_dtype_gpu_pool,
     kv.page_size_overridden,
     deepseek_v4.dsv4_page_size,
     deepseek_v4.dsv4_allocation_policy,
     deepseek_v4.dsv4_speculative_algorithm,
     deepseek_v4.dspark_pd_requirements,
     deepseek_v4.dsv41_unsupported_features,
+    deepseek_v4.dsv41_vision_parallelism,
     *speculative.ROLE_RULES,
     *moe.ROLE_RULES,
     *parallel.ROLE_RULES,
     handshake.prefill_complete_requirements,
+    handshake.bootstrap_port_free,
     args.extra_args_not_managed,
     args.extra_args_parse,
     args.env_not_managed,
+    args.env_names_unique,
     args.chunked_prefill_page_aligned,
     args.priority_scheduling_policy,
     plugins.plugin_in_catalog,
@@ -50,6 +55,7 @@ ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     plugins.one_plugin_flag,
     paged_experts.paged_experts_single_gpu,
     paged_experts.paged_experts_flags,
+    paged_experts.paged_experts_moe_method,
     paged_experts.paged_experts_resident_count,
     paged_experts.paged_experts_host_memory,
     engram.engram_model,

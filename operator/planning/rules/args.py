@@ -26,7 +26,12 @@ def extra_args_not_managed(*, spec: PDDeploymentSpec, role: RolePlan, catalog: C
         if owner is None:
             continue
         owner = owner.replace("<role>", role.role)
-        fix = f"set {owner} instead" if owner.startswith("spec.") else "remove it; the operator sets it " + owner
+        if owner.startswith("spec."):
+            fix = f"set {owner} instead"
+        elif owner == "(set by the operator)":
+            fix = "remove it"
+        else:  # "(always on)", "(set by the operator per role)", "(the operator's config file)"
+            fix = "remove it; the operator sets it " + owner
         problems.append(
             Problem(
                 field=f"spec.{role.role}.extraArgs[{i}]",
@@ -74,6 +79,30 @@ def env_not_managed(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog)
                     rule="env_not_managed",
                 )
             )
+    return problems
+
+
+def env_names_unique(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """Each variable at most once in a role's ``env``.
+
+    Kubernetes' container ``env`` is a list keyed by name (server-side apply merges it by
+    name), so the API server refuses the rendered Deployment with "duplicate entries for key
+    [name=...]"; a fresh user's spec passed ``check`` and then failed every reconcile with a
+    ServerError. One problem per repeated entry, at the repeat.
+    """
+    seen: dict[str, int] = {}
+    problems = []
+    for i, var in enumerate(role.inputs.spec.env):
+        if var.name in seen:
+            problems.append(Problem(
+                field=f"spec.{role.role}.env[{i}]",
+                message=f"{var.name} is set twice in the {role.role} role's env (first at env[{seen[var.name]}]); the "
+                "API server refuses a container with a repeated variable",
+                fix=f"keep one {var.name} entry",
+                rule="env_names_unique",
+            ))
+        else:
+            seen[var.name] = i
     return problems
 
 

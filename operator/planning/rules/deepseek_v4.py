@@ -15,6 +15,7 @@ from ..features import parse_flags
 from ..structs import RolePlan
 from ..problems import Problem
 from ..roles import DSV4_PAGE_SIZE
+from .moe import a2a_backend
 
 DSPARK_PD_TRANSFER = ("mooncake", "nixl")
 DSV4_SPECULATIVE = ("EAGLE", "DSPARK")
@@ -177,6 +178,62 @@ _DSV41_UNSUPPORTED = (
     ("enable_two_batch_overlap", "two-batch overlap"),
     ("enable_hisparse", "HiSparse"),
 )
+
+
+def _vision_layers(catalog: Catalog, model_name: str) -> int:
+    """Vision layers of a DeepSeek-V4.1 checkpoint: its config's ``vision_config.num_hidden_layers``
+    (configs/deepseek_v41.py normalize_deepseek_v41_config maps it to ``vision_n_layers``), else 0;
+    0 for a checkpoint whose config says ``language_model_only``."""
+    config = catalog.hf_config(model_name) or {}
+    if config.get("language_model_only"):  # configs/model_config.py is_lm_only: text-only checkpoint
+        return 0
+    vision = config.get("vision_config") or {}
+    return int(vision.get("num_hidden_layers") or config.get("vision_n_layers") or 0)
+
+
+def dsv41_vision_parallelism(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """DeepSeek-V4.1's vision tower runs only without attention CP and with no MoE all-to-all
+    backend but MegaMoE on CUDA.
+
+    Source: models/deepseek_v4.py ``DeepseekV4ForCausalLM.__init__`` (sglang 0.5.23, line
+    4684): with ``vision_n_layers > 0`` and not ``--language-model-only`` it raises "V4.1
+    vision supports TP/EP/DP without CP or PP; MoE A2A requires CUDA MegaMoE" when
+    ``attn_cp_size != 1``, the PP group is wider than 1 (:func:`dsv41_unsupported_features`
+    reports PP first), or the a2a backend is neither none nor (on CUDA) megamoe. Found by
+    the oracle's model stage (issue 23).
+    """
+    model = role.inputs.model
+    if model is None or not model.is_deepseek_v41 or _vision_layers(catalog, spec.model.name) <= 0:
+        return []
+    rendered = parse_flags(list(role.command.args))
+    if rendered.get("language_model_only") not in (None, False):
+        return []
+    acc = role.inputs.accelerator
+    cuda = acc is None or acc.vendor == "nvidia"
+    problems = []
+    cp = role.inputs.attention_cp
+    if cp != 1:
+        field = f"spec.{role.role}.extraArgs"
+        problems.append(Problem(
+            field=field,
+            message=f"DeepSeek-V4.1's vision tower refuses attention context parallelism (attention CP {cp} on the "
+            f"{role.role} role): SGLang 0.5.23 raises at model construction",
+            fix=f"remove --enable-prefill-cp / --attn-cp-size from the {role.role} role, or add --language-model-only "
+            "to serve the text model without vision",
+            rule="dsv41_vision_parallelism",
+        ))
+    a2a = a2a_backend(rendered)
+    if not (a2a == "none" or (cuda and a2a == "megamoe")):
+        allowed = "none or megamoe" if cuda else "none (MegaMoE is CUDA only)"
+        problems.append(Problem(
+            field=f"spec.{role.role}.extraArgs",
+            message=f"DeepSeek-V4.1's vision tower needs the MoE all-to-all backend {allowed}; the {role.role} role "
+            f"resolves to {a2a}: SGLang 0.5.23 raises at model construction",
+            fix=f"use --moe-a2a-backend {'megamoe' if cuda else 'none'} on the {role.role} role, or add "
+            "--language-model-only to serve the text model without vision",
+            rule="dsv41_vision_parallelism",
+        ))
+    return problems
 
 
 def dsv41_unsupported_features(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:

@@ -7,6 +7,7 @@ the offending token. ``env_true`` reads an ``EnvBool`` the way sglang/srt/enviro
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 from ..sglang_flags import flag_table
@@ -66,3 +67,32 @@ def env_bool(role: RolePlan, name: str, default: bool) -> bool:
     if low in ("false", "0", "no", "n"):
         return False
     return default
+
+
+def field_named_in(role: RolePlan, text: str) -> str | None:
+    """The one ``extraArgs`` item or ``env`` entry of ``role`` that ``text`` names, else None.
+
+    ``text`` is SGLang's own message (a refusal from the oracle). An ``extraArgs`` flag is
+    named by its option (``--enable-foo``) or SGLang's dest (``enable_foo``, how
+    ``server_args.py`` spells it in its asserts), an env entry by its variable name; each
+    as a whole word. None when nothing or more than one distinct item is named: the caller
+    then points at the whole role (a guess would send the user to the wrong token).
+    """
+    table = flag_table()
+    hits: set[str] = set()
+
+    def said(word: str) -> bool:
+        return re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", text) is not None
+
+    for tok in role.inputs.spec.extraArgs:
+        if not tok.startswith("--"):
+            continue
+        name = tok[2:].partition("=")[0]
+        info = table.get("--" + name)
+        dest = info.dest if info is not None else name.replace("-", "_")
+        if said("--" + name) or said(dest):
+            hits.add(flag_field(role, dest))
+    for var in role.inputs.spec.env:
+        if said(var.name):
+            hits.add(env_field(role, var.name))
+    return hits.pop() if len(hits) == 1 else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..compat import differing_inputs
+from ..engine_args import DIST_INIT_PORT, ENGINE_PORT
 from ..features import parse_flags
 from ..structs import RolePlan
 from ..problems import Problem
@@ -180,3 +181,40 @@ def prefill_complete_requirements(*, spec: PDDeploymentSpec, role: RolePlan, cat
     if role.role == "decode" and flags.get("disaggregation_decode_enable_radix_cache") not in (None, False):
         add("spec.decode.extraArgs", "a decode radix cache", "remove --disaggregation-decode-enable-radix-cache")
     return problems
+
+
+#: SGLang's own TCP ports for ZMQ between its processes (server_args.py PortArgs.init_new, 0.5.23):
+#: with DP attention on one node from ``--port`` + ZMQ_TCP_PORT_DELTA (233), on a replica
+#: spanning nodes from ``--dist-init-addr``'s port + 1; 6 fixed ports plus one per DP rank
+#: (at most 64 here: the schema's tp bound).
+_ZMQ_PORTS = 6 + 64
+_ZMQ_TCP_PORT_DELTA = 233
+
+
+def bootstrap_port_free(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """``spec.disaggregation.bootstrapPort`` must not be a port the prefill pod already uses.
+
+    The prefill's bootstrap server binds it beside SGLang's HTTP server (``--port``,
+    engine_args.ENGINE_PORT), node 0's torch.distributed store on a multi-node replica
+    (DIST_INIT_PORT) and SGLang's derived ZMQ ports (:data:`_ZMQ_PORTS` from
+    ``--port`` + 233 or the store's port + 1). A clash fails twice: the rendered prefill
+    Service lists one port twice, which the API server refuses (a fresh user's finding:
+    ``bootstrapPort: 30000`` passed ``check`` and ``check --sglang``, then every reconcile
+    failed with "duplicate entries for key [port=30000]"), and two servers cannot bind one port.
+    """
+    if role.role != "prefill":
+        return []
+    port = spec.disaggregation.bootstrapPort
+    taken = {ENGINE_PORT: "SGLang's HTTP port (--port)", DIST_INIT_PORT: "the multi-node torch.distributed store"}
+    for base in (ENGINE_PORT + _ZMQ_TCP_PORT_DELTA, DIST_INIT_PORT + 1):
+        for p in range(base, base + _ZMQ_PORTS + 1):
+            taken.setdefault(p, f"one of SGLang's ZMQ ports ({base}..{base + _ZMQ_PORTS})")
+    if port not in taken:
+        return []
+    return [Problem(
+        field="spec.disaggregation.bootstrapPort",
+        message=f"bootstrapPort {port} is {taken[port]} on the prefill pods: the bootstrap server cannot bind it and "
+        "the prefill Service would list the port twice",
+        fix="use another port, e.g. the default 8998",
+        rule="bootstrap_port_free",
+    )]

@@ -37,7 +37,8 @@ def kv_layout_servable(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catal
             Problem(
                 field=f"{kv}.dtype",
                 message=f"{role.role}: SGLang refuses KV cache dtype {role.inputs.kv_layout.dtype!r} ({reason})",
-                fix="use fp8_e4m3, bfloat16 or auto for DeepSeek-V4 models",
+                fix="use fp8_e4m3 or auto for DeepSeek-V4 models (bfloat16 passes this check but only NPUs build "
+                "its pool: dsv4_kv_dtype_gpu_pool)",
                 rule="kv_layout_servable",
             )
         ]
@@ -83,6 +84,29 @@ def kv_layout_predictable(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Ca
     ]
 
 
+def dsv4_kv_dtype_gpu_pool(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """A DeepSeek-V4 KV cache in bfloat16 is refused on GPUs: the pool stores FP8 pages as uint8.
+
+    Source: sglang 0.5.23 arg_groups/overrides.py ``_deepseek_v4_kv_cache_dtype`` lets
+    fp8_e4m3 and bfloat16 through (bfloat16 is what it sets on NPU, "where the pool geometry
+    differs"), then mem_cache/deepseek_v4_memory_pool.py:321 ``create_buffer`` asserts
+    ``store_dtype == torch.uint8`` when the scheduler builds the pools. Found by the oracle's
+    pools stage (issue 23): 6 of 300 generated specs, refused on every role.
+    """
+    if not role.inputs.is_deepseek_v4 or role.inputs.kv_layout.dtype != "bfloat16":
+        return []
+    return [
+        Problem(
+            field=f"{role.inputs.kv_layout_field}.dtype",
+            message=f"{role.role}: SGLang 0.5.23 builds a DeepSeek-V4 KV pool only in FP8 on GPUs; with dtype bfloat16 "
+            "the pool's store dtype is not uint8 and the scheduler's pool construction asserts "
+            "(deepseek_v4_memory_pool.py:321), after the weights load",
+            fix="use dtype fp8_e4m3 (or auto, which SGLang resolves to it)",
+            rule="dsv4_kv_dtype_gpu_pool",
+        )
+    ]
+
+
 def kv_layouts_match(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: RolePlan) -> list[Problem]:
     """Both roles must resolve to the same PD KV layout string.
 
@@ -108,11 +132,26 @@ def kv_layouts_match(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: RoleP
                 f"{decode.inputs.accelerator_name}); SGLang's decode refuses the pair at the first request, after "
                 "loading weights"
             ),
-            fix="give both roles the same kvLayout.attentionBackend and kvLayout.layout on GPUs that can hold it "
-            "(e.g. layout v4 and attentionBackend flashmla on both for a mixed Hopper/Blackwell pair)",
+            fix=_kv_mismatch_fix(prefill, decode),
             rule="kv_layouts_match",
         )
     ]
+
+
+def _kv_mismatch_fix(prefill: RolePlan, decode: RolePlan) -> str:
+    """The fix of a KV layout mismatch, worded for the pair's GPUs: on one ISA, make one role's
+    kvLayout the other's; across ISAs (a Hopper prefill with a Blackwell decode, say), a layout
+    both ISAs build (v4 with flashmla: deepseek_v4_memory_pool.py builds it on SM90 and SM100)."""
+    pa, da = prefill.inputs.accelerator, decode.inputs.accelerator
+    same_isa = pa is not None and da is not None and pa.isa == da.isa
+    if same_isa:
+        pb, db = prefill.layout.attention_backend, decode.layout.attention_backend
+        what = (f"attentionBackend: {pb} (the prefill's; the decode's is {db})" if pb != db else
+                f"layout and compressed to the prefill's (it resolves to {prefill.kv_layout_string})")
+        return (f"both roles run on {pa.isa}: give them the same kvLayout, e.g. set spec.decode.kvLayout.{what}, "
+                "or the prefill's like the decode's")
+    return ("give both roles the same kvLayout.attentionBackend and kvLayout.layout on GPUs that can hold it "
+            "(e.g. layout v4 and attentionBackend flashmla on both for a mixed Hopper/Blackwell pair)")
 
 
 def kv_layout_overridden(*, spec: PDDeploymentSpec, prefill: RolePlan, decode: RolePlan) -> list[Problem]:

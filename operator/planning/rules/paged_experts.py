@@ -17,6 +17,7 @@ from ..features import parse_flags
 from ..memory import gib
 from ..structs import RolePlan
 from ..problems import Problem
+from .moe import a2a_backend
 
 
 def paged_experts_single_gpu(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
@@ -158,3 +159,50 @@ def paged_experts_host_memory(*, spec: PDDeploymentSpec, role: RolePlan, catalog
                 )
             )
     return problems
+
+
+#: ISAs of SGLang's ``get_platform().is_sm100`` (SM100 and SM103: B200, GB200, B300, GB300)
+_SM100 = ("sm_100", "sm_103")
+
+
+def paged_experts_moe_method(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """Paged Experts pages only experts built by a triton or Marlin runner, in a format it knows.
+
+    Source: sglang 0.5.23 layers/moe/paged_experts/runners.py ``contract_for`` ("requires the
+    triton or Marlin MoE runner") and method.py ``check_paged_experts_compat`` (":class:
+    experts are not supported"), both at model construction. Which runner and method SGLang
+    builds: arg_groups/model_overrides/qwen3_moe.py turns ``--moe-runner-backend auto`` into
+    ``flashinfer_trtllm`` on SM100/SM103 for an unquantized or FP8 Qwen3-MoE with no all-to-all
+    backend; DeepSeek-V4's FP4 experts get ``Mxfp4FlashinferTrtllmMoEMethod`` on SM100/SM103
+    and ``Fp8MoEMethod`` on gfx950 under the default runner. Found by the oracle's model stage
+    (issue 23); the differential holds these cases to SGLang.
+    """
+    if role.inputs.paged_experts_k is None or role.inputs.model is None or role.inputs.accelerator is None:
+        return []
+    flags = parse_flags(list(role.command.args))
+    runner = str(flags.get("moe_runner_backend") or "auto")
+    isa = role.inputs.accelerator.isa
+    model = role.inputs.model
+    field = f"spec.{role.role}.extraArgs"
+    where = f"{role.role} on {role.inputs.accelerator_name} ({isa})"
+    if runner not in ("auto", "triton", "marlin"):
+        return [Problem(field=field, message=f"Paged Experts needs the triton or Marlin MoE runner; the {where} is "
+                        f"given --moe-runner-backend {runner}, which SGLang 0.5.23 refuses at model construction",
+                        fix="use --moe-runner-backend triton (or marlin), or remove pagedExperts",
+                        rule="paged_experts_moe_method")]
+    if runner != "auto" or flags.get("quantization") not in (None, False):
+        return []
+    if (model.modelType == "qwen3_moe" and isa in _SM100 and a2a_backend(flags) == "none"):
+        return [Problem(field=field, message=f"Paged Experts needs the triton or Marlin MoE runner, and SGLang 0.5.23 "
+                        f"picks flashinfer_trtllm for {model.architecture} on the {where} (model_overrides/qwen3_moe.py): "
+                        "it refuses at model construction",
+                        fix=f"add --moe-runner-backend triton to spec.{role.role}.extraArgs",
+                        rule="paged_experts_moe_method")]
+    if role.inputs.is_deepseek_v4 and isa in (*_SM100, "gfx950"):
+        method = "Fp8MoEMethod" if isa == "gfx950" else "Mxfp4FlashinferTrtllmMoEMethod"
+        return [Problem(field=role.inputs.paged_experts_field,
+                        message=f"Paged Experts cannot page {spec.model.name}'s FP4 experts on the {where}: SGLang 0.5.23 "
+                        f"builds them with {method}, a format it does not page, and refuses at model construction",
+                        fix="remove pagedExperts for this model on this GPU (it pages unquantized, FP8 and INT8 experts)",
+                        rule="paged_experts_moe_method")]
+    return []

@@ -1,0 +1,103 @@
+"""The catalog's ``deviceWeightBytes`` against SGLang 0.5.23's own model build (issue 23, item 4).
+
+``rules/weights.py weights_fit_gpu`` refuses a role whose weights cannot leave room for the
+KV cache, from ``deviceWeightBytes[isa] / tp`` (plus the Engram table's TP shard). That is a
+restatement; here the SGLang oracle builds each catalog model on the meta device (real
+module classes and quantization ``create_weights``) on an emulated GPU of each ISA with
+memory to spare, and the figure must be (a) never above what SGLang puts on one GPU, at tp 1
+and at tp 2 (so dividing by tp stays a lower bound: a false refusal would need it above), and
+(b) within 3 % of the tp-1 build (so it does not rot into a number that catches nothing).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.contract, pytest.mark.timeout(1200)]
+
+ROOT = Path(__file__).resolve().parents[2]
+#: one accelerator of each ISA in the catalog
+BY_ISA = {"sm_103": "gb300", "sm_100": "b200", "sm_90a": "h200", "gfx950": "mi355x", "sm_89": "l40s"}
+
+
+@pytest.fixture(scope="module")
+def roomy():
+    """(catalog with 4 TiB GPUs, oracle over it): memory planning never stops a build here."""
+    pytest.importorskip("sglang", reason="sglang==0.5.23 is not installed (requirements/contract.txt)")
+    from sglang_pd_operator.catalog import builtin_catalog
+    from sglang_pd_operator.oracle import Oracle, unavailable
+
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    cat = builtin_catalog()
+    big = cat.model_copy(update={"accelerators": {
+        k: a.model_copy(update={"gpuMemory": "4096Gi", "hostMemory": "65536Gi"}) for k, a in cat.accelerators.items()}})
+    with Oracle(catalog=big, max_workers=2) as oracle:
+        yield big, oracle
+
+
+def _spec(model: str, accelerator: str, tp: int) -> dict:
+    """The smallest PDDeployment of ``model`` on ``accelerator`` at ``tp``: no plugin, no draft, no
+    Paged Experts, SGLang's default KV layout, the Engram table on the device (SGLang's default)."""
+    deepseek = "DeepSeek" in model
+    name = "dsv41-flash-h200-flashmla.yaml" if deepseek else "qwen3-30b-a3b-paged-experts.yaml"
+    doc = copy.deepcopy(yaml.safe_load((ROOT / "examples" / name).read_text()))
+    spec = doc["spec"]
+    spec["model"]["name"] = model
+    spec["accelerator"] = accelerator
+    for key in ("pagedExperts", "speculative", "engram"):
+        spec.pop(key, None)
+    spec.setdefault("kernels", {})["plugin"] = "none"
+    if deepseek:
+        spec["kvLayout"].update(attentionBackend="auto", layout="auto")
+    for role in ("prefill", "decode"):
+        spec[role] = {"replicas": 1, "parallelism": {"tp": tp}}
+    return doc
+
+
+def _device_bytes(big, oracle, model: str, accelerator: str, tp: int) -> int:
+    """Bytes SGLang's build of ``model`` at ``tp`` puts on one GPU, the Engram shard taken out."""
+    from sglang_pd_operator.api.load import parse_pddeployment
+    from sglang_pd_operator.planning.plan import build_plan
+
+    plan = build_plan(parse_pddeployment(_spec(model, accelerator, tp)), big)
+    verdict = oracle.judge_plan(plan)
+    role = verdict.prefill
+    assert role.starts, f"{model} on {accelerator} at tp {tp}: {role.refusal or role.indeterminate}"
+    weights = int(role.facts["model"]["weightBytes"])
+    facts = big.model(model)
+    return weights - ((facts.engramTableBytes or 0) // tp if facts.engram else 0)
+
+
+def _cases():
+    from sglang_pd_operator.catalog import builtin_catalog
+
+    cat = builtin_catalog()
+    return [(m, isa) for m, f in cat.models.items() for isa in sorted(f.deviceWeightBytes)]
+
+
+def test_every_catalog_model_has_a_figure_for_every_isa_of_the_catalog():
+    from sglang_pd_operator.catalog import builtin_catalog
+
+    cat = builtin_catalog()
+    isas = {a.isa for a in cat.accelerators.values()}
+    assert isas <= set(BY_ISA), f"an ISA without an accelerator to measure on: {isas - set(BY_ISA)}"
+    for name, facts in cat.models.items():
+        assert set(facts.deviceWeightBytes) == isas, f"{name}: deviceWeightBytes lacks {isas - set(facts.deviceWeightBytes)}"
+
+
+@pytest.mark.parametrize("model, isa", _cases())
+def test_the_figure_is_sglangs_tp1_build_and_a_lower_bound_at_tp2(roomy, model, isa):
+    big, oracle = roomy
+    figure = big.model(model).deviceWeightBytes[isa]
+    at_1 = _device_bytes(big, oracle, model, BY_ISA[isa], 1)
+    assert figure <= at_1, f"{model} on {isa}: the catalog says {figure}, SGLang's tp-1 build holds {at_1}"
+    assert figure >= 0.97 * at_1, f"{model} on {isa}: the catalog's {figure} is far below SGLang's {at_1}; re-measure"
+    if isa == "sm_103":  # the /tp bound, once per model
+        at_2 = _device_bytes(big, oracle, model, BY_ISA[isa], 2)  # tp 4 breaks the FP8 Qwen's 128-wide blocks
+        assert figure // 2 <= at_2, f"{model} at tp 2: {figure // 2} per GPU claimed, SGLang holds {at_2}"
