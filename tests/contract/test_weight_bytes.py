@@ -101,3 +101,18 @@ def test_the_figure_is_sglangs_tp1_build_and_a_lower_bound_at_tp2(roomy, model, 
     if isa == "sm_103":  # the /tp bound, once per model
         at_2 = _device_bytes(big, oracle, model, BY_ISA[isa], 2)  # tp 4 breaks the FP8 Qwen's 128-wide blocks
         assert figure // 2 <= at_2, f"{model} at tp 2: {figure // 2} per GPU claimed, SGLang holds {at_2}"
+
+
+def test_the_ports_bootstrap_port_free_restates_are_sglangs():
+    """rules/handshake.py bootstrap_port_free restates SGLang's derived ZMQ ports: the delta from
+    ``--port`` and the number of fixed ports (server_args.py PortArgs.init_new). Held to the source."""
+    pytest.importorskip("sglang", reason="sglang==0.5.23 is not installed (requirements/contract.txt)")
+    import inspect
+
+    from sglang.srt import server_args as sa
+
+    from sglang_pd_operator.planning.rules import handshake
+
+    assert sa.ZMQ_TCP_PORT_DELTA == handshake._ZMQ_TCP_PORT_DELTA
+    source = inspect.getsource(sa.PortArgs.init_new)
+    assert "NUM_DERIVED_PORTS = 6 if not is_rust_server" in source and handshake._ZMQ_PORTS >= 6 + 1

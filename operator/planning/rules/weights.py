@@ -26,8 +26,11 @@ _OTHER_WEIGHTS = ("cpu_offload_gb", "offload_group_size", "offload_num_in_group"
 
 
 def _set(flags: dict, dest: str) -> bool:
+    """``dest`` is given a value that changes the weights on a GPU (pp size 1 does not)."""
     value = flags.get(dest)
-    return value not in (None, False, "auto", "0", 0, "1" if dest == "pp_size" else None)
+    if dest == "pp_size":
+        return str(value) not in ("None", "1")
+    return value not in (None, False, "auto", "0", 0)
 
 
 def weights_per_gpu_lower_bound(*, spec: PDDeploymentSpec, role: RolePlan) -> int | None:
