@@ -69,7 +69,12 @@ class PDRoleScaleStatus(BaseModel):
         default="none",
         description="Who sets spec.replicas: planner, HorizontalPodAutoscaler/<name> (an HPA or KEDA's) or none.",
     )
-    conditions: list[Condition] = Field(default_factory=list, description="Reserved for future conditions.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description=("Applied: True once the PDDeployment's current generation was reconciled with this count; "
+                     "False while that generation is not applied (refused by a rule or by SGLang, or a dependency "
+                     "missing), with the PDDeployment's reason: the count then waits and the running pods stay."),
+    )
 
 
 class PDRoleScale(CustomObject):

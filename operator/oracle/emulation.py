@@ -271,7 +271,9 @@ def _emulate_triton_driver(facts: DeviceFacts) -> None:
 
 #: The pod being judged: ``gpus`` is the count of GPUs the device plugin gives it
 #: (``torch.cuda.device_count()``, ``nvidia-smi``'s lines); the node's count until a role sets it.
-POD: dict[str, int] = {"gpus": 0, "node": 0, "cpus": 0}
+POD: dict[str, int] = {"gpus": 0, "node": 0, "cpus": 0, "visible": 0}
+#: The emulated device's vendor (``DeviceFacts.vendor``): which visibility variables its runtime reads.
+VENDOR: dict[str, str] = {"name": "nvidia"}
 
 
 def node_cpus():
@@ -298,26 +300,32 @@ def node_cpus():
     return scope()
 
 
-def pod_gpus(count: int | None):
+def pod_gpus(count: int | None, env: dict[str, str] | None = None):
     """A context in which the emulated pod has ``count`` GPUs (None: the node's count).
 
     In a Kubernetes pod the NVIDIA / AMD device plugin exposes only the GPUs the container
     requests, numbered from 0 (the container runtime mounts those device nodes; no
     ``CUDA_VISIBLE_DEVICES`` is set): SGLang's ``torch.cuda.device_count()``
     (entrypoints/engine.py GPU placement, utils/common.py ``get_available_gpu_memory``)
-    and ``nvidia-smi`` (``get_nvgpu_memory_capacity``) see that many.
+    and ``nvidia-smi`` (``get_nvgpu_memory_capacity``) see that many. ``env``: the
+    container's variables; a ``CUDA_VISIBLE_DEVICES`` (or ROCm's) among them narrows what
+    CUDA enumerates, as the driver does (planning/devices.py); ``nvidia-smi`` still lists
+    every device of the container.
     """
     import contextlib
 
+    from ..planning.devices import visible_gpus
+
     @contextlib.contextmanager
     def scope():
-        saved = POD["gpus"]
+        saved, saved_visible = POD["gpus"], POD["visible"]
         POD["gpus"] = count if count else POD["node"]
+        POD["visible"] = visible_gpus(POD["gpus"], env or {}, VENDOR["name"])
         os.environ[GPU_COUNT_ENV] = str(POD["gpus"])
         try:
             yield
         finally:
-            POD["gpus"] = saved
+            POD["gpus"], POD["visible"] = saved, saved_visible
             os.environ[GPU_COUNT_ENV] = str(saved)
 
     return scope()
@@ -342,9 +350,10 @@ def install(facts: DeviceFacts, tools_dir: Path) -> None:
     props = _props(facts)
     cuda = torch.cuda
     cuda.is_available = lambda: True
-    POD["gpus"] = POD["node"] = facts.count
+    POD["gpus"] = POD["node"] = POD["visible"] = facts.count
+    VENDOR["name"] = facts.vendor
     POD["cpus"] = facts.cpus or 0
-    cuda.device_count = lambda: POD["gpus"]
+    cuda.device_count = lambda: POD.get("visible", POD["gpus"])
     cuda.get_device_capability = lambda device=None: facts.capability
     cuda.get_device_name = lambda device=None: facts.name
     cuda.get_device_properties = lambda device=None: props

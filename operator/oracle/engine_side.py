@@ -192,7 +192,7 @@ def resolve_role(request: dict[str, Any]) -> tuple[dict[str, Any], RoleState | N
     env = dict(request.get("env") or {})
     from . import emulation
 
-    with emulation.pod_gpus(request.get("gpus")), tempfile.TemporaryDirectory(prefix="sglang-oracle-") as tmp, \
+    with emulation.pod_gpus(request.get("gpus"), env), tempfile.TemporaryDirectory(prefix="sglang-oracle-") as tmp, \
             role_environment(env):
         config = _write_config(request["configYaml"], request["modelDir"], Path(tmp))
         argv = ["--config", str(config), *_cli_args(request["args"])]

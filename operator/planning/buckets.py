@@ -31,8 +31,10 @@ itself is written exactly. Why this grid, and what it buys:
 - **It stays small**: at most 8 boundaries per target, i.e. a few lines per label set.
 
 The flags change only the histograms' boundaries, nothing the PD handshake compares
-(disaggregation/common/conn.py), so they stay out of the compat key: a changed target
-rolls the decode pods (their config hash), never a new compat group. They are rendered on
+(disaggregation/common/conn.py), so they stay out of the compat key. An edit of ``spec.slo``
+alone restarts no engine: the running decode engines keep the buckets they started with
+(``reconcilers/slo_buckets.py``, :func:`replace_bucket_args`) until the role's pods change
+for another reason or the user opts in (``spec.rollout.operatorChanges: apply``). They are rendered on
 **decode** only: a PD prefill server never records TTFT, ITL or TPOT
 (tokenizer_manager.py ``collect_metrics``) and its e2e histogram is not read
 (``metrics/slo.py`` ``SOURCES``), so prefill pods do not restart for an SLO edit.
@@ -158,6 +160,30 @@ def bucket_args(slo: SLOSpec | None, role: str) -> list[str]:
     for flag, bounds in slo_buckets(slo).items():
         args += [flag, *(format_boundary(b) for b in bounds)]
     return args
+
+
+def replace_bucket_args(args: Iterable[str], slo: SLOSpec | None, role: str) -> tuple[str, ...]:
+    """``args`` (a role's SGLang arguments) with its ``--bucket-*`` flags rendered for ``slo`` instead.
+
+    The flags of :func:`bucket_args` are taken out with their values and the ones for
+    ``slo`` are put where the first stood (at the end when there was none); every other
+    argument keeps its place. Used to keep the buckets the running decode engines were
+    started with across an edit of ``spec.slo`` alone (``reconcilers/slo_buckets.py``).
+    """
+    out: list[str] = []
+    at: int | None = None
+    skipping = False
+    for a in args:
+        if a in BUCKET_FLAGS:
+            skipping = True
+            at = len(out) if at is None else at
+            continue
+        if skipping and not a.startswith("--"):
+            continue
+        skipping = False
+        out.append(a)
+    at = len(out) if at is None else at
+    return tuple(out[:at] + bucket_args(slo, role) + out[at:])
 
 
 def relative_grid_bound(ratio: float, grid: Iterable[float] = GRID) -> float | None:

@@ -14,9 +14,10 @@ from dataclasses import replace
 from typing import Any
 
 from ..api.load import FieldError, SpecError, parse_pddeployment, rule_violations
-from ..api.v1alpha1 import PDDeployment, PDDeploymentSpec
+from ..api.v1alpha1 import PDDeployment, PDDeploymentSpec, SLOSpec
 from ..catalog import Catalog
 from . import compat
+from .buckets import BUCKET_ROLE, replace_bucket_args
 from .engine_args import build_engine_command
 from .features import features_in_use, parse_flags
 from .kvlayout import LayoutInputs, LayoutPrediction, LayoutRefusal, predict_layout, resolve_kv_cache_dtype
@@ -245,6 +246,19 @@ def build_plan(pdd: PDDeployment, catalog: Catalog, *, default_queue: str | None
 
 #: The compat input naming the Kueue LocalQueue of a queued plan (docs/compat-key.md).
 QUEUE_COMPAT_INPUT = "kueueQueue"
+
+
+def with_bucket_targets(plan: Plan, slo: SLOSpec | None, problem: Problem | None = None) -> Plan:
+    """``plan`` with the decode role's ``--bucket-*`` flags rendered for ``slo`` instead of ``spec.slo``.
+
+    The compat key, features and every other argument stay as they are (the flags are not
+    a compat input: planning/buckets.py); ``problem``, when given, is added to the plan's
+    problems (a warning that says whose targets the buckets follow). Pure.
+    """
+    role = plan.role(BUCKET_ROLE)
+    command = replace(role.command, args=replace_bucket_args(role.command.args, slo, BUCKET_ROLE))
+    problems = plan.problems if problem is None else (*plan.problems, problem)
+    return replace(plan, problems=problems, **{BUCKET_ROLE: replace(role, command=command)})
 
 
 def with_queue_compat(plan: Plan) -> Plan:

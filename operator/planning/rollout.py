@@ -83,6 +83,9 @@ class RolloutSettings:
     drain_grace_s: float = 60.0
     max_surge_gpus: int | None = None
     scale_failed_to_zero: bool = False
+    #: (role, why) of each role whose in-place update replaces pods without a surge pod
+    #: (:func:`role_strategies`: ``rollout.maxSurgeGPUs`` leaves no room for one)
+    no_surge: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -230,9 +233,14 @@ def decide(
             roles = ", ".join(scaled_to_zero)
             fields = " / ".join(f"spec.{r}.replicas" for r in scaled_to_zero)
             message = (f"group {target[:6]} serves nothing: {roles} scaled to 0 replicas ({fields}, or the role's "
-                       f"PDRoleScale where that is omitted); scale {roles} to at least 1 to serve")
+                       f"PDRoleScale where that is omitted); scale {roles} to at least 1 to serve") + pending
         elif phase == "Updating":
-            message = f"group {target[:6]} updates in place, its older pods serve until the new ones are Ready ({'; '.join(state.updating)})" + pending
+            lines = "; ".join(state.updating)
+            unsurged = [why for role, why in settings.no_surge if any(u.startswith(f"{role}:") for u in state.updating)]
+            if unsurged:  # a fresh user read "its older pods serve" while the only pod was being replaced
+                message = f"group {target[:6]} updates in place ({lines}); {'; '.join(unsurged)}" + pending
+            else:
+                message = f"group {target[:6]} updates in place, its older pods serve until the new ones are Ready ({lines})" + pending
         else:
             message = ("creating the first group" if first else f"group {target[:6]} is not Ready yet") + pending
         return RolloutDecision(

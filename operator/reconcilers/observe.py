@@ -62,6 +62,8 @@ class WorkloadState:
     #: the workload's pods that exist and are Ready (filled in by :func:`observe`)
     pods_ready: int = 0
     pods_total: int = 0
+    #: the pod template's config-hash annotation (``render.engine.config_hash``), "" without one
+    config_hash: str = ""
 
     @property
     def ready_all(self) -> bool:
@@ -104,6 +106,8 @@ class ObservedGroup:
     record: RenderRecord | None = None
     #: (apiVersion, kind, name) of each workload, where the record lives
     workload_refs: tuple[tuple[str, str, str], ...] = ()
+    #: ConfigMaps a workload's pod template or a pod of the group mounts (none of them may be pruned)
+    config_maps_in_use: frozenset[str] = frozenset()
 
     @property
     def ready(self) -> bool:
@@ -221,6 +225,18 @@ def lws_state(lws_obj: dict[str, Any]) -> WorkloadState:
     )
 
 
+def _template_config_hash(workload: dict[str, Any]) -> str:
+    """The config-hash annotation of a workload's (first) pod template; "" without one."""
+    templates = lws.pod_templates(workload)
+    return ((templates[0].get("metadata") or {}).get("annotations") or {}).get(L.ANNOTATION_CONFIG_HASH, "") \
+        if templates else ""
+
+
+def mounted_config_maps(pod_spec: dict[str, Any]) -> set[str]:
+    """Names of the ConfigMaps a pod spec (or a pod template's spec) mounts as volumes."""
+    return {v["configMap"]["name"] for v in pod_spec.get("volumes") or [] if (v.get("configMap") or {}).get("name")}
+
+
 def _pod_is_ready(pod: dict[str, Any]) -> bool:
     status = pod.get("status") or {}
     return status.get("phase") == "Running" and any(
@@ -330,12 +346,14 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, 
             continue
         g = groups.setdefault(key, {"workloads": {}, "unschedulable": 0, "names": [], "refs": [], "records": {}})
         kind = obj.get("kind") or ("Deployment" if state_of is workload_state else lws.KIND)
-        g["workloads"][component] = _settled_by_own_metadata(kube, obj, kind, state_of(obj), namespace)
+        state = replace(state_of(obj), config_hash=_template_config_hash(obj))
+        g["workloads"][component] = _settled_by_own_metadata(kube, obj, kind, state, namespace)
         g["names"].append(obj["metadata"]["name"])
         g["refs"].append((obj.get("apiVersion") or ("apps/v1" if state_of is workload_state else lws.API_VERSION),
                           obj.get("kind") or ("Deployment" if state_of is workload_state else lws.KIND),
                           obj["metadata"]["name"]))
         g["records"][component] = read_record(obj["metadata"].get("annotations"))
+        g.setdefault("configs", set()).update(*(mounted_config_maps(t.get("spec") or {}) for t in lws.pod_templates(obj)))
     imex: set[tuple[str, str]] = set()  # (key, component) of LeaderWorkerSets whose pods hold IMEX channels
     if lws_served:
         for obj, state_of in workloads:
@@ -350,6 +368,7 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, 
     group_nodes: dict[tuple[str, str], dict[str, list[str]]] = {}
     gated: dict[tuple[str, str], set[str]] = {}  # (key, component) -> LWS groups with a pod behind a scheduling gate
     pods: dict[tuple[str, str], list[int]] = {}  # (key, component) -> [ready, total]
+    in_use: dict[str | None, set[str]] = {}  # key -> ConfigMaps its pods mount
     for pod in kube.list("v1", "Pod", namespace, f"{L.LABEL_DEPLOYMENT}={name}"):
         labels = pod["metadata"].get("labels") or {}
         key = labels.get(L.LABEL_COMPAT_KEY)
@@ -358,6 +377,7 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, 
         if (key, labels.get(L.LABEL_ROLE)) in imex and labels.get(lws.LABEL_GROUP_INDEX) is not None:
             group_nodes.setdefault((key, labels.get(L.LABEL_ROLE)), {}).setdefault(
                 labels[lws.LABEL_GROUP_INDEX], []).append((pod.get("spec") or {}).get("nodeName") or "")
+        in_use.setdefault(key, set()).update(mounted_config_maps(pod.get("spec") or {}))
         counts = pods.setdefault((key, labels.get(L.LABEL_ROLE)), [0, 0])
         counts[0] += _pod_is_ready(pod)
         counts[1] += 1
@@ -395,6 +415,7 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, 
                 deployment_names=tuple(v["names"]),
                 record=_group_record(v["records"]),
                 workload_refs=tuple(sorted(v["refs"])),
+                config_maps_in_use=frozenset(v.get("configs", set()) | in_use.get(k, set())),
             )
             for k, v in groups.items()
         },

@@ -35,25 +35,29 @@ from ..kernelbuild.gate import (
 from ..metrics.monitoring import MONITORING_API_VERSION, render_monitoring
 from ..metrics.health import Health
 from ..oracle.service import judged_key
-from ..planning.plan import RuleMemo, plan_object
+from ..planning.plan import RuleMemo, plan_object, with_bucket_targets
 from ..planning.structs import Plan
 from ..planning.nvlink import uses_compute_domain
 from ..planning.problems import Problem, errors
 from ..planning.scaling import gpus_of, surge_replicas
-from ..planning.rollout import GroupState, RolloutDecision, RolloutSettings, RolloutStatus, decide, next_step_in
+from ..planning.rollout import (GroupState, RolloutDecision, RolloutSettings, RolloutStatus, decide, next_step_in,
+                                role_strategies)
 from ..render import render_group, render_shared
 from ..render import labels as L
 from ..render.gateway import endpoint
 from ..render.record import RenderRecord, current_record, stamp
 from . import status as S
 from .apierrors import CallTracker, describe_api_error
+from .configs import prune_config_maps
 from .drift import merge_patch
 from .kernelbuild import ensure_kernelbuild
 from .kube import Kube
 from .kvstore import kvstore_conditions, kvstore_events, prune_master
 from .observe import Observed, observe
-from .scaling import Autoscalers, reconcile_scaling, scale_serving_group, write_role_scale_status
+from .scaling import (Autoscalers, mark_role_scales_held, reconcile_scaling, scale_serving_group,
+                      write_role_scale_status)
 from .sglang_gate import GateDecision, OracleSettings, gate
+from .slo_buckets import keep_running_buckets
 from .upgrade import CONDITION as UPGRADE_PENDING, REASON_HELD, Hold, adopt, live_group_objects, operator_changes
 
 log = logging.getLogger(__name__)
@@ -231,6 +235,11 @@ def _reconcile(
                                 health=health, now=now, autoscalers=autoscalers)
     counts = scaling.counts
 
+    # 3b'. an edit of spec.slo alone restarts no decode engine: they keep the buckets they run with
+    plan, held_buckets = keep_running_buckets(plan, spec=body.get("spec") or {}, observed=observed)
+    if held_buckets is not None:
+        spec_plan = with_bucket_targets(spec_plan, held_buckets.slo)
+
     # 3c. an operator upgrade alone restarts nothing: a serving group this operator would render
     #     differently, while the user changed nothing it is made of, is held (UpgradePending)
     spec_objects = render_group(spec_plan)
@@ -248,6 +257,7 @@ def _reconcile(
     # 5. apply the target group (in place when its key is unchanged; held at zero without its kernels);
     #    the counts reach the serving group too while a new one surges beside it. A held group gets its
     #    counts only (and, made before 0.2.0, its record once).
+    applied: list[str] = []  # the ConfigMaps this reconcile applied (never pruned below)
     if hold is not None:
         if hold.adopt is not None:
             adopt(kube, namespace=namespace, refs=observed.groups[hold.key].workload_refs, record=hold.adopt)
@@ -255,9 +265,11 @@ def _reconcile(
     else:
         if decision.apply_target:
             live = observed.groups.get(plan.compat_key)
-            record = current_record(generation=generation, spec=body.get("spec") or {}, objects=spec_objects,
+            spec = body.get("spec") or {}  # the record names the targets the buckets follow
+            record = current_record(generation=generation, objects=spec_objects,
+                                    spec=held_buckets.recorded_spec(spec) if held_buckets is not None else spec,
                                     kept=live.record if live is not None else None)
-            _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates,
+            applied = _apply_group(kube, plan, owner, to_zero=decision.target_to_zero, gates=gates,
                          replicas=_target_replicas(plan, observed, decision, counts), record=record,
                          new_group=plan.compat_key not in observed.groups, lws_served=lws_served,
                          cd_served=cd_served)
@@ -276,6 +288,8 @@ def _reconcile(
     # 7. delete groups that no longer serve (drained) or never did (cancelled, superseded)
     for key in decision.delete_keys:
         _delete_group(kube, name=name, namespace=namespace, key=key, lws_served=lws_served, cd_served=cd_served)
+    # 7b. a group that stays drops the ConfigMaps of configs none of its pods can read any more
+    prune_config_maps(kube, name=name, namespace=namespace, observed=observed, applied=applied)
 
     # 8. write status (only when changed) and an event per rollout transition
     shown = decision
@@ -309,7 +323,7 @@ def _reconcile(
                       kernelbuilds=tuple(sorted({g.build_name for g in (gates or {}).values() if g.build_name})),
                       autoscaled=plan.spec.autoscaling is not None)
     _write_status(kube, body, previous, new_status)
-    write_role_scale_status(kube, plan, observed, scaling, serving_key=shown.serving_key)
+    write_role_scale_status(kube, plan, observed, scaling, serving_key=shown.serving_key, now=now)
     for type_, reason, message in scaling.events:
         _event(kube, body, outcome, type_, reason, message)
     for reason, message in decision.events:
@@ -388,6 +402,7 @@ def _hold_for_sglang(kube: Kube, body: dict[str, Any], plan: Plan, verdict: Gate
     new_status["sglang"] = verdict.record
     outcome = Outcome(valid=status != "False", requeue_after=verdict.requeue_after)
     _write_status(kube, body, previous, new_status)
+    _hold_role_scales(kube, body, generation, reason, message, now)
     if verdict.event is not None and _verdict_moved(previous, verdict):
         _event(kube, body, outcome, *verdict.event)
     return outcome
@@ -416,7 +431,16 @@ def _refuse(
         first = errors(problems)[:3]
         summary = "; ".join(p.line() for p in first) + (" ..." if len(errors(problems)) > 3 else "")
         _event(kube, body, outcome, "Warning", "InvalidSpec", f"generation {generation} refused: {summary}")
+    first_error = next((p.line() for p in errors(problems)), "see the PDDeployment's Valid condition")
+    _hold_role_scales(kube, body, generation, "InvalidSpec", first_error, now)
     return outcome
+
+
+def _hold_role_scales(kube: Kube, body: dict[str, Any], generation: int, reason: str, message: str, now: float) -> None:
+    """The PDRoleScales of a generation that is not applied say so (``Applied=False``, ``reason``)."""
+    meta = body["metadata"]
+    mark_role_scales_held(kube, name=meta["name"], namespace=meta["namespace"], generation=generation,
+                          reason=reason, message=message.splitlines()[0] if message else reason, now=now)
 
 
 def _missing_lws(
@@ -456,6 +480,7 @@ def _missing_dependency(kube: Kube, body: dict[str, Any], plan: Plan, previous: 
     old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Reconciled"), {})
     if _write_status(kube, body, previous, new_status) and old.get("reason") != reason:
         _event(kube, body, outcome, "Warning", reason, message)
+    _hold_role_scales(kube, body, generation, reason, message, now)
     return outcome
 
 
@@ -532,6 +557,8 @@ def _rollout_settings(plan: Plan) -> RolloutSettings:
         drain_grace_s=parse_duration(ro.drainGracePeriod),
         max_surge_gpus=ro.maxSurgeGPUs,
         scale_failed_to_zero=ro.onFailure == "ScaleToZero",
+        no_surge=tuple((role, st.reason) for role, st in
+                       role_strategies(spec=plan.spec, prefill=plan.prefill, decode=plan.decode).items() if not st.surge),
     )
 
 
@@ -601,7 +628,7 @@ def _apply_group(
     kube: Kube, plan: Plan, owner: dict[str, Any], *, to_zero: bool, gates: dict[str, KernelGateState] | None,
     replicas: dict[str, int] | None = None, record: RenderRecord | None = None, new_group: bool = False,
     lws_served: bool = False, cd_served: bool = False,
-) -> None:
+) -> list[str]:
     """Apply the plan's group all or nothing: the API server's verdict on every child first.
 
     Its workloads carry ``record`` (who rendered them, from what spec). Every child that
@@ -613,7 +640,7 @@ def _apply_group(
     again before the error propagates, so a new group is never left half created (an
     existing group's children were only updated: the older ones keep serving).
     ``reconcile`` records the error as ``Reconciled=False`` naming the child and the API
-    server's message.
+    server's message. Returns the names of the ConfigMaps it applied.
     """
     objects = render_group(plan, owner=owner, replicas=replicas)
     if record is not None:
@@ -647,6 +674,7 @@ def _apply_group(
         if failed is not None:
             _track(kube, f"{failed} (the new group's other children were deleted again)")
         raise
+    return [obj["metadata"]["name"] for obj in objects if obj["kind"] == "ConfigMap"]
 
 
 def _track(kube: Kube, call: str) -> None:
@@ -803,7 +831,7 @@ def _warn_health_transitions(
     outcome: Outcome,
 ) -> None:
     """Warning events on transitions only: a target that turned red (its ``met`` in
-    ``status.slo.targets`` became false), and Degraded turning to NoPrefill or
+    ``status.slo.targets`` became false), and Degraded turning to NoPrefill, NoDecode or
     KVTransferFailing. Status is the memory, so an operator restart fires nothing again."""
     was_red = {(t.get("metric"), t.get("percentile")) for t in (previous.get("slo") or {}).get("targets") or []
                if t.get("met") is False}
@@ -815,6 +843,6 @@ def _warn_health_transitions(
                    "; ".join(t.describe() for t in turned) + f" (window {window})")
     old_c = next((c for c in previous.get("conditions") or [] if c.get("type") == "Degraded"), {})
     new_c = next((c for c in new.get("conditions") or [] if c.get("type") == "Degraded"), {})
-    if (new_c.get("status") == "True" and new_c.get("reason") in S.HEALTH_REASONS
+    if (new_c.get("status") == "True" and new_c.get("reason") in S.DEGRADED_WARNINGS
             and (old_c.get("status"), old_c.get("reason")) != ("True", new_c.get("reason"))):
         _event(kube, body, outcome, "Warning", new_c["reason"], new_c.get("message", ""))

@@ -46,7 +46,7 @@ from ..render.rolescale import render_role_scale, role_scale_name, role_selector
 from .drift import merge_patch
 from .kube import Kube
 from .observe import Observed
-from .status import parse_rfc3339, rfc3339
+from .status import Cond, merge_conditions, parse_rfc3339, rfc3339
 
 HPA_API_VERSION = "autoscaling/v2"
 HPA_KIND = "HorizontalPodAutoscaler"
@@ -310,9 +310,41 @@ def scale_serving_group(kube: Kube, plan: Plan, observed: Observed, *, serving_k
             kube.scale("apps/v1", "Deployment", w.name, plan.namespace, counts[role])
 
 
-def write_role_scale_status(kube: Kube, plan: Plan, observed: Observed, scaling: Scaling, *, serving_key: str) -> None:
+#: The PDRoleScale condition that says whether its count reaches the role's workload.
+APPLIED = "Applied"
+
+
+def applied_condition(generation: int) -> Cond:
+    """``Applied=True``: the PDDeployment's ``generation`` was reconciled with this count."""
+    return Cond(APPLIED, "True", "Applied", f"the count reaches the role's workload (PDDeployment generation {generation})")
+
+
+def mark_role_scales_held(kube: Kube, *, name: str, namespace: str, generation: int, reason: str, message: str,
+                          now: float) -> None:
+    """``Applied=False`` on the PDDeployment ``name``'s PDRoleScales while a generation of it is not
+    applied (refused by a rule or by SGLang, or a dependency missing): a ``kubectl scale`` or an
+    HPA's count waits, and says why, instead of freezing silently (a fresh user's finding).
+    ``reason``: the PDDeployment's (``InvalidSpec``, ``SGLangRefused``, ...); ``message``: one line. Written
+    only when it changes; a PDRoleScale that does not exist is skipped."""
+    held = Cond(APPLIED, "False", reason,
+                (f"PDDeployment {name} generation {generation} is not applied ({message}); this count reaches the "
+                 "role's workload once it is, and the running pods are left as they are")[:1024])
+    for role in ROLES:
+        rs = role_scale_name(name, role)
+        live = kube.get(API_VERSION, rolescale.KIND, rs, namespace)
+        if live is None:
+            continue
+        old = (live.get("status") or {}).get("conditions") or []
+        own = int(live["metadata"].get("generation") or 0)  # a condition speaks for its own object's generation
+        conditions = merge_conditions(old, [held], generation=own, now=now)
+        if conditions != old:
+            kube.patch_status(API_VERSION, rolescale.KIND, rs, namespace, {"conditions": conditions})
+
+
+def write_role_scale_status(kube: Kube, plan: Plan, observed: Observed, scaling: Scaling, *, serving_key: str,
+                            now: float = 0.0) -> None:
     """Each PDRoleScale's status: the serving group's pods of the role (``replicas``, ``readyReplicas``),
-    the selector, the deployment, the role and who sets the count; written only when it changed."""
+    the selector, the deployment, the role, who sets the count and ``Applied=True``; written only when it changed."""
     group = observed.groups.get(serving_key)
     for role in scaling.scaled:
         name = role_scale_name(plan.name, role)
@@ -329,6 +361,8 @@ def write_role_scale_status(kube: Kube, plan: Plan, observed: Observed, scaling:
             "controller": scaling.controllers.get(role, "none"),
         }
         old = live.get("status") or {}
+        new["conditions"] = merge_conditions(old.get("conditions") or [], [applied_condition(plan.generation)],
+                                             generation=int(live["metadata"].get("generation") or 0), now=now)
         patch = merge_patch({k: old.get(k) for k in new}, new)
         if patch:
             kube.patch_status(API_VERSION, rolescale.KIND, name, plan.namespace, patch)

@@ -58,8 +58,8 @@ MAX_MESSAGE_PROBLEMS = 20
 MAX_CONDITION_MESSAGE = 1024
 #: Conditions present only while the feature they describe is used (kernel caches, Mooncake storage).
 OPTIONAL_CONDITIONS = ("KernelsReady", "KVStoreReady", "UpgradePending")
-#: Degraded reasons that can come from the scraper's figures.
-HEALTH_REASONS = ("NoPrefill", "KVTransferFailing")
+#: Degraded reasons a Warning event announces when Degraded turns to them.
+DEGRADED_WARNINGS = ("NoPrefill", "NoDecode", "KVTransferFailing")
 _NO_PREFILL_ANSWERS = "no prefill pod answers the operator"
 
 
@@ -274,7 +274,8 @@ def degraded_condition(
     serving: ObservedGroup | None, decision: RolloutDecision | None, health: Health | None = None
 ) -> Cond:
     """Degraded: failed rollout; decode ready (or answering) with no prefill ready (or
-    answering), so requests cannot be disaggregated (NoPrefill); KV transfer or bootstrap
+    answering), so requests cannot be disaggregated (NoPrefill); prefill ready with no decode
+    replica ready although some are asked for (NoDecode: nothing answers); KV transfer or bootstrap
     failures within the SLO window (KVTransferFailing). ``health`` counts only when it
     is about the serving group."""
     if decision is not None and decision.phase == "Failed":
@@ -284,6 +285,11 @@ def degraded_condition(
         if p is not None and d is not None and p.ready == 0 and d.ready > 0:
             return Cond(
                 "Degraded", "True", "NoPrefill", f"no prefill replica is ready while {d.ready} decode replicas are"
+            )
+        if p is not None and d is not None and d.ready == 0 and d.desired > 0 and p.ready > 0:
+            return Cond(
+                "Degraded", "True", "NoDecode",
+                f"no decode replica is ready while {p.ready} prefill replicas are: no request can be answered",
             )
     if health is not None and health.problem is None and (serving is None or health.serving_key == serving.key):
         p_ready, p_up = health.ready.get("prefill", 0), health.reachable.get("prefill", 0)

@@ -73,6 +73,8 @@ KNOWN_CHANGES: tuple[KnownChange, ...] = (
                 "boundary (planning/buckets.py: percentile error near a target is bounded)"),
     KnownChange("0.2.0", "preStop", "engines and gateways drain before they stop: a preStop waits until SGLang's "
                 "own metrics show no running or queued request, bounded by rollout.drainGracePeriod"),
+    KnownChange("0.3.0", "pod volumes", "each engine config is an immutable ConfigMap named after its content "
+                "(render/engine.py config_map_name), so an in-place update never rewrites the config its old pods read"),
 )
 
 

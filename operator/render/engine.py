@@ -9,6 +9,12 @@ config parser accepts them (switches and one-value options,
 sglang/srt/utils/server_args_config_parser.py); the rest stay on the command line. A
 hash of the config, command and env is a pod-template annotation, so any change rolls
 the pods.
+
+The ConfigMap is named after its content (:func:`config_map_name`) and immutable: a change
+of config makes a new ConfigMap beside the old one, never rewrites the one running pods
+mount. An in-place update's old pods (and any pod their ReplicaSet makes again) keep
+reading the config they started with until the last of them is gone; only then does the
+reconciler prune it (``reconcilers/configs.py``).
 """
 
 from __future__ import annotations
@@ -96,6 +102,22 @@ def engine_command(role: RolePlan) -> list[str]:
     """The container's args after ``python3 -m sglang.launch_server``."""
     _, cli = split_config(role.command.args)
     return ["--config", f"{CONFIG_DIR}/{CONFIG_FILE}", *cli]
+
+
+#: Hex digits of the config file's sha256 in its ConfigMap's name.
+CONFIG_NAME_HASH_LENGTH = 10
+
+
+def config_map_name(plan: Plan, role: RolePlan) -> str:
+    """``<deployment>-<group id>-<component>-config-<sha256 of the config file, 10 hex>``.
+
+    Content-addressed: two renderings with the same config file share one ConfigMap, a
+    changed file gets a new one (an in-place update never rewrites the file its old pods
+    read; a shared, rewritten ConfigMap reached old pods through the kubelet's volume
+    refresh and any restart of their container).
+    """
+    digest = hashlib.sha256(config_yaml(role).encode()).hexdigest()[:CONFIG_NAME_HASH_LENGTH]
+    return f"{L.group_object_name(plan.name, plan.compat_key, role.role)}-config-{digest}"
 
 
 def config_hash(role: RolePlan, image: str) -> str:
@@ -230,7 +252,7 @@ def pod_template(plan: Plan, role: RolePlan, *, pod: PodKind = "replica") -> dic
     image = role.inputs.runtime.image
     acc = role.inputs.accelerator
     assert acc is not None
-    cm_name = f"{L.group_object_name(name, key, component)}-config"
+    cm_name = config_map_name(plan, role)
     ports = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
     pod_annotations = {L.ANNOTATION_CONFIG_HASH: config_hash(role, image)}
     if component == "prefill":
@@ -295,13 +317,14 @@ def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None,
     name, ns, key = plan.name, plan.namespace, plan.compat_key
     component = role.role
     obj_name = L.group_object_name(name, key, component)
-    cm_name = f"{obj_name}-config"
     labels = L.component_labels(name, component, key)
 
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": L.metadata(name=cm_name, namespace=ns, labels=labels, owner=owner),
+        "metadata": L.metadata(name=config_map_name(plan, role), namespace=ns, labels=labels, owner=owner),
+        # its name is its content's hash: the data never changes (and the kubelet need not watch it)
+        "immutable": True,
         "data": {CONFIG_FILE: config_yaml(role)},
     }
     strategy = role_strategies(spec=plan.spec, prefill=plan.prefill, decode=plan.decode)[component]

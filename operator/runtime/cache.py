@@ -33,7 +33,7 @@ or answer about that uid brings it back (uids are never reused).
 
 Objects are trimmed when stored (:func:`trim`): ``managedFields`` and kubectl's
 last-applied annotation go; a Pod keeps only what the operator reads (labels, owner,
-node, container ports, phase, IP, conditions, container states). Each is kept as
+node, container ports, ConfigMap volumes, phase, IP, conditions, container states). Each is kept as
 compressed JSON beside the few metadata fields the cache itself needs (:class:`Entry`):
 a rendered engine Deployment is about 9 KB as Python dicts and 1.5 KB so, which is what
 lets one process hold a thousand PDDeployments' children. Reads decode a fresh copy, so a
@@ -154,6 +154,9 @@ def trim(obj: dict[str, Any]) -> dict[str, Any]:
         "spec": {
             **_pick(spec, ("nodeName",)),
             "containers": [_pick(c, ("name", "ports")) for c in spec.get("containers") or []],
+            # the ConfigMaps it mounts: one still mounted by a pod is never pruned (reconcilers/configs.py)
+            "volumes": [{"name": v.get("name"), "configMap": {"name": v["configMap"].get("name")}}
+                        for v in spec.get("volumes") or [] if v.get("configMap")],
         },
         "status": {
             **_pick(status, _POD_STATUS),

@@ -422,6 +422,30 @@ def _operator_rules(catalog, doc, role: str) -> set[str]:
     return {p.rule for p in problems if p.severity == "error" and p.field.startswith(f"spec.{role}")}
 
 
+@pytest.mark.parametrize("visible, hides", [("0,1", True), ("3,2,1,0", False), ("0,1,2,3,7", False), ("", True)])
+def test_cuda_visible_devices_in_env_is_judged_like_the_driver(oracle, catalog, visible, hides):
+    """A fresh user's finding: ``CUDA_VISIBLE_DEVICES=0`` in a TP4 role's env passed ``check`` and the
+    oracle, which emulated the GPUs the pod requests and not what the variable narrows them to.
+    Now the emulation narrows them as CUDA does (planning/devices.py), SGLang's own placement
+    refuses a rank past them, and the rule ``visible_devices_cover_pod`` says the same."""
+    doc = _example("qwen3-30b-a3b-paged-experts.yaml")
+    doc["spec"]["accelerator"] = "b300"
+    doc["spec"].pop("pagedExperts", None)
+    for role in ("prefill", "decode"):
+        doc["spec"][role].pop("pagedExperts", None)
+        doc["spec"][role]["parallelism"] = {"tp": 4}
+    doc["spec"]["prefill"]["env"] = [{"name": "CUDA_VISIBLE_DEVICES", "value": visible}]
+    _, verdict = _judge(oracle, catalog, doc)
+    assert ("visible_devices_cover_pod" in _operator_rules(catalog, doc, "prefill")) is hides
+    if hides:
+        assert verdict.prefill.starts is False, verdict.prefill
+        assert "invalid device ordinal" in verdict.prefill.refusal.message, verdict.prefill.refusal
+    else:
+        assert verdict.prefill.starts is True, (verdict.prefill.refusal, verdict.prefill.indeterminate)
+        assert verdict.prefill.facts["podGpus"] == 4
+    assert verdict.decode.starts is True  # the variable was the prefill pod's only
+
+
 def test_every_example_runs_the_whole_startup(oracle, catalog):
     """Every example is judged through the model build and memory planning (no stage skipped),
     with the steps run and assumed named, and the weights' bytes from the meta tensors."""

@@ -6,7 +6,8 @@ as ``api.crd.all_crds`` generates it): a valid example, then one to three of its
 path the schema has) replaced by a value drawn for that node: boundary numbers (the
 schema's bounds, one past them, int32/int64 edges), huge strings and lists (the schema's
 max and one past it), unicode, control and bidirectional characters, hostile durations,
-paths and image references, wrong types, nulls, missing required and unknown fields.
+paths and image references, wrong types, nulls, missing required and unknown fields, and a
+list item repeated (an env name, a toleration, an extra argument twice).
 
 Each spec meets three judges:
 
@@ -210,6 +211,22 @@ def _set(doc: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
         node[last] = value
 
 
+def _repeat(doc: dict[str, Any], path: tuple[Any, ...]) -> None:
+    """Append a copy of the first item of the list at ``doc['spec'][path...]`` (nothing when it is missing or
+    empty): a list item twice, e.g. one env name or one toleration repeated (a fresh user's finding: ``check``
+    accepted a repeated env name that the API server refuses in the rendered Deployment)."""
+    node: Any = doc["spec"]
+    for part in path:
+        if isinstance(node, list):
+            node = node[0] if node else None
+        elif isinstance(node, dict):
+            node = node.get(part)
+        else:
+            return
+    if isinstance(node, list) and node:
+        node.append(copy.deepcopy(node[0]))
+
+
 @functools.cache
 def _paths_and_values() -> tuple[list[tuple[Any, ...]], dict[tuple[Any, ...], st.SearchStrategy[Any]]]:
     """Every schema path of the spec and its value strategy, built once (building them is the slow part)."""
@@ -217,15 +234,24 @@ def _paths_and_values() -> tuple[list[tuple[Any, ...]], dict[tuple[Any, ...], st
     return [p for p, _ in found], {p: _value_for(node) for p, node in found}
 
 
+@functools.cache
+def _list_paths() -> list[tuple[Any, ...]]:
+    """The schema paths of the spec's lists (type array), where a repeated item can go."""
+    return [p for p, node in schema_paths(_spec_schema()) if node.get("type") == "array"]
+
+
 @st.composite
 def spec_cases(draw) -> dict[str, Any]:
-    """One generated PDDeployment: an example with zero to three fields replaced, removed or added."""
+    """One generated PDDeployment: an example with zero to three fields replaced, removed or added, or a list item repeated."""
     doc = copy.deepcopy(draw(st.sampled_from(examples())))
     doc["metadata"] = {"name": NAME}
     paths, values = _paths_and_values()
     for _ in range(draw(st.sampled_from([0, 1, 1, 1, 1, 2, 2, 3]))):
+        how = draw(st.sampled_from(["value", "value", "value", "value", "remove", "unknown", "repeat"]))
+        if how == "repeat":
+            _repeat(doc, draw(st.sampled_from(_list_paths())))
+            continue
         path = draw(st.sampled_from(paths))
-        how = draw(st.sampled_from(["value", "value", "value", "value", "remove", "unknown"]))
         if how == "remove":
             _set(doc, path, _MISSING)
         elif how == "unknown":

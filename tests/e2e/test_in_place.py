@@ -3,10 +3,13 @@
 Each test is one of issue 15's "tried as a new user would" findings, replayed against the
 dev cluster with the operator as a separate process:
 
+- an in-place config change must leave the ConfigMap the old pods mount as it was, until
+  the last pod of the old template is gone;
 - a prefill ``nodeSelector`` typo keeps the key, so the group updates in place; the only
   working prefill pod must keep serving while its replacement cannot schedule, the
   progress deadline must fire, and status must not call it "creating the first group";
 - ``kvLayout.compressed: fp4`` on H200, which SGLang ignores, must not restart any engine;
+- nor must an edit of an SLO target (the decode engines keep their histogram buckets);
 - a prefill pod must not be Ready, nor registered by the real smg gateway, while its
   bootstrap port is closed. kwok does not run probes, so the pod's readiness comes from
   :class:`simkit.Prober`, which runs the probe the operator rendered (as the kubelet
@@ -137,6 +140,52 @@ def test_in_place_change_that_cannot_schedule_keeps_the_only_prefill_serving(clu
     assert {p["metadata"]["uid"] for p in pods(cluster, ns, f"{LBL}/role=prefill")} == {uid}
 
 
+def _config_map_of(cluster, ns, deployment: str) -> str:
+    tmpl = kget(cluster, "deployment", deployment, "-n", ns)["spec"]["template"]
+    (name,) = [v["configMap"]["name"] for v in tmpl["spec"]["volumes"] if "configMap" in v]
+    return name
+
+
+def test_an_in_place_config_change_never_rewrites_the_config_old_pods_mount(cluster, operator, ns):
+    """A fresh user's finding (issue 25): an in-place update rewrote the role's one ConfigMap while
+    the old pods mounted it, so an old pod that restarted mid-update ran the new config. Now the
+    new config is a second, immutable ConfigMap; the old one stays, unchanged, while a pod of the
+    old template remains (here the surge pod cannot schedule), and is pruned once none does."""
+    kapply(cluster, _doc(ns))
+    key = wait_for(lambda: _ready(cluster, ns), timeout=90, what="Ready")["status"]["compatKey"]
+    dep = f"{NAME}-{key[:6]}-prefill"
+    old_cm = _config_map_of(cluster, ns, dep)
+    old_data = kget(cluster, "configmap", old_cm, "-n", ns)["data"]
+    (old_pod,) = pods(cluster, ns, f"{LBL}/role=prefill")
+
+    # a config change that keeps the key, with a node label no pool has: the surge pod stays Pending
+    edited = _doc(ns, prefill={"nodeSelector": {f"{LBL}/node-pool": "gb300-typo"}})
+    edited["spec"]["prefill"]["extraArgs"] = [*edited["spec"]["prefill"].get("extraArgs", []),
+                                              "--max-running-requests", "64"]
+    kapply(cluster, edited)
+    new_cm = wait_for(lambda: (c := _config_map_of(cluster, ns, dep)) != old_cm and c, timeout=30,
+                      what="the prefill template to mount a new ConfigMap")
+    wait_for(lambda: [p for p in pods(cluster, ns, f"{LBL}/role=prefill") if p["metadata"]["uid"] != old_pod["metadata"]["uid"]],
+             timeout=30, what="the surge pod of the new template")
+    looked(operator, "PDDeployment", ns, NAME, more=2)  # the operator reconciled with both pods there
+    assert "max-running-requests: 64" in kget(cluster, "configmap", new_cm, "-n", ns)["data"]["config.yaml"]
+    still = kget(cluster, "configmap", old_cm, "-n", ns)
+    assert still is not None, "the ConfigMap the old pod mounts was deleted while that pod runs"
+    assert still["data"] == old_data, "the ConfigMap the old pod mounts was rewritten"
+    assert old_pod["metadata"]["uid"] in {p["metadata"]["uid"] for p in pods(cluster, ns, f"{LBL}/role=prefill")}
+
+    # the fix of the typo keeps the config change: the update completes, the old pod goes, then its ConfigMap
+    fixed = _doc(ns)
+    fixed["spec"]["prefill"]["extraArgs"] = edited["spec"]["prefill"]["extraArgs"]
+    kapply(cluster, fixed)
+    wait_for(lambda: (o := _ready(cluster, ns)) and o["status"]["rollout"]["phase"] == "Complete" and o,
+             timeout=90, what="Complete after the fix")
+    wait_for(lambda: kget(cluster, "configmap", old_cm, "-n", ns) is None, timeout=60,
+             what="the old config's ConfigMap pruned once no pod of the old template remains")
+    group = kget(cluster, "configmaps", "-n", ns, "-l", f"{LBL}/deployment={NAME},{LBL}/role=prefill")["items"]
+    assert [c["metadata"]["name"] for c in group] == [_config_map_of(cluster, ns, dep)]
+
+
 def _engine_templates(cluster, ns) -> dict[str, dict]:
     return {d["metadata"]["name"]: d["spec"]["template"]
             for d in kget(cluster, "deployments", "-n", ns, "-l", f"{LBL}/deployment={NAME}")["items"]}
@@ -164,6 +213,26 @@ def test_change_sglang_ignores_restarts_no_engine(cluster, operator, ns):
     assert _engine_templates(cluster, ns) == deps, "a pod template changed for a setting SGLang ignores"
     assert _replica_sets(cluster, ns) == replica_sets, "a new ReplicaSet was made for a setting SGLang ignores"
     assert _engine_uids(cluster, ns) == before, "engine pods were replaced for a setting SGLang ignores"
+
+
+def test_an_slo_target_edit_restarts_no_engine(cluster, operator, ns):
+    """A fresh user's finding (issue 25): editing only an SLO target restarted every decode engine,
+    because each target is a histogram boundary in the engines' launch flags. Now the engines keep
+    their buckets and status says whose targets they follow."""
+    doc = _doc(ns, example=EXAMPLES / "dsv41-flash-h200-flashmla.yaml")
+    kapply(cluster, doc)
+    wait_for(lambda: _ready(cluster, ns), timeout=90, what="Ready")
+    before, deps, replica_sets = _engine_uids(cluster, ns), _engine_templates(cluster, ns), _replica_sets(cluster, ns)
+    doc["spec"]["slo"]["ttft"] = {"p90": "700ms"}
+    kapply(cluster, doc)
+    obj = wait_for(lambda: (o := _ready(cluster, ns)) and o["metadata"]["generation"] > 1 and o,
+                   timeout=60, what="the new generation Ready")
+    held = [p for p in obj["status"].get("problems") or [] if p.get("rule") == "slo_buckets_held"]
+    assert held and held[0]["field"] == "spec.slo" and "generation 1" in held[0]["message"], obj["status"].get("problems")
+    looked(operator, "PDDeployment", ns, NAME, more=2)  # a restart would show by now
+    assert _engine_templates(cluster, ns) == deps, "a pod template changed for an SLO target"
+    assert _replica_sets(cluster, ns) == replica_sets
+    assert _engine_uids(cluster, ns) == before, "engine pods were replaced for an SLO target"
 
 
 def test_prefill_is_not_ready_nor_registered_until_its_bootstrap_port_listens(cluster, operator, ns, procs):

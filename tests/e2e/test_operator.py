@@ -75,7 +75,9 @@ def test_gb300_example_converges_scales_rolls_and_is_deleted(cluster, operator):
     g = key[:6]
     kids = children(cluster, ns_, NAME)
     assert kids["deployments"] == sorted([f"{NAME}-{g}-prefill", f"{NAME}-{g}-decode", f"{NAME}-{g}-gateway"])
-    assert kids["configmaps"] == sorted([f"{NAME}-{g}-prefill-config", f"{NAME}-{g}-decode-config"])
+    # one immutable ConfigMap per role, named after its config's content (render/engine.py config_map_name)
+    assert [c.rsplit("-", 1)[0] for c in kids["configmaps"]] == sorted([f"{NAME}-{g}-decode-config",
+                                                                        f"{NAME}-{g}-prefill-config"])
     assert kids["services"] == sorted([NAME, f"{NAME}-{g}-prefill", f"{NAME}-{g}-decode"])
     assert kids["serviceaccounts"] == kids["roles"] == kids["rolebindings"] == [f"{NAME}-gateway"]
     st = obj["status"]

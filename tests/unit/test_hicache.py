@@ -103,7 +103,7 @@ def test_tag_differs_between_kv_layouts_and_matches_across_replicas():
     assert tag(plan_of(scaled)) == tag(v41)
     # every pod of the role renders one config: the Deployment template is the only source
     objs = render_all(v41)
-    cms = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("prefill-config")]
+    cms = [o for o in objs if o["kind"] == "ConfigMap" and "-prefill-config-" in o["metadata"]["name"]]
     assert len(cms) == 1 and tag(v41) in cms[0]["data"]["config.yaml"]
 
 

@@ -138,7 +138,7 @@ def test_reads_are_copies_and_stored_objects_are_trimmed():
 def test_a_pod_keeps_only_what_the_operator_reads():
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": "p", "namespace": "ns", "labels": {OWNER: "d"}, "managedFields": [1]},
-           "spec": {"nodeName": "n1", "volumes": [{"name": "big"}] * 20,
+           "spec": {"nodeName": "n1", "volumes": [{"name": "big"}] * 20 + [{"name": "config", "configMap": {"name": "c1", "defaultMode": 420}}],
                     "containers": [{"name": "engine", "image": "x", "command": ["python"] * 50,
                                     "env": [{"name": "A", "value": "1"}] * 30,
                                     "ports": [{"name": "metrics", "containerPort": 9003}]}]},
@@ -148,7 +148,8 @@ def test_a_pod_keeps_only_what_the_operator_reads():
                                              "state": {"terminated": {"message": "result"}}}]}}
     t = trim(pod)
     assert t["spec"] == {"nodeName": "n1", "containers": [{"name": "engine",
-                                                           "ports": [{"name": "metrics", "containerPort": 9003}]}]}
+                                                           "ports": [{"name": "metrics", "containerPort": 9003}]}],
+                         "volumes": [{"name": "config", "configMap": {"name": "c1"}}]}  # what the pruner reads
     assert t["status"]["podIP"] == "127.0.0.5" and t["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
     assert t["status"]["containerStatuses"] == [{"name": "engine", "ready": True,
                                                  "state": {"terminated": {"message": "result"}}}]

@@ -22,9 +22,11 @@ def test_config_file_round_trips_to_the_same_args(gb300_doc, catalog):
     plan, objs = _objs(gb300_doc, catalog)
     key = plan.compat_key
     for role in (plan.prefill, plan.decode):
-        cm = objs[("ConfigMap", f"dsv41-flash-{key[:6]}-{role.role}-config")]
-        config = yaml.safe_load(cm["data"]["config.yaml"])
         dep = objs[("Deployment", f"dsv41-flash-{key[:6]}-{role.role}")]
+        (volume,) = [v for v in dep["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+        cm = objs[("ConfigMap", volume["configMap"]["name"])]
+        assert cm["immutable"] is True and cm["metadata"]["name"].startswith(f"dsv41-flash-{key[:6]}-{role.role}-config-")
+        config = yaml.safe_load(cm["data"]["config.yaml"])
         cli = dep["spec"]["template"]["spec"]["containers"][0]["args"]
         assert cli[:2] == ["--config", "/etc/sglang/config.yaml"]
         # rebuild the argument list the way SGLang's config parser does and compare as flag maps
@@ -71,7 +73,7 @@ def test_pods_carry_selectors_bootstrap_annotation_resources_and_owner(gb300_doc
     assert pre["spec"]["template"]["metadata"]["annotations"][L.ANNOTATION_BOOTSTRAP_PORT] == "8998"
     assert L.ANNOTATION_BOOTSTRAP_PORT not in dec["spec"]["template"]["metadata"]["annotations"]
     assert "--enable-nvidia-megakernel" not in yaml.safe_dump(pre)  # plugins serve decode steps only
-    decode_cm = objs[("ConfigMap", f"dsv41-flash-{key[:6]}-decode-config")]
+    (decode_cm,) = [o for (kind, n), o in objs.items() if kind == "ConfigMap" and n.startswith(f"dsv41-flash-{key[:6]}-decode-config-")]
     assert "enable-nvidia-megakernel: true" in decode_cm["data"]["config.yaml"]
 
 

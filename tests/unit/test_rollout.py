@@ -224,3 +224,31 @@ def test_a_role_scaled_to_zero_is_complete_and_says_it_serves_nothing_instead_of
     d = decide(target="aaa", serving="aaa", groups=updating, previous=serving, settings=S, target_gpus=8, now=10,
                scaled_to_zero=("decode",))
     assert d.phase == "Updating"
+
+
+def test_an_in_place_update_without_a_surge_pod_does_not_claim_older_pods_serve():
+    """A fresh user's finding: with rollout.maxSurgeGPUs 0 the only decode pod is replaced with nothing
+    serving meanwhile, yet the message said "its older pods serve until the new ones are Ready"."""
+    served = RolloutStatus(target_key="aaa", phase="Complete", phase_started=0, completed=True)
+    why = ("decode updates in place without a surge pod: one needs 8 GPUs and rollout.maxSurgeGPUs (0) leaves 0; "
+           "its only pod stops before the replacement is Ready (the role serves nothing meanwhile)")
+    tight = RolloutSettings(progress_deadline_s=600, drain_grace_s=60, max_surge_gpus=0, no_surge=(("decode", why),))
+    updating = {"aaa": GroupState("aaa", ready=False, updating=("decode: 1/1 on the new template, 0 of an older one "
+                                                                  "still running, 0/1 available",))}
+    d = decide(target="aaa", serving="aaa", groups=updating, previous=served, settings=tight, target_gpus=8, now=10)
+    assert d.phase == "Updating" and why in d.message and "older pods serve" not in d.message, d.message
+    # a role that surges keeps the old wording; a no-surge role that is not updating is not named
+    prefill = {"aaa": GroupState("aaa", ready=False, updating=("prefill: 1/1 on the new template, 1 of an older one "
+                                                                 "still running, 1/2 available",))}
+    d = decide(target="aaa", serving="aaa", groups=prefill, previous=served, settings=tight, target_gpus=8, now=10)
+    assert "its older pods serve until the new ones are Ready" in d.message and why not in d.message
+
+
+def test_a_role_scaled_to_zero_still_says_which_pods_cannot_be_scheduled():
+    """A fresh user's finding: ScaledToZero hid the other role's Pending pods."""
+    serving = RolloutStatus(target_key="aaa", phase="Complete", phase_started=0, completed=True)
+    stuck = {"aaa": GroupState("aaa", ready=False, unschedulable=1, unschedulable_reason="0/4 nodes are available")}
+    d = decide(target="aaa", serving="aaa", groups=stuck, previous=serving, settings=S, target_gpus=8, now=10,
+               scaled_to_zero=("decode",))
+    assert "serves nothing: decode scaled to 0" in d.message
+    assert "1 pods cannot be scheduled: 0/4 nodes are available" in d.message, d.message

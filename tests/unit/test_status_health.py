@@ -262,3 +262,35 @@ def test_an_in_place_update_line_counts_a_pending_new_pod_as_not_available():
     assert group.state().updating == ("decode: 1/1 on the new template, 1 of an older one still running, 1/2 available",)
     done = ObservedGroup(key=KEY, workloads={"prefill": ws("prefill"), "decode": rolled, "gateway": ws("gateway")})
     assert done.state().updating == ()
+
+
+def test_decode_with_no_ready_replica_while_prefill_is_is_degraded_no_decode_with_one_warning():
+    """A fresh user's finding: decode at 0 ready pods (all crashed, or Pending) with prefill ready showed
+    Degraded False, though nothing could answer a request. Asked-for decode replicas, none ready: NoDecode."""
+    def ws(name, desired, ready):
+        return WorkloadState(name=name, desired=desired, ready=ready, updated=desired, available=ready, settled=True,
+                             total=desired)
+
+    def observed(decode_desired, decode_ready, prefill_ready=1):
+        group = ObservedGroup(key=KEY, workloads={"prefill": ws("p", 1, prefill_ready),
+                                                  "decode": ws("d", decode_desired, decode_ready),
+                                                  "gateway": ws("g", 1, 1)})
+        return Observed(groups={KEY: group}, serving_key=KEY, service_exists=True)
+
+    def at(obs, previous=None):
+        return S.valid_status(previous=previous or {}, generation=1, problems=[], observed=obs, decision=DECISION,
+                              target_key=KEY, kv_layouts={}, attention_backends={}, endpoint="e", now=2000.0,
+                              health=None, slo_enabled=False)
+
+    down = at(observed(2, 0))
+    c = cond(down, "Degraded")
+    assert (c["status"], c["reason"]) == ("True", "NoDecode") and "1 prefill replicas" in c["message"], c
+    assert cond(at(observed(2, 1)), "Degraded")["status"] == "False"
+    assert cond(at(observed(0, 0)), "Degraded")["status"] == "False"  # scaled to zero: Ready says ScaledToZero
+    assert cond(at(observed(2, 0, prefill_ready=0)), "Degraded")["status"] == "False"  # nothing ready yet: creating
+    kube = Events()
+    body = {"apiVersion": "pd.sglang-operator.io/v1alpha1", "kind": "PDDeployment",
+            "metadata": {"name": "d", "namespace": "ns"}}
+    P._warn_health_transitions(kube, body, {}, down, None, P.Outcome(valid=True))
+    P._warn_health_transitions(kube, body, down, at(observed(2, 0), down), None, P.Outcome(valid=True))
+    assert [(t, r) for t, r, _ in kube.events] == [("Warning", "NoDecode")]

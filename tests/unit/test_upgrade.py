@@ -421,3 +421,102 @@ def test_a_real_v0_1_0_group_is_held_with_what_and_why_then_opt_in_rolls_it_out(
     new = {o["metadata"]["labels"][L.LABEL_COMPAT_KEY] for o in kube.applied if o["kind"] == "Deployment"}
     assert len(new) == 1 and old_key not in new
     assert _body(kube)["status"]["rollout"]["servingKey"] == old_key  # it serves until the new group is Ready
+
+
+# --------------------------------------------------------------------------- an SLO edit alone restarts no engine
+
+
+def _decode_template(kube: MemoryKube) -> dict:
+    (dep,) = [d for n, d in kube.deployments().items() if n.endswith("-decode")]
+    return dep["spec"]["template"]
+
+
+def _bucket_values(template: dict, flag: str) -> list[str]:
+    args = template["spec"]["containers"][0]["args"]
+    i = args.index(flag)
+    out = []
+    for a in args[i + 1:]:
+        if a.startswith("--"):
+            break
+        out.append(a)
+    return out
+
+
+def _problem_rules(kube: MemoryKube) -> set[str]:
+    return {p["rule"] for p in _body(kube)["status"].get("problems") or []}
+
+
+def test_an_slo_target_edit_alone_keeps_the_decode_engines_and_their_buckets(catalog):
+    """A fresh user's finding (issue 25): editing a TTFT target restarted every decode engine, since
+    each target is a histogram boundary of the engine's launch flags. Now the engines keep the
+    buckets they run with, status says whose targets those are, and the buckets follow at the
+    decode role's next real change, across edits that leave it alone (a replica count)."""
+    from sglang_pd_operator.planning.buckets import TTFT_FLAG
+    from sglang_pd_operator.reconcilers.slo_buckets import RULE
+
+    kube, key = _serving(catalog)
+    before = copy.deepcopy(_decode_template(kube))
+    assert "1.5" in _bucket_values(before, TTFT_FLAG) and "0.525" not in _bucket_values(before, TTFT_FLAG)
+    new_slo = {"ttft": {"p90": "700ms"}, "itl": {"p90": "30ms"}, "window": "5m"}
+    P.reconcile(kube=kube, body=_body(kube, generation=2, slo=new_slo), catalog=catalog, now=1020.0)
+    assert _decode_template(kube) == before, "an SLO edit alone changed the decode pod template"
+    assert RULE in _problem_rules(kube)
+    warning = next(p for p in _body(kube)["status"]["problems"] if p["rule"] == RULE)
+    assert warning["field"] == "spec.slo" and "generation 1" in warning["message"], warning
+    # a replica count leaves the decode engines' config alone: the buckets stay held, and so does the record
+    P.reconcile(kube=kube, body=_body(kube, generation=3, slo=new_slo, **{"decode.replicas": 3}), catalog=catalog,
+                now=1030.0)
+    assert _decode_template(kube) == before
+    (dec,) = [d for n, d in kube.deployments().items() if n.endswith("-decode")]
+    assert R.read_record(dec["metadata"]["annotations"]).spec["slo"]["ttft"]["p90"] == "1500ms"
+    # a change that restarts the decode engines anyway brings the new targets' buckets with it
+    P.reconcile(kube=kube, body=_body(kube, generation=4, slo=new_slo, **{"decode.replicas": 3,
+                                                                          "decode.extraArgs": ["--max-running-requests", "64"]}),
+                catalog=catalog, now=1040.0)
+    after = _decode_template(kube)
+    assert "0.525" in _bucket_values(after, TTFT_FLAG) and "1.5" not in _bucket_values(after, TTFT_FLAG)
+    assert RULE not in _problem_rules(kube)
+
+
+def test_operator_changes_apply_rolls_an_slo_edits_buckets_at_once(catalog):
+    from sglang_pd_operator.planning.buckets import TTFT_FLAG
+
+    kube, key = _serving(catalog)
+    new_slo = {"ttft": {"p90": "700ms"}, "itl": {"p90": "30ms"}, "window": "5m"}
+    P.reconcile(kube=kube, body=_body(kube, generation=2, slo=new_slo, **{"rollout.operatorChanges": "apply"}),
+                catalog=catalog, now=1020.0)
+    assert "0.525" in _bucket_values(_decode_template(kube), TTFT_FLAG)
+
+
+def test_replacing_bucket_flags_gives_what_planning_the_targets_gives(catalog):
+    """The splice the held buckets use equals planning the spec with those targets outright."""
+    from sglang_pd_operator.api.load import parse_pddeployment
+    from sglang_pd_operator.planning.plan import build_plan, with_bucket_targets
+
+    a = build_plan(parse_pddeployment(_body()), catalog)
+    b_body = _body(slo={"ttft": {"p90": "700ms"}, "e2e": {"p99": "20s"}, "perUserSpeed": {"p50": 40}, "window": "5m"})
+    b = build_plan(parse_pddeployment(b_body), catalog)
+    assert with_bucket_targets(a, b.spec.slo).decode.command == b.decode.command
+    assert with_bucket_targets(b, a.spec.slo).decode.command == a.decode.command
+    assert with_bucket_targets(a, None).decode.command.args == tuple(
+        x for x in build_plan(parse_pddeployment({**_body(), "spec": {k: v for k, v in _body()["spec"].items()
+                                                                        if k != "slo"}}), catalog).decode.command.args)
+
+
+def test_a_group_mounting_0_2_0s_shared_config_map_is_held_and_says_why(catalog, monkeypatch):
+    """0.2.0 mounted one ConfigMap per role, rewritten by every in-place update; this operator names
+    each config's ConfigMap after its content. A running 0.2.0 group keeps its pods and is held."""
+    real = engine.config_map_name
+    monkeypatch.setattr(engine, "config_map_name",
+                        lambda plan, role: f"{L.group_object_name(plan.name, plan.compat_key, role.role)}-config")
+    kube, key = _serving(catalog)
+    monkeypatch.setattr(engine, "config_map_name", real)
+    before = {n: d["spec"]["template"] for n, d in kube.deployments().items()}
+    P.reconcile(kube=kube, body=_body(kube), catalog=catalog, now=1020.0)
+    held = _conds(kube, _body())["UpgradePending"]
+    assert held["status"] == "True", held
+    assert "decode: pod volumes changed" in held["message"] and "prefill: pod volumes changed" in held["message"]
+    assert "config_map_name" in held["message"], held["message"]  # the reason, from KNOWN_CHANGES
+    assert {n: d["spec"]["template"] for n, d in kube.deployments().items()} == before
+    assert sorted(n for (k, n) in kube.objects if k == "ConfigMap") == sorted(
+        f"{L.group_object_name(_body()['metadata']['name'], key, r)}-config" for r in ("prefill", "decode"))

@@ -44,6 +44,7 @@ ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     args.extra_args_parse,
     args.env_not_managed,
     args.env_names_unique,
+    args.visible_devices_cover_pod,
     args.chunked_prefill_page_aligned,
     args.priority_scheduling_policy,
     plugins.plugin_in_catalog,

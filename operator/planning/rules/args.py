@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
+from ..devices import VISIBLE_DEVICES_ENV, visible_gpus
 from ..engine_args import MANAGED_ENV, MANAGED_FLAGS
 from ..features import parse_flags
 from ..sglang_defaults import chunked_prefill_per_rank, chunked_prefill_size
@@ -104,6 +105,39 @@ def env_names_unique(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog
         else:
             seen[var.name] = i
     return problems
+
+
+def visible_devices_cover_pod(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """A role's ``env`` must not hide GPUs its engine uses (``CUDA_VISIBLE_DEVICES`` and ROCm's variables).
+
+    The pod gets exactly the GPUs its engine uses (one per rank on the node), numbered from 0
+    by the device plugin; SGLang places rank ``r`` on GPU ``r`` (entrypoints/engine.py
+    ``_launch_scheduler_processes``), so a variable that leaves fewer visible (CUDA's
+    semantics: planning/devices.py) fails a scheduler with "CUDA error: invalid device
+    ordinal". The SGLang oracle emulates the narrowed count and refuses the same specs
+    (tests/contract/test_oracle.py holds the two together). One problem at the variable.
+    """
+    acc = role.inputs.accelerator
+    if acc is None:
+        return []
+    env = {v.name: v.value for v in role.inputs.spec.env}
+    names = [n for n in VISIBLE_DEVICES_ENV.get(acc.vendor, ()) if n in env]
+    if not names:
+        return []
+    need = role.inputs.gpus_per_pod
+    seen = visible_gpus(need, env, acc.vendor)
+    if seen >= need:
+        return []
+    i = next(i for i, v in enumerate(role.inputs.spec.env) if v.name in names)
+    shown = ", ".join(f"{n}={env[n]!r}" for n in names)
+    return [Problem(
+        field=f"spec.{role.role}.env[{i}]",
+        message=f"{shown} leaves {seen} of the pod's {need} GPUs visible; SGLang places one rank per GPU and the "
+        f"rank on GPU {seen} fails with 'CUDA error: invalid device ordinal'",
+        fix=f"remove {' and '.join(names)}: the device plugin already gives the container exactly its {need} GPUs, "
+        "numbered from 0",
+        rule="visible_devices_cover_pod",
+    )]
 
 
 def chunked_prefill_page_aligned(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
