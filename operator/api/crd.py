@@ -301,6 +301,8 @@ def _rolescale_printer_columns() -> list[dict[str, Any]]:
         {"name": "Current", "type": "integer", "jsonPath": ".status.replicas"},
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {"name": "Controller", "type": "string", "jsonPath": ".status.controller"},
+        {"name": "Applied", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Applied")].reason',
+         "description": "Applied, or why the count waits (the PDDeployment's reason: InvalidSpec, SGLangRefused, ...)"},
         {"name": "Selector", "type": "string", "jsonPath": ".status.selector", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
