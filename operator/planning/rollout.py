@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # types only: this module imports nothing of the planner at r
     from ..api.v1alpha1 import PDDeploymentSpec
     from .structs import RolePlan
 
-Phase = Literal["Surging", "Updating", "Cutover", "Draining", "Complete", "Failed", "WaitingForCapacity"]
+Phase = Literal["Surging", "Updating", "Cutover", "Draining", "Complete", "Recovering", "Failed", "WaitingForCapacity"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class GroupState:
     ``unschedulable``: pods of the group wait for capacity (PodScheduled=False);
     ``updating``: one line per Deployment whose older pods still run beside the current
     template's (an in-place update), e.g. ``prefill 1/1 updated, 2 pods``; ``stalled``:
-    one line per Deployment whose controller reports ProgressDeadlineExceeded.
+    one line per Deployment whose controller reports ProgressDeadlineExceeded; ``short``:
+    one line per workload with fewer ready replicas than asked, e.g. ``decode: 0/1 ready``.
     """
 
     key: str
@@ -49,13 +50,15 @@ class GroupState:
     unschedulable_reason: str = ""
     updating: tuple[str, ...] = ()
     stalled: tuple[str, ...] = ()
+    short: tuple[str, ...] = ()
 
     def waiting(self) -> str:
-        """`` (N pods cannot be scheduled: <scheduler's reason>)`` or ``""``."""
+        """`` (N pod(s) cannot be scheduled: <scheduler's reason>)`` or ``""``."""
         if not self.unschedulable:
             return ""
         why = f": {self.unschedulable_reason}" if self.unschedulable_reason else ""
-        return f" ({self.unschedulable} pods cannot be scheduled{why})"
+        pods = "1 pod" if self.unschedulable == 1 else f"{self.unschedulable} pods"
+        return f" ({pods} cannot be scheduled{why})"
 
 
 @dataclass(frozen=True)
@@ -213,7 +216,15 @@ def decide(
         if state is not None and not ready and state.stalled:
             return _in_place_failed(target=target, state=state, previous=previous, others=others, now=now)
         parked = bool(scaled_to_zero) and state is not None and not ready and not state.updating
-        phase: Phase = "Complete" if ready or parked else ("Updating" if state is not None and state.updating else "Surging")
+        waiting = state is not None and not ready and not parked and not state.updating
+        # an in-place update whose older pods are all gone (a role replaced without a surge pod) is still one
+        # until the group is Ready; a group that served and lost ready pods with no change under way recovers
+        # (a fresh user read "Surging ... is not Ready yet" for both)
+        still_updating = waiting and same_rollout and previous.phase == "Updating"
+        recovering = (waiting and not still_updating and same_rollout and previous.completed
+                      and previous.phase in ("Complete", "Recovering"))
+        phase: Phase = ("Complete" if ready or parked else "Updating" if (state is not None and state.updating)
+                        or still_updating else "Recovering" if recovering else "Surging")
         # an event only for a rollout that finished: not when a pod of a group that was Complete recovers
         if phase == "Complete" and not parked and previous.phase not in (None, "Complete"):
             if previous.phase == "Updating":
@@ -235,12 +246,18 @@ def decide(
             message = (f"group {target[:6]} serves nothing: {roles} scaled to 0 replicas ({fields}, or the role's "
                        f"PDRoleScale where that is omitted); scale {roles} to at least 1 to serve") + pending
         elif phase == "Updating":
-            lines = "; ".join(state.updating)
-            unsurged = [why for role, why in settings.no_surge if any(u.startswith(f"{role}:") for u in state.updating)]
+            shown = state.updating or state.short
+            lines = "; ".join(shown)
+            unsurged = [why for role, why in settings.no_surge if any(u.startswith(f"{role}:") for u in shown)]
             if unsurged:  # a fresh user read "its older pods serve" while the only pod was being replaced
                 message = f"group {target[:6]} updates in place ({lines}); {'; '.join(unsurged)}" + pending
-            else:
+            elif state.updating:
                 message = f"group {target[:6]} updates in place, its older pods serve until the new ones are Ready ({lines})" + pending
+            else:
+                message = f"group {target[:6]} updates in place; the new template's pods are not all Ready yet ({lines})" + pending
+        elif phase == "Recovering":
+            message = (f"group {target[:6]} is short of ready replicas ({'; '.join(state.short) or 'waiting for its workloads'}): "
+                       "pods are being replaced or added; no rollout is under way") + pending
         else:
             message = ("creating the first group" if first else f"group {target[:6]} is not Ready yet") + pending
         return RolloutDecision(

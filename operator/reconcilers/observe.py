@@ -130,6 +130,7 @@ class ObservedGroup:
             unschedulable_reason=self.unschedulable_reason,
             updating=tuple(w.updating_line(c) for c, w in ordered if w.updating),
             stalled=tuple(f"{c}: {w.stalled}" for c, w in ordered if w.stalled),
+            short=tuple(f"{c}: {w.ready}/{w.desired} ready" for c, w in ordered if w.desired > 0 and w.ready < w.desired),
         )
 
 
@@ -241,6 +242,13 @@ def _pod_is_ready(pod: dict[str, Any]) -> bool:
     status = pod.get("status") or {}
     return status.get("phase") == "Running" and any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word boundary, with "..." when cut."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - 3].rsplit(" ", 1)[0].rstrip(" ,;:") + "..."
 
 
 def unschedulable_reason(pod: dict[str, Any]) -> str | None:
@@ -384,7 +392,7 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, 
         why = unschedulable_reason(pod) if key in groups else None
         if why is not None:
             groups[key]["unschedulable"] += 1
-            groups[key].setdefault("reason", why[:300])
+            groups[key].setdefault("reason", clip(why, 300))
     uids = {(lbl.get(L.LABEL_COMPAT_KEY), lbl.get(L.LABEL_ROLE)): obj["metadata"].get("uid")
             for obj, state_of in workloads if state_of is lws_state
             for lbl in [obj["metadata"].get("labels") or {}] if lbl.get(kueue.QUEUE_LABEL)}  # queued through Kueue

@@ -58,12 +58,23 @@ class HealthChange(enum.Enum):
 @dataclass
 class HealthStore:
     """Each deployment's latest health. ``max_age_s``: health older than this is not written into
-    status (the scraper stopped); ``started_at``: Unix time the age of "no health yet" counts from."""
+    status (the scraper stopped); ``started_at``: Unix time the age of "no health yet" counts from,
+    or the first time the store was asked about a deployment, whichever is later (a deployment
+    created after the operator started is not stale for the operator's uptime: a fresh user saw
+    "measured nothing ... in the 173s since it started" on a 53-second-old deployment)."""
 
     max_age_s: float = 60.0
     started_at: float = field(default_factory=time.time)
     _health: dict[tuple[str, str], tuple[Health, tuple, tuple]] = field(default_factory=dict)
+    _first_asked: dict[tuple[str, str], float] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def _since(self, key: tuple[str, str], now: float) -> tuple[float, bool]:
+        """(when the age counts from, whether a health arrived); the caller holds the guard."""
+        entry = self._health.get(key)
+        if entry is not None:
+            return entry[0].evaluated_at, True
+        return max(self.started_at, self._first_asked.setdefault(key, now)), False
 
     def set(self, health: Health) -> HealthChange:
         """Keep ``health`` as the deployment's latest; say what of status it changes (:class:`HealthChange`)."""
@@ -94,14 +105,13 @@ class HealthStore:
         """
         now = time.time() if now is None else now
         with self._guard:
-            entry = self._health.get((namespace, name))
-        since = entry[0].evaluated_at if entry is not None else self.started_at
+            since, measured = self._since((namespace, name), now)
         age = now - since
         if age <= self.max_age_s:
             return None
         limit = format_duration(self.max_age_s)
-        if entry is None:
-            return (f"the operator has measured nothing for this deployment in the {age:.0f}s since it started "
+        if not measured:
+            return (f"the operator has measured nothing for this deployment in the {age:.0f}s since it first saw it "
                     f"(limit {limit}): its SLO scraper is off (--slo-interval 0) or cannot reach the pods")
         return (f"the operator's latest SLO measurement is {age:.0f}s old, more than {limit} (last at "
                 f"{S.rfc3339(since)}): its scraper stopped or hangs; the last figures are no longer shown")
@@ -109,14 +119,14 @@ class HealthStore:
     def stale_since(self, namespace: str, name: str) -> float:
         """Unix time from which the deployment's health counts as stale (see :meth:`stale`)."""
         with self._guard:
-            entry = self._health.get((namespace, name))
-        since = entry[0].evaluated_at if entry is not None else self.started_at
+            since, _ = self._since((namespace, name), time.time())
         return since + self.max_age_s
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop the deployment's health (it is gone)."""
         with self._guard:
             self._health.pop((namespace, name), None)
+            self._first_asked.pop((namespace, name), None)
 
 
 @dataclass

@@ -270,6 +270,11 @@ def admission_condition(group: ObservedGroup) -> Cond:
                  f"unbound until the whole replica fits: {shown}")[:MAX_CONDITION_MESSAGE])
 
 
+def _replicas_are(n: int, role: str) -> str:
+    """``1 decode replica is`` / ``2 decode replicas are``."""
+    return f"1 {role} replica is" if n == 1 else f"{n} {role} replicas are"
+
+
 def degraded_condition(
     serving: ObservedGroup | None, decision: RolloutDecision | None, health: Health | None = None
 ) -> Cond:
@@ -284,12 +289,12 @@ def degraded_condition(
         p, d = serving.workloads.get("prefill"), serving.workloads.get("decode")
         if p is not None and d is not None and p.ready == 0 and d.ready > 0:
             return Cond(
-                "Degraded", "True", "NoPrefill", f"no prefill replica is ready while {d.ready} decode replicas are"
+                "Degraded", "True", "NoPrefill", f"no prefill replica is ready while {_replicas_are(d.ready, 'decode')}"
             )
         if p is not None and d is not None and d.ready == 0 and d.desired > 0 and p.ready > 0:
             return Cond(
                 "Degraded", "True", "NoDecode",
-                f"no decode replica is ready while {p.ready} prefill replicas are: no request can be answered",
+                f"no decode replica is ready while {_replicas_are(p.ready, 'prefill')}: no request can be answered",
             )
     if health is not None and health.problem is None and (serving is None or health.serving_key == serving.key):
         p_ready, p_up = health.ready.get("prefill", 0), health.reachable.get("prefill", 0)

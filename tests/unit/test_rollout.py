@@ -143,7 +143,8 @@ def test_in_place_update_is_updating_not_creating_the_first_group():
     # a group that served before and only lost a pod is not Ready yet, not a first group
     recovering = decide(target="aaa", serving="aaa", groups={"aaa": GroupState("aaa", ready=False)}, previous=served,
                         settings=S, target_gpus=12, now=70)
-    assert recovering.message == "group aaa is not Ready yet"
+    assert recovering.phase == "Recovering" and recovering.events == ()  # no rollout: not "Surging", no event
+    assert recovering.message.startswith("group aaa is short of ready replicas") and "no rollout is under way" in recovering.message
     # the first group is the first group on every reconcile until it completes
     starting = decide(target="aaa", serving="aaa", groups={"aaa": GroupState("aaa", ready=False)},
                       previous=RolloutStatus(target_key="aaa", phase="Surging", phase_started=0), settings=S,
@@ -161,7 +162,7 @@ def test_in_place_update_that_stalls_past_the_deadline_fails_and_keeps_serving()
     d = decide(target="aaa", serving="aaa", groups={"aaa": stuck}, previous=served, settings=zero, target_gpus=12, now=20)
     assert d.phase == "Failed" and d.serving_key == "aaa" and d.delete_keys == ()
     assert d.apply_target and not d.target_to_zero  # the serving group's older pods are all that serves
-    assert "has timed out progressing" in d.message and "1 pods cannot be scheduled" in d.message
+    assert "has timed out progressing" in d.message and "1 pod cannot be scheduled" in d.message
     assert d.message.endswith("its older pods keep serving")
     assert [e[0] for e in d.events] == ["ProgressDeadlineExceeded"]
     again = decide(target="aaa", serving="aaa", groups={"aaa": stuck}, previous=_status(d, "aaa"), settings=zero, target_gpus=12, now=30)
@@ -216,9 +217,9 @@ def test_a_role_scaled_to_zero_is_complete_and_says_it_serves_nothing_instead_of
     assert d.phase == "Complete" and d.serving_key == "aaa" and not d.events
     assert "serves nothing: decode scaled to 0 replicas" in d.message and "at least 1" in d.message
     assert "spec.decode.replicas" in d.message and "<role>" not in d.message, d.message  # the field, not a placeholder
-    # without a role at zero the same group is a surge waiting for its pods (and may fail its deadline)
+    # without a role at zero the same group waits for its pods (a stalled Deployment still fails it: state.stalled)
     d = decide(target="aaa", serving="aaa", groups=not_ready, previous=serving, settings=S, target_gpus=8, now=10)
-    assert d.phase == "Surging"
+    assert d.phase == "Recovering"
     # older pods still being replaced: an in-place update, whatever the counts
     updating = {"aaa": GroupState("aaa", ready=False, updating=("decode 0/1 updated, 1 pods",))}
     d = decide(target="aaa", serving="aaa", groups=updating, previous=serving, settings=S, target_gpus=8, now=10,
@@ -251,4 +252,22 @@ def test_a_role_scaled_to_zero_still_says_which_pods_cannot_be_scheduled():
     d = decide(target="aaa", serving="aaa", groups=stuck, previous=serving, settings=S, target_gpus=8, now=10,
                scaled_to_zero=("decode",))
     assert "serves nothing: decode scaled to 0" in d.message
-    assert "1 pods cannot be scheduled: 0/4 nodes are available" in d.message, d.message
+    assert "1 pod cannot be scheduled: 0/4 nodes are available" in d.message, d.message
+
+
+def test_an_in_place_update_stays_updating_once_its_older_pods_are_gone():
+    """A fresh user's finding: with maxSurgeGPUs 0 the only prefill pod was replaced, and once the old one was
+    gone the phase turned "Surging: group ... is not Ready yet" until the new pod was Ready."""
+    why = ("prefill updates in place without a surge pod: one needs 8 GPUs and rollout.maxSurgeGPUs (0) leaves 0; "
+           "its only pod stops before the replacement is Ready (the role serves nothing meanwhile)")
+    tight = RolloutSettings(progress_deadline_s=600, drain_grace_s=60, max_surge_gpus=0, no_surge=(("prefill", why),))
+    updating = RolloutStatus(target_key="aaa", phase="Updating", phase_started=40, completed=True)
+    gone = {"aaa": GroupState("aaa", ready=False, short=("prefill: 0/1 ready",), unschedulable=1,
+                              unschedulable_reason="0/46 nodes are available")}
+    d = decide(target="aaa", serving="aaa", groups=gone, previous=updating, settings=tight, target_gpus=8, now=50)
+    assert d.phase == "Updating" and d.phase_started == 40 and d.events == (), d
+    assert "updates in place" in d.message and "prefill: 0/1 ready" in d.message and why in d.message, d.message
+    assert "1 pod cannot be scheduled: 0/46 nodes are available" in d.message
+    done = decide(target="aaa", serving="aaa", groups={"aaa": GroupState("aaa", ready=True)}, previous=_status(d, "aaa"),
+                  settings=tight, target_gpus=8, now=60)
+    assert done.phase == "Complete" and [e[0] for e in done.events] == ["RolloutComplete"]

@@ -186,9 +186,14 @@ def test_stale_health_turns_slo_met_unknown_after_the_bound_and_drops_the_figure
     assert (c["status"], c["reason"], c["message"]) == ("Unknown", "NoRecentMeasurement", why)
     assert stale["slo"] is None and stale["scrape"] is None
     assert cond(stale, "Ready")["status"] == "True"
-    # never any health: counted from the runtime's start (scraper off)
+    # never any health: counted from the runtime's start or the first look at the deployment, the later (scraper off)
     idle = Runtime(kube=None, health_store=HealthStore(max_age_s=60.0, started_at=0.0))  # type: ignore[arg-type]
-    assert "since it started" in idle.health_stale("ns", "other", now=61.0)
+    assert idle.health_stale("ns", "other", now=0.0) is None
+    assert "in the 61s since it first saw it" in idle.health_stale("ns", "other", now=61.0)
+    # a deployment created long after the operator started is not stale for the operator's uptime
+    assert idle.health_stale("ns", "new", now=500.0) is None
+    assert idle.health_stale("ns", "new", now=559.0) is None
+    assert "in the 61s since" in idle.health_stale("ns", "new", now=561.0)
 
 
 def test_measured_at_is_kept_while_the_figures_stay_and_moves_with_them():
@@ -284,7 +289,7 @@ def test_decode_with_no_ready_replica_while_prefill_is_is_degraded_no_decode_wit
 
     down = at(observed(2, 0))
     c = cond(down, "Degraded")
-    assert (c["status"], c["reason"]) == ("True", "NoDecode") and "1 prefill replicas" in c["message"], c
+    assert (c["status"], c["reason"]) == ("True", "NoDecode") and "while 1 prefill replica is:" in c["message"], c
     assert cond(at(observed(2, 1)), "Degraded")["status"] == "False"
     assert cond(at(observed(0, 0)), "Degraded")["status"] == "False"  # scaled to zero: Ready says ScaledToZero
     assert cond(at(observed(2, 0, prefill_ready=0)), "Degraded")["status"] == "False"  # nothing ready yet: creating

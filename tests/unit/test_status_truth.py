@@ -111,9 +111,9 @@ def test_rollout_complete_fires_for_a_finished_rollout_not_for_a_recovering_pod(
     assert [e for e in first.events if e[0] == "RolloutComplete"] == [("RolloutComplete", "group k serves")]
     dip = decide(target="k", serving="k", groups=unready, settings=settings, target_gpus=1, now=20,
                  previous=RolloutStatus(target_key="k", phase="Complete", phase_started=10, completed=True))
-    assert dip.phase == "Surging" and not dip.events
+    assert dip.phase == "Recovering" and not dip.events  # no rollout: not a surge
     back = decide(target="k", serving="k", groups=ready, settings=settings, target_gpus=1, now=30,
-                  previous=RolloutStatus(target_key="k", phase="Surging", phase_started=20, completed=True))
+                  previous=RolloutStatus(target_key="k", phase="Recovering", phase_started=20, completed=True))
     assert back.phase == "Complete" and not back.events
     # after a cutover the old group is deleted: that rollout's completion is an event, and says so
     drained = decide(target="k", serving="k", groups={**ready, "old": GroupState("old", ready=True)}, settings=settings,

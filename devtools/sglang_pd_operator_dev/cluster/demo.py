@@ -507,7 +507,10 @@ def run_demo(*, cluster, example: Path, log: Callable[[str], None], once: bool) 
         sel = f"pd.sglang-operator.io/deployment={name}"
         log(cluster.kubectl("get", "deployments,services,configmaps,serviceaccounts,roles,rolebindings", "-n", namespace, "-l", sel).stdout.rstrip())
         log(cluster.kubectl("get", "pods", "-n", namespace, "-l", sel, "-o", "wide").stdout.rstrip())
-        cm = f"{name}-{obj['status']['compatKey'][:6]}-decode-config"
+        # the ConfigMap is named after its content: read the name the decode pods mount
+        decode = json.loads(cluster.kubectl("get", "deployment", f"{name}-{obj['status']['compatKey'][:6]}-decode",
+                                            "-n", namespace, "-o", "json").stdout)
+        cm = next(v["configMap"]["name"] for v in decode["spec"]["template"]["spec"]["volumes"] if "configMap" in v)
         log(f"== the decode role's SGLang config file (ConfigMap {cm})")
         log(json.loads(cluster.kubectl("get", "configmap", cm, "-n", namespace, "-o", "json").stdout)["data"]["config.yaml"].rstrip())
         if once:

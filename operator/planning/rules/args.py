@@ -130,11 +130,16 @@ def visible_devices_cover_pod(*, spec: PDDeploymentSpec, role: RolePlan, catalog
         return []
     i = next(i for i, v in enumerate(role.inputs.spec.env) if v.name in names)
     shown = ", ".join(f"{n}={env[n]!r}" for n in names)
+    runtime = "HIP" if acc.vendor == "amd" else "CUDA"
+    gpus = "1 GPU" if need == 1 else f"{need} GPUs"
+    named = [e.strip() for n in names for e in env[n].split(",") if e.strip() and not e.strip().isdigit()]
+    why = (f" ({', '.join(named[:2])} is no device index: the GPUs are the device plugin's pick at scheduling time, "
+           "so the operator cannot tell which they are, and counts none)") if named else ""
     return [Problem(
         field=f"spec.{role.role}.env[{i}]",
-        message=f"{shown} leaves {seen} of the pod's {need} GPUs visible; SGLang places one rank per GPU and the "
-        f"rank on GPU {seen} fails with 'CUDA error: invalid device ordinal'",
-        fix=f"remove {' and '.join(names)}: the device plugin already gives the container exactly its {need} GPUs, "
+        message=f"{shown} leaves {seen} of the pod's {gpus} visible{why}; SGLang places one rank per GPU and the "
+        f"rank on GPU {seen} fails with '{runtime} error: invalid device ordinal'",
+        fix=f"remove {' and '.join(names)}: the device plugin already gives the container exactly its {gpus}, "
         "numbered from 0",
         rule="visible_devices_cover_pod",
     )]
