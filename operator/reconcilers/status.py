@@ -276,13 +276,16 @@ def _replicas_are(n: int, role: str) -> str:
 
 
 def degraded_condition(
-    serving: ObservedGroup | None, decision: RolloutDecision | None, health: Health | None = None
+    serving: ObservedGroup | None, decision: RolloutDecision | None, health: Health | None = None,
+    target_key: str | None = None,
 ) -> Cond:
     """Degraded: failed rollout; decode ready (or answering) with no prefill ready (or
     answering), so requests cannot be disaggregated (NoPrefill); prefill ready with no decode
-    replica ready although some are asked for (NoDecode: nothing answers); KV transfer or bootstrap
+    replica ready although some are asked for, once the group was created (NoDecode: nothing
+    answers; not while the first group surges); KV transfer or bootstrap
     failures within the SLO window (KVTransferFailing). ``health`` counts only when it
-    is about the serving group."""
+    is about the serving group; ``target_key``: the group the spec asks for (a serving group
+    that is also the target and surges is the first group being created)."""
     if decision is not None and decision.phase == "Failed":
         return Cond("Degraded", "True", "ProgressDeadlineExceeded", decision.message)
     if serving is not None:
@@ -291,7 +294,11 @@ def degraded_condition(
             return Cond(
                 "Degraded", "True", "NoPrefill", f"no prefill replica is ready while {_replicas_are(d.ready, 'decode')}"
             )
-        if p is not None and d is not None and d.ready == 0 and d.desired > 0 and p.ready > 0:
+        # not while the group is being created (its serving key still surging): prefill is often Ready first
+        # (a fresh user saw a Warning NoDecode on every new deployment, a second before it was Complete)
+        creating = (decision is not None and decision.phase == "Surging"
+                    and decision.serving_key == serving.key == target_key)  # the group surging is the one serving
+        if p is not None and d is not None and d.ready == 0 and d.desired > 0 and p.ready > 0 and not creating:
             return Cond(
                 "Degraded", "True", "NoDecode",
                 f"no decode replica is ready while {_replicas_are(p.ready, 'prefill')}: no request can be answered",
@@ -463,7 +470,7 @@ def valid_status(
     else:
         prog = Cond("Progressing", "True", decision.phase, decision.message)
     warns = warnings(problems)
-    degraded = degraded_condition(serving_group, decision, health)
+    degraded = degraded_condition(serving_group, decision, health, target_key=target_key)
     prev_degraded = _previous_cond(previous, "Degraded")
     if health is None and health_stale is None and degraded.status == "False" and _from_health(prev_degraded):
         degraded = Cond("Degraded", "True", prev_degraded["reason"], prev_degraded.get("message", ""))

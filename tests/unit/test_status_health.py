@@ -293,6 +293,18 @@ def test_decode_with_no_ready_replica_while_prefill_is_is_degraded_no_decode_wit
     assert cond(at(observed(2, 1)), "Degraded")["status"] == "False"
     assert cond(at(observed(0, 0)), "Degraded")["status"] == "False"  # scaled to zero: Ready says ScaledToZero
     assert cond(at(observed(2, 0, prefill_ready=0)), "Degraded")["status"] == "False"  # nothing ready yet: creating
+    # the first group, still being created: prefill is often Ready a moment before decode (a fresh user's finding)
+    creating = RolloutDecision(serving_key=KEY, apply_target=True, target_to_zero=False, delete_keys=(), phase="Surging",
+                               phase_started=0.0, draining_key=None, drain_started=None, message="creating the first group")
+    first = S.valid_status(previous={}, generation=1, problems=[], observed=observed(2, 0), decision=creating,
+                           target_key=KEY, kv_layouts={}, attention_backends={}, endpoint="e", now=2000.0, health=None,
+                           slo_enabled=False)
+    assert cond(first, "Degraded")["status"] == "False"
+    # a paired rollout surges a new group while this one serves: losing its decode is degraded
+    paired = S.valid_status(previous={}, generation=2, problems=[], observed=observed(2, 0), decision=creating,
+                            target_key="newkey", kv_layouts={}, attention_backends={}, endpoint="e", now=2000.0,
+                            health=None, slo_enabled=False)
+    assert cond(paired, "Degraded")["reason"] == "NoDecode"
     kube = Events()
     body = {"apiVersion": "pd.sglang-operator.io/v1alpha1", "kind": "PDDeployment",
             "metadata": {"name": "d", "namespace": "ns"}}
