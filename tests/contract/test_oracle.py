@@ -422,18 +422,24 @@ def _operator_rules(catalog, doc, role: str) -> set[str]:
     return {p.rule for p in problems if p.severity == "error" and p.field.startswith(f"spec.{role}")}
 
 
-@pytest.mark.parametrize("visible, hides", [("0,1", True), ("3,2,1,0", False), ("0,1,2,3,7", False), ("", True)])
-def test_cuda_visible_devices_in_env_is_judged_like_the_driver(oracle, catalog, visible, hides):
-    """A fresh user's finding: ``CUDA_VISIBLE_DEVICES=0`` in a TP4 role's env passed ``check`` and the
-    oracle, which emulated the GPUs the pod requests and not what the variable narrows them to.
-    Now the emulation narrows them as CUDA does (planning/devices.py), SGLang's own placement
-    refuses a rank past them, and the rule ``visible_devices_cover_pod`` says the same."""
+def _qwen_tp4_on_b300() -> dict:
+    """Qwen3-30B-A3B without Paged Experts, TP4 on both roles, on an 8-GPU B300 node: a pod of 4 of its GPUs."""
     doc = _example("qwen3-30b-a3b-paged-experts.yaml")
     doc["spec"]["accelerator"] = "b300"
     doc["spec"].pop("pagedExperts", None)
     for role in ("prefill", "decode"):
         doc["spec"][role].pop("pagedExperts", None)
         doc["spec"][role]["parallelism"] = {"tp": 4}
+    return doc
+
+
+@pytest.mark.parametrize("visible, hides", [("0,1", True), ("3,2,1,0", False), ("0,1,2,3,7", False), ("", True)])
+def test_cuda_visible_devices_in_env_is_judged_like_the_driver(oracle, catalog, visible, hides):
+    """A fresh user's finding: ``CUDA_VISIBLE_DEVICES=0`` in a TP4 role's env passed ``check`` and the
+    oracle, which emulated the GPUs the pod requests and not what the variable narrows them to.
+    Now the emulation narrows them as CUDA does (planning/devices.py), SGLang's own placement
+    refuses a rank past them, and the rule ``visible_devices_cover_pod`` says the same."""
+    doc = _qwen_tp4_on_b300()
     doc["spec"]["prefill"]["env"] = [{"name": "CUDA_VISIBLE_DEVICES", "value": visible}]
     _, verdict = _judge(oracle, catalog, doc)
     assert ("visible_devices_cover_pod" in _operator_rules(catalog, doc, "prefill")) is hides
@@ -531,12 +537,7 @@ def test_the_pod_sees_the_gpus_it_requests(oracle, catalog):
     (torch.cuda.device_count, nvidia-smi) sees 4, not the node's 8."""
     from sglang_pd_operator.oracle.judge import pod_gpus
 
-    doc = _example("qwen3-30b-a3b-paged-experts.yaml")
-    doc["spec"]["accelerator"] = "b300"
-    doc["spec"].pop("pagedExperts", None)
-    for role in ("prefill", "decode"):
-        doc["spec"][role].pop("pagedExperts", None)
-        doc["spec"][role]["parallelism"] = {"tp": 4}
+    doc = _qwen_tp4_on_b300()
     plan, verdict = _judge(oracle, catalog, doc)
     assert catalog.accelerator("b300").gpusPerNode == 8
     assert pod_gpus(plan, plan.prefill) == 4
