@@ -397,8 +397,12 @@ def in_place_strategies(
         )
         out[role] = InPlaceStrategy(
             surge=False,
-            reason=f"{role} updates in place without a surge pod: one needs {need} GPUs and "
-            f"rollout.maxSurgeGPUs ({max_surge_gpus}) leaves {left}; {gap}",
+            # said of every in-place update of the role, not only one under way (a Warning names it while
+            # another role is edited), and why the budget is short (a fresh user's finding)
+            reason=f"{role}'s in-place updates run without a surge pod: one needs {need} GPUs and "
+            f"rollout.maxSurgeGPUs ({max_surge_gpus}) leaves {left}"
+            + (" after prefill's surge pod (one change can update both)" if left != max_surge_gpus else "")
+            + f"; {gap}",
         )
     return out
 

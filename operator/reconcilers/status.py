@@ -292,7 +292,8 @@ def degraded_condition(
         p, d = serving.workloads.get("prefill"), serving.workloads.get("decode")
         if p is not None and d is not None and p.ready == 0 and d.ready > 0:
             return Cond(
-                "Degraded", "True", "NoPrefill", f"no prefill replica is ready while {_replicas_are(d.ready, 'decode')}"
+                "Degraded", "True", "NoPrefill",
+                f"no prefill replica is ready while {_replicas_are(d.ready, 'decode')}: requests cannot be disaggregated",
             )
         # not while the group is being created (its serving key still surging): prefill is often Ready first
         # (a fresh user saw a Warning NoDecode on every new deployment, a second before it was Complete)

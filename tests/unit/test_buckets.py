@@ -176,3 +176,10 @@ def test_format_boundary_round_trips():
     for v in (0.1, 0.72, 1 / 30, 2.0, 1200.0, 0.0166667):
         assert float(B.format_boundary(v)) == v
     assert B.format_boundary(2.0) == "2" and B.format_boundary(0.8) == "0.8"
+
+
+def test_a_millisecond_target_renders_as_the_user_wrote_it():
+    # "700ms" was 700 * 0.001 = 0.7000000000000001 and the flag read --bucket-time-to-first-token ... 0.7000000000000001
+    args = B.bucket_args(SLOSpec(ttft={"p90": "700ms"}, itl={"p99": "30ms"}), "decode")
+    assert "0.7" in args and "0.03" in args
+    assert not [a for a in args if not a.startswith("--") and len(a) > 10], args

@@ -21,7 +21,7 @@ from sglang_pd_operator.api import text
 from sglang_pd_operator.api.cel import violations
 from sglang_pd_operator.api.load import parse_pddeployment, rule_violations, SpecError
 from sglang_pd_operator.api.structural import structural_errors
-from sglang_pd_operator.api.v1alpha1 import duration_nanoseconds
+from sglang_pd_operator.api.v1alpha1 import duration_nanoseconds, parse_duration
 from sglang_pd_operator.planning.engine_args import model_path
 from sglang_pd_operator.planning.plan import plan_object
 
@@ -119,6 +119,14 @@ def test_duration_nanoseconds_truncates_fractions_as_go():
     assert duration_nanoseconds("1.5h") == 5400 * 10**9
     assert duration_nanoseconds("0.0000000019s") == 1  # Go truncates below the nanosecond
     assert duration_nanoseconds("596523h14m7s") == (2**31 - 1) * 10**9
+
+
+@pytest.mark.parametrize("text, seconds", [("700ms", 0.7), ("0.1s", 0.1), ("1.1s", 1.1), ("2.5m", 150.0),
+                                           ("1h30m", 5400.0), ("0.3s", 0.3)])
+def test_parse_duration_gives_the_float_nearest_the_exact_duration(text, seconds):
+    # summing float(n) * 0.001 made "700ms" 0.7000000000000001, and the decode engine's
+    # --bucket-* flags showed it (a fresh user's finding)
+    assert parse_duration(text) == seconds and repr(parse_duration(text)) == repr(seconds)
 
 
 def test_65_node_selector_entries_are_refused_as_the_api_server_does(gb300_doc, catalog):

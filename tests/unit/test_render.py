@@ -153,7 +153,8 @@ def test_in_place_updates_surge_within_the_gpu_budget(gb300_doc, catalog):
     assert _deployment(objs, plan, "decode")["spec"]["progressDeadlineSeconds"] == 90
     (warn,) = [p for p in plan.problems if p.rule == "in_place_update_surges"]
     assert warn.field == "spec.rollout.maxSurgeGPUs" and warn.severity == "warning"
-    assert "decode updates in place without a surge pod: one needs 4 GPUs and rollout.maxSurgeGPUs (4) leaves 0" in warn.message
+    assert ("decode's in-place updates run without a surge pod: one needs 4 GPUs and rollout.maxSurgeGPUs (4) leaves 0 "
+            "after prefill's surge pod") in warn.message
     assert "set rollout.maxSurgeGPUs to at least 8 (one budget for both roles' surge pods: prefill 4 + decode 4 GPUs)" in warn.fix
 
 

@@ -231,7 +231,7 @@ def test_an_in_place_update_without_a_surge_pod_does_not_claim_older_pods_serve(
     """A fresh user's finding: with rollout.maxSurgeGPUs 0 the only decode pod is replaced with nothing
     serving meanwhile, yet the message said "its older pods serve until the new ones are Ready"."""
     served = RolloutStatus(target_key="aaa", phase="Complete", phase_started=0, completed=True)
-    why = ("decode updates in place without a surge pod: one needs 8 GPUs and rollout.maxSurgeGPUs (0) leaves 0; "
+    why = ("decode's in-place updates run without a surge pod: one needs 8 GPUs and rollout.maxSurgeGPUs (0) leaves 0; "
            "its only pod stops before the replacement is Ready (the role serves nothing meanwhile)")
     tight = RolloutSettings(progress_deadline_s=600, drain_grace_s=60, max_surge_gpus=0, no_surge=(("decode", why),))
     updating = {"aaa": GroupState("aaa", ready=False, updating=("decode: 1/1 on the new template, 0 of an older one "
@@ -258,7 +258,7 @@ def test_a_role_scaled_to_zero_still_says_which_pods_cannot_be_scheduled():
 def test_an_in_place_update_stays_updating_once_its_older_pods_are_gone():
     """A fresh user's finding: with maxSurgeGPUs 0 the only prefill pod was replaced, and once the old one was
     gone the phase turned "Surging: group ... is not Ready yet" until the new pod was Ready."""
-    why = ("prefill updates in place without a surge pod: one needs 8 GPUs and rollout.maxSurgeGPUs (0) leaves 0; "
+    why = ("prefill's in-place updates run without a surge pod: one needs 8 GPUs and rollout.maxSurgeGPUs (0) leaves 0; "
            "its only pod stops before the replacement is Ready (the role serves nothing meanwhile)")
     tight = RolloutSettings(progress_deadline_s=600, drain_grace_s=60, max_surge_gpus=0, no_surge=(("prefill", why),))
     updating = RolloutStatus(target_key="aaa", phase="Updating", phase_started=40, completed=True)

@@ -161,7 +161,7 @@ def test_readiness_no_prefill_is_not_kept_without_figures():
     """Only a Degraded that came from the scraper is kept while there are no figures; one
     from Deployment readiness follows readiness."""
     previous = {"conditions": [{"type": "Degraded", "status": "True", "reason": "NoPrefill",
-                                "message": "no prefill replica is ready while 1 decode replicas are",
+                                "message": "no prefill replica is ready while 1 decode replica is: requests cannot be disaggregated",
                                 "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     assert cond(status(previous, None), "Degraded")["status"] == "False"
 
@@ -207,7 +207,13 @@ def test_measured_at_is_kept_while_the_figures_stay_and_moves_with_them():
         again = status(st, feed.health())
         assert merge_patch(S.comparable(st), S.comparable(again)) == {}
         st = again
-    feed.t += 3600  # an hour of unchanged figures: still no write
+    feed.t += 3600  # an hour of unchanged figures: one write, NoTraffic now speaks of a whole window
+    again = status(st, feed.health())
+    assert "since measuring began" in cond(st, "SLOMet")["message"]
+    assert cond(again, "SLOMet")["message"] == "no request finished in the last 1m; nothing to measure"
+    assert again["scrape"]["measuredAt"] == first
+    st = again
+    feed.t += 15  # then nothing to write
     again = status(st, feed.health())
     assert merge_patch(S.comparable(st), S.comparable(again)) == {} and again["scrape"]["measuredAt"] == first
     st = again
@@ -293,6 +299,9 @@ def test_decode_with_no_ready_replica_while_prefill_is_is_degraded_no_decode_wit
     assert cond(at(observed(2, 1)), "Degraded")["status"] == "False"
     assert cond(at(observed(0, 0)), "Degraded")["status"] == "False"  # scaled to zero: Ready says ScaledToZero
     assert cond(at(observed(2, 0, prefill_ready=0)), "Degraded")["status"] == "False"  # nothing ready yet: creating
+    no_prefill = cond(at(observed(2, 1, prefill_ready=0)), "Degraded")  # worded as NoDecode is: what fails, and why
+    assert (no_prefill["reason"], no_prefill["message"]) == (
+        "NoPrefill", "no prefill replica is ready while 1 decode replica is: requests cannot be disaggregated")
     # the first group, still being created: prefill is often Ready a moment before decode (a fresh user's finding)
     creating = RolloutDecision(serving_key=KEY, apply_target=True, target_to_zero=False, delete_keys=(), phase="Surging",
                                phase_started=0.0, draining_key=None, drain_started=None, message="creating the first group")
