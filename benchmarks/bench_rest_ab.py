@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +52,9 @@ def rest(label: str, command: list[str], cluster, kubeconfig: Path, work: Path, 
                      600, "the work queue drains", op)
         time.sleep(a.settle)
         pid = op.proc.pid
+        if a.before_rest:  # a diagnostic of the settled process (e.g. a heap census), before the window opens
+            subprocess.run(a.before_rest.format(pid=pid), shell=True, check=False, timeout=300)
+            time.sleep(5)
         pids = B.cluster_pids(cluster)
         meter = B.LoadMeter(lambda: [*pids.values(), pid, os.getpid()])
         s0, m0, t0 = B.proc_sample(pid), _looks(op), time.time()
@@ -104,6 +108,9 @@ def main() -> None:
     p.add_argument("--b-label", default="before")
     p.add_argument("--crds", type=Path, default=B.REPO / "crds", help="the CRDs both operators accept")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--before-rest", default="",
+                   help="shell command run after the settle, before the window ({pid}: the operator's PID), "
+                        "e.g. a heap census through gdb; its own CPU falls outside the window")
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix=f"bench-rest-{a.n}-"))
     docs = B.pddeployments(a.n, a.per_namespace)

@@ -86,9 +86,10 @@ DEFAULT_CONCURRENCY = 32
 #: How a pod answers ``?name[]=``: not known yet, it returns the named series, it ignores
 #: the filter (real SGLang's empty page; the whole page is read instead).
 FILTER_UNKNOWN, FILTER_WORKS, FILTER_IGNORED = "unknown", "works", "ignored"
-#: A pod that answered nothing (refused, timed out) in a row is asked again after 1, 2, then at most
-#: this many passes (60 s at the default 15 s interval); it counts as unreachable meanwhile.
-SILENT_MAX_PASSES = 4
+#: A pod that answered nothing (refused, timed out) in a row is asked again after 1, 2, 4, then at most
+#: this many passes (2 minutes at the default 15 s interval); it counts as unreachable meanwhile. Only a
+#: Ready pod is asked, and one that stops being Ready (a restarting engine) starts again at every pass.
+SILENT_MAX_PASSES = 8
 #: Evaluation of a deployment without ``spec.slo``: no target, KV transfer health over 5m.
 NO_SLO = SLOSpec()
 
@@ -493,7 +494,8 @@ class Scraper:
         published = [h for h in healths if h is not None]
         self._forget_gone({t.key for t in targets})
         if self.on_health is not None:
-            await asyncio.gather(*(deliver(self.on_health, h) for h in published))
+            for h in published:  # one after the other, as the Prometheus source does: no task per deployment
+                await deliver(self.on_health, h)
         log.debug("SLO scrape pass: %d deployments, %d pods in %.3fs", len(targets),
                   sum(len(t.pods) for t in targets), time.perf_counter() - started)
         return published
@@ -570,7 +572,7 @@ class Scraper:
         return known is not None and known[:2] == (pod.uid, pod.url) and self._pass_no < known[3]
 
     def _answered(self, key: str, pod: PodTarget, answered: bool) -> None:
-        """Remember whether ``pod`` answered at all; a silent one is asked again after 1, 2, 4 passes."""
+        """Remember whether ``pod`` answered at all; a silent one is asked again after 1, 2, 4, 8 passes."""
         slot = (key, pod.role, pod.name)
         if answered:
             self._silent.pop(slot, None)

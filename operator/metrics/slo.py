@@ -304,11 +304,6 @@ class SLOResult:
     burn_rates: tuple[BurnRate, ...]
     kv_transfer: KVTransferResult
     roles: Mapping[str, RoleSummary] = field(default_factory=dict)
-    #: When this source began measuring the deployment (seconds, the clock of ``evaluated_at``;
-    #: the scraper's memory starts at the operator's start); None: unknown (the Prometheus
-    #: source, whose history is Prometheus's). Before a whole window has passed, ``NoTraffic``
-    #: does not claim a whole window without requests.
-    measured_since: float | None = None
 
     @property
     def violations(self) -> tuple[TargetResult, ...]:
@@ -392,12 +387,12 @@ def slo_condition(result: SLOResult) -> dict[str, str]:
     """
     window = format_duration(result.window_seconds)
     if result.met is None:
-        young = (result.measured_since is not None
-                 and result.evaluated_at - result.measured_since < result.window_seconds)
-        span = (f"since measuring began, less than the {window} window ago" if young
-                else f"in the last {window}")
+        # true of a deployment younger than the window too (a fresh user's finding), and the same
+        # words at any age: a message that changed once a window had passed would be a status
+        # write per deployment a window after every operator start
         return {"type": "SLOMet", "status": "Unknown", "reason": "NoTraffic",
-                "message": f"no request finished {span}; nothing to measure"}
+                "message": f"no request finished in the last {window} (or since measuring began, if later); "
+                           "nothing to measure"}
     if result.met:
         return {"type": "SLOMet", "status": "True", "reason": "TargetsMet",
                 "message": "; ".join(t.describe() for t in result.targets if t.met) + f" (window {window})"}
@@ -516,8 +511,7 @@ class _Deployment:
     roles: dict[str, _Role] = field(default_factory=dict)
     outcomes: _OutcomeBins = field(default_factory=_OutcomeBins)
     retention_s: float = 0.0
-    first_seen: float | None = None  # the first scrape observed
-    first_evaluated: float | None = None  # the first evaluate(): SLOResult.measured_since
+    first_seen: float | None = None
 
 
 #: Memory bound: increases are kept in at most this many time slots per window and role,
@@ -757,8 +751,6 @@ class SLOEvaluator:
         window_s = parse_duration(slo_spec.window)
         dep = self._deployments.setdefault(deployment_key, _Deployment(retention_s=window_s))
         dep.retention_s = window_s
-        if dep.first_evaluated is None:
-            dep.first_evaluated = now
         self._prune(dep, now)
         targets: list[TargetResult] = []
         traffic = False
@@ -785,7 +777,7 @@ class SLOEvaluator:
             objective=slo_spec.objective, targets=tuple(targets), met=met,
             no_traffic=not traffic, attainment=attainment, burn_rates=burn,
             kv_transfer=self._kv_transfer(deployment_key, dep, now, window_s),
-            roles=self._roles(dep, now, window_s), measured_since=dep.first_evaluated,
+            roles=self._roles(dep, now, window_s),
         )
 
     def record_interval(self, deployment_key: str, window_s: float, objective: float, met: bool | None,

@@ -23,7 +23,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from kubernetes import client as k8s
@@ -116,11 +116,12 @@ class HealthStore:
         return (f"the operator's latest SLO measurement is {age:.0f}s old, more than {limit} (last at "
                 f"{S.rfc3339(since)}): its scraper stopped or hangs; the last figures are no longer shown")
 
-    def stale_since(self, namespace: str, name: str) -> float:
-        """Unix time from which the deployment's health counts as stale (see :meth:`stale`)."""
+    def stale_names(self, names: Iterable[tuple[str, str]], *, now: float) -> list[tuple[str, str]]:
+        """Of ``names`` ((namespace, name) pairs), those whose health is stale at Unix time ``now``
+        (its health, or none, older than ``max_age_s``: see :meth:`stale`), under one hold of the guard (the
+        ticker asks about every deployment)."""
         with self._guard:
-            since, _ = self._since((namespace, name), time.time())
-        return since + self.max_age_s
+            return [key for key in names if now >= self._since(key, now)[0] + self.max_age_s]
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop the deployment's health (it is gone)."""

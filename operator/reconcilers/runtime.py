@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -144,9 +145,9 @@ class Runtime:
         """Why the deployment has no fresh health (:meth:`HealthStore.stale`)."""
         return self.health_store.stale(namespace, name, now)
 
-    def stale_since(self, namespace: str, name: str) -> float:
-        """Unix time from which the deployment's health counts as stale."""
-        return self.health_store.stale_since(namespace, name)
+    def stale(self, names: Iterable[tuple[str, str]], *, now: float) -> list[tuple[str, str]]:
+        """Of ``names`` ((namespace, name) pairs), those whose health counts as stale at Unix time ``now``."""
+        return self.health_store.stale_names(names, now=now)
 
     def forget_health(self, key: str) -> None:
         """Drop the health of ``namespace/name``."""

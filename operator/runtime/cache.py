@@ -34,9 +34,11 @@ or answer about that uid brings it back (uids are never reused).
 Objects are trimmed when stored (:func:`trim`): ``managedFields`` and kubectl's
 last-applied annotation go; a Pod keeps only what the operator reads (labels, owner,
 node, container ports, ConfigMap volumes, phase, IP, conditions, container states). Each is kept as
-compressed JSON beside the few metadata fields the cache itself needs (:class:`Entry`):
-a rendered engine Deployment is about 9 KB as Python dicts and 1.5 KB so, which is what
-lets one process hold a thousand PDDeployments' children. Reads decode a fresh copy, so a
+compressed JSON beside the few metadata fields the cache itself needs (:class:`Entry`),
+deflated with a preset dictionary per kind (the first object of the kind stored): a
+rendered engine Deployment is about 9 KB as Python dicts, 1.3 KB compressed alone and
+0.46 KB with its kind's dictionary, which is what lets one process hold a thousand
+PDDeployments' children. Reads decode a fresh copy, so a
 caller can never change the view by accident. A reader that looks at every object every few
 seconds (the SLO pass) reads a *projection* instead (``get``/``list`` with ``project``): a
 small value computed from the object once per stored version and shared until the object
@@ -50,6 +52,7 @@ import json
 import sys
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -169,10 +172,36 @@ def _rv(obj: dict[str, Any] | None) -> str | None:
     return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
+#: Most bytes of a preset dictionary zlib uses (its window).
+ZDICT_MAX = 32 * 1024
+
+
+def compress(data: bytes, zdict: bytes = b"") -> bytes:
+    """``data`` deflated at level 1, with ``zdict`` as zlib's preset dictionary when given."""
+    if not zdict:
+        return zlib.compress(data, 1)
+    c = zlib.compressobj(1, zdict=zdict)
+    return c.compress(data) + c.flush()
+
+
+def decompress(blob: bytes, zdict: bytes = b"") -> bytes:
+    """The bytes :func:`compress` was given (the same ``zdict``)."""
+    if not zdict:
+        return zlib.decompress(blob)
+    d = zlib.decompressobj(zdict=zdict)
+    return d.decompress(blob) + d.flush()
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One stored object: what the cache reads itself (resourceVersion, uid, labels) and the
-    trimmed object as zlib-compressed JSON (:meth:`decode` gives a fresh dict)."""
+    trimmed object as zlib-compressed JSON (:meth:`decode` gives a fresh dict).
+
+    ``zdict``: the preset dictionary it was compressed with (shared by every entry of its kind,
+    :meth:`ObjectCache._zdict`; empty: none). Objects of one kind repeat each other's keys,
+    labels and most values, so a dictionary made of one of them makes the others 3 to 6 times
+    smaller than compressing each alone (a rendered engine Deployment 1.3 KB -> 0.46 KB).
+    """
 
     resource_version: str | None
     uid: str | None
@@ -180,22 +209,53 @@ class Entry:
     blob: bytes
     #: the resourceVersion this entry replaced (a late answer carrying it is older than the entry)
     previous: str | None = None
+    zdict: bytes = b""
 
     @classmethod
-    def of(cls, obj: dict[str, Any], previous: str | None = None) -> "Entry":
+    def of(cls, obj: dict[str, Any], previous: str | None = None, *, zdict: bytes = b"") -> "Entry":
         """The entry of a full object (trimmed first); ``previous``: the version it replaces."""
-        trimmed = trim(obj)
+        return cls.of_trimmed(trim(obj), previous, zdict=zdict)
+
+    @classmethod
+    def of_trimmed(cls, trimmed: dict[str, Any], previous: str | None = None, *, zdict: bytes = b"") -> "Entry":
+        """:meth:`of` for an object :func:`trim` already trimmed."""
         meta = trimmed["metadata"]
-        # label keys and values repeat across objects (every child carries the same keys,
-        # a deployment's children its name): one shared string each
         return cls(resource_version=meta.get("resourceVersion"), uid=meta.get("uid"),
-                   labels={sys.intern(k): sys.intern(v) for k, v in (meta.get("labels") or {}).items()},
-                   blob=zlib.compress(json.dumps(trimmed, separators=(",", ":")).encode(), 1),
-                   previous=previous)
+                   labels=shared_labels(meta.get("labels") or {}),
+                   blob=compress(encode(trimmed), zdict), previous=previous, zdict=zdict)
 
     def decode(self) -> dict[str, Any]:
         """The stored object as a new dict."""
-        return json.loads(zlib.decompress(self.blob))
+        return json.loads(decompress(self.blob, self.zdict))
+
+
+class Labels(dict):
+    """A stored object's labels, shared by every entry with the same labels (:func:`shared_labels`).
+    Readers never change them."""
+
+    __slots__ = ("__weakref__",)
+
+
+_LABELS: "weakref.WeakValueDictionary[tuple[tuple[str, str], ...], Labels]" = weakref.WeakValueDictionary()
+_LABELS_LOCK = threading.Lock()
+
+
+def shared_labels(labels: dict[str, str]) -> Labels:
+    """One :class:`Labels` per distinct set of labels, alive while an entry holds it: a deployment's
+    ServiceAccount, Role and RoleBinding, a role's Deployment, Service and ConfigMap, the replicas of
+    one ReplicaSet carry the same labels (15,000 entries at N = 1,000 hold about 5,000 distinct sets).
+    Keys and values are interned: every child carries the same keys, a deployment's children its name."""
+    key = tuple(sorted(labels.items()))
+    with _LABELS_LOCK:
+        found = _LABELS.get(key)
+        if found is None:
+            found = _LABELS[key] = Labels({sys.intern(k): sys.intern(v) for k, v in key})
+        return found
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    """``obj`` as compact JSON bytes (what :class:`Entry` compresses)."""
+    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def parse_selector(selector: str) -> list[tuple[str, str, str | None]]:
@@ -292,7 +352,9 @@ class ObjectCache:
         self.clock = clock
         self._lock = threading.RLock()
         self._objects: dict[tuple[str, str], dict[str, dict[str, Entry]]] = {}  # (av, kind) -> ns -> name -> entry
-        self._index: dict[tuple[str, str, str, str, str], set[str]] = {}  # (av, kind, ns, label, value) -> names
+        # (av, kind, ns, label, value) -> names; tuples (a deployment has one to three children of a
+        # kind): 13,000 of them at N = 1,000, a quarter of the memory sets took
+        self._index: dict[tuple[str, str, str, str, str], tuple[str, ...]] = {}
         self._tombstones: dict[str, float] = {}  # uid -> when it was deleted
         self._pending: dict[Ref, _Pending] = {}
         self._recent: dict[tuple[Ref, str], float] = {}  # (ref, resourceVersion) the watch delivered -> when
@@ -300,6 +362,7 @@ class ObjectCache:
         self._synced: set[tuple[str, str]] = set()
         self._next_purge = 0.0
         self._views: dict[Ref, tuple[Entry, dict[Projection, Any]]] = {}  # ref -> (entry, projection -> value)
+        self._zdicts: dict[tuple[str, str], bytes] = {}  # (api_version, kind) -> preset dictionary (_zdict)
 
     # ------------------------------------------------------------------ the watch
     def upsert(self, obj: dict[str, Any]) -> Change:
@@ -441,11 +504,23 @@ class ObjectCache:
         old = bucket.get(ref[3])
         if old is not None and rv is not None and old.resource_version == rv:
             return Change(False, None, None)
-        new = Entry.of(obj, previous=old.resource_version if old is not None else None)
+        trimmed = trim(obj)
+        new = Entry.of_trimmed(trimmed, previous=old.resource_version if old is not None else None,
+                               zdict=self._zdict(ref, trimmed))
         bucket[ref[3]] = new
         self._views.pop(ref, None)
         self._reindex(ref, old, new)
         return Change(True, old, new)
+
+    def _zdict(self, ref: Ref, trimmed: dict[str, Any]) -> bytes:
+        """The preset dictionary of ``ref``'s kind: the JSON of the first object of that kind this
+        cache stored (its last :data:`ZDICT_MAX` bytes), kept for the life of the cache, since every
+        entry compressed with it needs it to decode. The caller holds the lock."""
+        kind = (ref[0], ref[1])
+        zdict = self._zdicts.get(kind)
+        if zdict is None:
+            zdict = self._zdicts[kind] = encode(trimmed)[-ZDICT_MAX:]
+        return zdict
 
     def _drop(self, ref: Ref, uid: str | None) -> Change:
         bucket = self._objects.get((ref[0], ref[1]), {}).get(ref[2], {})
@@ -464,14 +539,16 @@ class ObjectCache:
                 if label not in labels:
                     continue
                 key = (ref[0], ref[1], ref[2], label, labels[label])
+                names = self._index.get(key, ())
                 if add:
-                    self._index.setdefault(key, set()).add(ref[3])
-                else:
-                    names = self._index.get(key)
-                    if names is not None:
-                        names.discard(ref[3])
-                        if not names:
-                            del self._index[key]
+                    if ref[3] not in names:
+                        self._index[key] = (*names, ref[3])
+                elif ref[3] in names:
+                    rest = tuple(n for n in names if n != ref[3])
+                    if rest:
+                        self._index[key] = rest
+                    else:
+                        del self._index[key]
 
     def _purge(self, now: float) -> None:
         """Drop expired tombstones, pending marks and recent versions (at most every few seconds)."""
@@ -548,10 +625,10 @@ class ObjectCache:
         return value
 
     def _indexed_names(self, api_version: str, kind: str, ns: str,
-                       requirements: list[tuple[str, str, str | None]]) -> set[str] | None:
+                       requirements: list[tuple[str, str, str | None]]) -> tuple[str, ...] | None:
         for op, key, value in requirements:
             if op == "=" and key in INDEXED_LABELS:
-                return self._index.get((api_version, kind, ns, key, value or ""), set())
+                return self._index.get((api_version, kind, ns, key, value or ""), ())
         return None
 
     def keys(self, api_version: str, kind: str) -> list[tuple[str, str, str | None]]:

@@ -159,6 +159,11 @@ def resync_offset(key: Key, uid: str | None, period_s: float) -> float:
     return (digest / 2**32) * period_s
 
 
+#: Seconds between two looks for deployments whose SLO figures went stale (the bound itself is a
+#: minute: ``HealthStore.max_age_s``); the other duties of a tick run every tick.
+STALE_CHECK_S = 5.0
+
+
 class Controller:
     """The control loop of one operator process (see the module docstring).
 
@@ -201,6 +206,9 @@ class Controller:
         #: optional kinds served when the loop started: kopf's scan at start found them and watches them
         self._watched_optional: set[str] = set()
         self._next_poll = 0.0
+        self._next_stale_check = 0.0
+        #: (key, uid, period) -> its resync offset: a tick looks up 1,000 keys, it does not hash them
+        self._offsets: dict[tuple[Key, str | None, float], float] = {}
         self._reflectors: list[Reflector] = []
         self._started = False
 
@@ -408,7 +416,7 @@ class Controller:
 
     def _reconcile(self, key: Key) -> None:
         kind, ns, name = key
-        moves, reads = self.ledger.began(key), outside_reads()
+        moves, reads, began = self.ledger.began(key), outside_reads(), self.clock()
         try:
             if kind == PDDEPLOYMENT:
                 outcome = self.runtime.reconcile_key(ns, name)
@@ -428,6 +436,7 @@ class Controller:
             return
         self.ledger.finished(key, moves, settled=after is None and outside_reads() == reads)
         self.queue.forget(key)
+        self.queue.cancel_after(key, asked_before=began)  # this reconcile says when to look again
         if after is not None:
             self.queue.add_after(key, after + 0.5)
         with self._resync_lock:
@@ -452,7 +461,9 @@ class Controller:
         """
         try:
             self._resync_due(previous, now, self.settings.resync_s)
-            self._flag_stale()
+            if now >= self._next_stale_check:
+                self._next_stale_check = now + STALE_CHECK_S
+                self._flag_stale()
             self._catalog_changes()
             self._poll_unwatched(now)
         except Exception as e:  # noqa: BLE001 - the ticker must keep ticking
@@ -526,8 +537,14 @@ class Controller:
             figures = ended.finish(now)
             if figures is not None:
                 self._last_pass_s, self._last_lag_s = figures
-        for key, uid in self._all_keys_with_uids():
-            at = resync_offset(key, uid, period)
+        keys = self._all_keys_with_uids()
+        offsets = self._offsets
+        if len(offsets) > 2 * len(keys) + 64:  # keys gone (or a new uid): start the memo again
+            offsets.clear()
+        for key, uid in keys:
+            at = offsets.get((key, uid, period))
+            if at is None:
+                at = offsets[(key, uid, period)] = resync_offset(key, uid, period)
             due = (lo < at <= hi) if lo <= hi else (at > lo or at <= hi)
             if due or now - previous >= period:
                 if self.ledger.unchanged(key):
@@ -539,12 +556,14 @@ class Controller:
                 self.queue.add(key)
 
     def _flag_stale(self) -> None:
-        """Queue deployments whose SLO figures just went stale (status turns SLOMet Unknown)."""
-        now = time.time()
-        for _, ns, name in (k for k in self._all_keys() if k[0] == PDDEPLOYMENT):
-            if (ns, name) not in self._stale_flagged and now >= self.runtime.stale_since(ns, name):
-                self._stale_flagged.add((ns, name))
-                self.trigger((PDDEPLOYMENT, ns, name))
+        """Queue deployments whose SLO figures just went stale (status turns SLOMet Unknown); every
+        :data:`STALE_CHECK_S` seconds of ticks."""
+        watched = next(w for w in WATCHED if w.kind == PDDEPLOYMENT)
+        names = [(ns, name) for ns, name, _ in self.cache.keys(watched.api_version, PDDEPLOYMENT)
+                 if (ns, name) not in self._stale_flagged]
+        for ns, name in self.runtime.stale(names, now=time.time()):
+            self._stale_flagged.add((ns, name))
+            self.trigger((PDDEPLOYMENT, ns, name))
 
     def _catalog_changes(self) -> None:
         """A changed kernel catalog concerns every PDDeployment: spread them over the next ticks."""

@@ -72,6 +72,7 @@ class WorkQueue:
         self._processing: set[Hashable] = set()
         self._dirty: set[Hashable] = set()  # processing keys triggered again meanwhile
         self._delayed: dict[Hashable, float] = {}  # key -> due time (the earliest asked)
+        self._delayed_asked: dict[Hashable, float] = {}  # key -> when its due time was asked for
         self._heap: list[tuple[float, int, Hashable]] = []  # (due, seq, key); stale entries skipped
         self._seq = itertools.count()
         self._failures: dict[Hashable, int] = {}
@@ -100,8 +101,25 @@ class WorkQueue:
             if old is not None and old <= due:
                 return
             self._delayed[key] = due
+            self._delayed_asked[key] = self.clock()
             heapq.heappush(self._heap, (due, next(self._seq), key))
             self._cond.notify()
+
+    def cancel_after(self, key: Hashable, *, asked_before: float) -> bool:
+        """Drop ``key``'s delayed add when it was asked for before ``asked_before`` (the queue's clock).
+
+        A reconcile that succeeded computed every later look its key needs from the state it
+        read; a delayed add asked before it began (an earlier reconcile's step, a failure's
+        backoff, a status write put off) is superseded, and would only run a reconcile that
+        finds nothing to do (1,000 of them a progress deadline after a burst). One asked
+        meanwhile stays. True when one was dropped. The heap's entry is skipped when it comes due.
+        """
+        with self._cond:
+            if key in self._delayed and self._delayed_asked.get(key, 0.0) < asked_before:
+                del self._delayed[key]
+                self._delayed_asked.pop(key, None)
+                return True
+            return False
 
     def retry(self, key: Hashable) -> float:
         """Queue a failed ``key`` after its backoff; returns the delay in seconds."""
@@ -138,6 +156,7 @@ class WorkQueue:
             if self._delayed.get(key) != due:
                 continue  # superseded by an earlier add_after of the same key
             del self._delayed[key]
+            self._delayed_asked.pop(key, None)
             self._add_locked(key, now)
 
     # ------------------------------------------------------------------ taking

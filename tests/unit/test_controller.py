@@ -366,3 +366,63 @@ def test_a_change_of_the_served_kinds_reconciles_every_deployment(monkeypatch):
     served["monitoring"] = True
     c._poll_unwatched(clock.t + 60)
     assert sorted(drain(c)) == [(PDDEPLOYMENT, "ns", f"d{i}") for i in range(3)]
+
+
+# --------------------------------------------------------------------------- stale SLO figures
+def test_a_deployment_whose_figures_went_stale_is_queued_once_by_the_ticker_within_the_check_period(monkeypatch):
+    from sglang_pd_operator.runtime import controller as C
+
+    clock = Clock()
+    c = controller(clock)
+    monkeypatch.setattr(c, "_poll_unwatched", lambda now: None)  # no API server behind this loop
+    monkeypatch.setattr(c, "_catalog_changes", lambda: None)
+    wall = [time.time()]
+    monkeypatch.setattr(C.time, "time", lambda: wall[0])
+    store = c.runtime.health_store
+    for i in range(3):
+        c.cache.upsert(pdd(f"d{i}", "1"))
+    keys = [(PDDEPLOYMENT, "ns", f"d{i}") for i in range(3)]
+
+    def reconciled() -> None:  # nothing moved since: the resync skips them, so only staleness queues
+        for key in keys:
+            c.ledger.finished(key, c.ledger.began(key), settled=True)
+
+    reconciled()
+
+    def tick(seconds: float) -> list:
+        clock.t += seconds
+        wall[0] += seconds
+        c.tick(clock.t - seconds, clock.t)
+        return sorted(drain(c))
+
+    tick(1.0)  # the first look: no figures yet, counted from now (HealthStore._first_asked)
+    assert not c._stale_flagged
+    tick(store.max_age_s - 2)
+    assert not c._stale_flagged, "not stale before max_age_s"
+    assert tick(C.STALE_CHECK_S + 2) == keys, "stale: every one queued at the next look"
+    reconciled()
+    assert tick(1.0) == [] and tick(C.STALE_CHECK_S) == [], "flagged once until fresh figures arrive"
+
+
+def test_a_reconcile_that_asks_for_no_later_look_drops_the_step_an_earlier_one_asked_for(monkeypatch):
+    """After a burst every key had asked for a look at its progress deadline; the rollouts completed, and
+    the bench saw 1,000 reconciles that found nothing to do twenty minutes later. A reconcile's own
+    answer now says when to look again."""
+    from sglang_pd_operator.reconcilers.pddeployment import Outcome
+
+    clock = Clock()
+    c = controller(clock)
+    key = (PDDEPLOYMENT, "ns", "d")
+    answers = [Outcome(valid=True, requeue_after=600.0), Outcome(valid=True), Outcome(valid=True, requeue_after=30.0)]
+    monkeypatch.setattr(c.runtime, "reconcile_key", lambda ns, name: answers.pop(0))
+    c.cache.upsert(pdd("d", "1"))
+    c._reconcile(key)  # surging: look again at the deadline
+    assert c.queue.stats().delayed == 1
+    clock.t += 5
+    c._reconcile(key)  # complete: nothing to look at later
+    assert c.queue.stats().delayed == 0 and c.ledger.unchanged(key)
+    clock.t += 5
+    c._reconcile(key)  # a new step replaces nothing it should not: one delayed look, at +30 s
+    assert c.queue.stats().delayed == 1
+    clock.t += 31
+    assert drain(c) == [key]

@@ -208,3 +208,54 @@ def test_a_projection_is_computed_once_per_stored_version_and_dropped_with_it():
     assert cache.list("apps/v1", "Deployment", "ns", project=replicas) == [4]
     assert cache._views.keys() == {("apps/v1", "Deployment", "ns", "b")}  # nothing kept of what went
     assert cache.get("apps/v1", "Deployment", "a", "ns") is None and len(calls) == 4
+
+
+def test_each_kind_is_compressed_with_its_own_dictionary_and_every_entry_decodes_to_what_was_stored():
+    """Memory at rest (issue 29 item 6): the first object of a kind is that kind's preset dictionary."""
+    import zlib
+
+    from sglang_pd_operator.runtime.cache import encode
+
+    def engine(name: str, rv: str) -> dict:
+        args = [f"--flag-{i}=value-{i * 7919 % 1000}" for i in range(60)]  # the same model: the same flags
+        return dep(name, rv, spec={"replicas": 1, "template": {"spec": {"containers": [{"name": "engine", "args": args}]}}})
+
+    cache = ObjectCache()
+    first, second = engine("pd-0000-prefill", "1"), engine("pd-0001-prefill", "2")
+    svc = {"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": "pd-0000", "namespace": "ns", "resourceVersion": "3", "uid": "u-s"}, "spec": {"ports": []}}
+    for obj in (first, second, svc):
+        cache.upsert(obj)
+    entries = cache._objects[("apps/v1", "Deployment")]["ns"]
+    a, b = entries["pd-0000-prefill"], entries["pd-0001-prefill"]
+    assert a.zdict is b.zdict and a.zdict == encode(trim(first)), "one dictionary per kind, the first object's"
+    assert cache._objects[("v1", "Service")]["ns"]["pd-0000"].zdict is not a.zdict
+    alone = len(zlib.compress(encode(trim(second)), 1))
+    assert len(b.blob) * 3 < alone, (len(b.blob), alone)
+    assert cache.get("apps/v1", "Deployment", "pd-0001-prefill", "ns") == trim(second)
+    cache.remove(first)  # the dictionary outlives the object it was made of
+    assert cache.get("apps/v1", "Deployment", "pd-0001-prefill", "ns") == trim(second)
+    again = engine("pd-0000-prefill", "5")
+    again["metadata"]["uid"] = "u-recreated"  # a new object of the same name (uids are never reused)
+    cache.upsert(again)
+    assert cache.get("apps/v1", "Deployment", "pd-0000-prefill", "ns")["metadata"]["resourceVersion"] == "5"
+
+
+def test_entries_with_the_same_labels_share_one_labels_object_that_goes_with_the_last_of_them():
+    import gc
+
+    from sglang_pd_operator.runtime import cache as C
+
+    cache = ObjectCache()
+    cache.upsert(dep("a", "1"))
+    cache.upsert(dep("b", "2"))
+    cache.upsert(dep("c", "3", owner="other"))
+    stored = cache._objects[("apps/v1", "Deployment")]["ns"]
+    assert stored["a"].labels is stored["b"].labels and stored["a"].labels == dep("a", "1")["metadata"]["labels"]
+    assert stored["c"].labels is not stored["a"].labels
+    key = tuple(sorted(dep("a", "1")["metadata"]["labels"].items()))
+    assert key in C._LABELS
+    cache.remove(dep("a", "1"))
+    cache.remove(dep("b", "2"))
+    gc.collect()
+    assert key not in C._LABELS, "no entry holds those labels any more: the shared set is gone"

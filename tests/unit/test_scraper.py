@@ -316,9 +316,9 @@ def test_changing_the_spec_rebaselines_instead_of_counting_history():
     asyncio.run(main())
 
 
-def test_a_pod_that_answers_nothing_is_asked_again_after_1_2_then_4_passes(monkeypatch):
+def test_a_pod_that_answers_nothing_is_asked_again_after_1_2_4_then_8_passes(monkeypatch):
     """At rest a pod that refuses every connection (a wedged engine, a stand-in without /metrics) costs
-    a connection every pass no more: it is asked again after 1, 2, then at most SILENT_MAX_PASSES
+    a connection every pass no more: it is asked again after 1, 2, 4, then at most SILENT_MAX_PASSES
     passes, counting as unreachable (and as a scrape error only when asked) meanwhile; an answer, or a
     new pod UID, brings it back to every pass at once."""
     from sglang_pd_operator.metrics.scraper import SILENT_MAX_PASSES
@@ -355,18 +355,18 @@ def test_a_pod_that_answers_nothing_is_asked_again_after_1_2_then_4_passes(monke
             out.append(await scraper.scrape_once())
         return out
 
-    healths = asyncio.run(passes(12))
+    healths = asyncio.run(passes(24))
     d0 = [n for n, name in asked if name == "d0"]
-    assert d0 == [1, 2, 4, 8, 12] and SILENT_MAX_PASSES == 4
+    assert d0 == [1, 2, 4, 8, 16, 24] and SILENT_MAX_PASSES == 8
     assert gets.count("d0") == 1  # after its first silence it is knocked on (TCP), never asked over HTTP
-    assert {n for n, name in asked if name == "p0"} == set(range(1, 13))  # answering pods: every pass
+    assert {n for n, name in asked if name == "p0"} == set(range(1, 25))  # answering pods: every pass
     assert all(h[0].reachable["decode"] == 0 for h in healths[1:])
     errors = sum(v for (n, _), v in _samples(metrics).items() if n == "sglang_pd_operator_scrape_errors_total")
     assert errors == len(d0)  # one error per attempt, none for a pass it was not asked in
     # it answers again: found at its next attempt, then asked every pass
     alive["d0"] = True
-    healths = asyncio.run(passes(5))
-    assert sorted({n for n, name in asked if name == "d0"})[-2:] == [16, 17]  # (filtered, then whole page)
+    healths = asyncio.run(passes(9))
+    assert sorted({n for n, name in asked if name == "d0"})[-2:] == [32, 33]  # (filtered, then whole page)
     assert healths[-1][0].reachable["decode"] == 1
     # a restarted pod (new UID) is asked at once even while silenced
     alive["d0"] = False
@@ -374,7 +374,7 @@ def test_a_pod_that_answers_nothing_is_asked_again_after_1_2_then_4_passes(monke
     pods[1] = pod("d0", "decode", "127.0.0.2") | {"metadata": {**pods[1]["metadata"], "uid": "uid-d0-new"}}
     before = gets.count("d0")
     asyncio.run(passes(1))
-    assert asked[-1][0] == 21 and [n for n, name in asked if name == "d0"][-1] == 21
+    assert asked[-1][0] == 37 and [n for n, name in asked if name == "d0"][-1] == 37
     assert gets.count("d0") == before + 1  # over HTTP, no knock first
 
 

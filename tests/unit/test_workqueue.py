@@ -55,6 +55,25 @@ def test_add_after_waits_for_its_time_and_the_earliest_delay_wins():
     assert q.get(timeout=0) is None  # the later delays were superseded, not kept
 
 
+def test_cancel_after_drops_a_delay_asked_before_the_reconcile_began_and_keeps_one_asked_meanwhile():
+    clock = Clock()
+    q = WorkQueue(clock=clock)
+    q.add_after("a", 600)  # a step an earlier reconcile asked for (t=1000)
+    clock.t += 1
+    began = clock.t  # a reconcile of "a" begins (t=1001) ...
+    assert q.cancel_after("a", asked_before=began) and q.stats().delayed == 0 and not q.pending("a")
+    clock.t += 600
+    assert q.get(timeout=0) is None, "the dropped delay never runs"
+    q.add_after("b", 30)
+    began = clock.t
+    clock.t += 1
+    q.add_after("b", 10)  # asked while the reconcile ran (a status write put off): kept
+    assert not q.cancel_after("b", asked_before=began) and q.stats().delayed == 1
+    clock.t += 10
+    assert q.get(timeout=0) == "b"
+    assert not q.cancel_after("c", asked_before=clock.t), "nothing delayed: nothing dropped"
+
+
 def test_retry_backs_off_exponentially_up_to_the_cap_and_forget_resets_it():
     clock = Clock()
     q = WorkQueue(clock=clock, retry_base_s=0.5, retry_cap_s=4.0)
