@@ -25,8 +25,8 @@ Each spec meets three judges:
    PrometheusRule; a refused child or an exception is a disagreement, and so is a
    reconcile that stops before applying anything (a Missing-API condition such as
    ComputeDomainMissing) or refuses what ``check`` accepted. Only requests really sent
-   with ``dryRun=All`` count as children (each object once per spec, though the group's
-   are sent twice: the all-or-nothing dry run, then the "write"); status patches and
+   with ``dryRun=All`` count as children (each object once per spec, though a new group's
+   workloads are sent twice: the all-or-nothing dry run, then the "write"); status patches and
    deletes, which a dry-run client does not send, are counted apart.
 
 Every disagreement where ``check`` refuses and the API server accepts is classified by
@@ -290,7 +290,7 @@ class Verdict:
     api_message: str = ""
     judged_children: bool = True  #: False: the operator's reconcile was not run (``run(children=False)``)
     children: tuple[str, ...] = ()  #: "Kind ns/name" of each child sent with dryRun=All (once each)
-    requests: int = 0  #: requests sent with dryRun=All (a group's children go twice)
+    requests: int = 0  #: requests sent with dryRun=All (a new group's workloads go twice)
     not_sent: int = 0  #: status writes and deletes the dry-run client did not send
     child_refused: str = ""
     operator_crash: str = ""

@@ -147,3 +147,38 @@ def test_a_refused_child_still_records_this_generations_verdict(catalog):
     assert (conds["Valid"]["status"], conds["Valid"]["reason"]) == ("True", "Valid")
     assert conds["Valid"].get("observedGeneration") == 3 and kube.status[-1]["observedGeneration"] == 3
     assert conds["Reconciled"]["status"] == "False"
+
+
+class _ServiceRefusingKube(RefusingKube):
+    """Refuses every Service at its write; records the order of the writes."""
+
+    def __init__(self):
+        super().__init__(refuse="-nothing", at="write")
+        self.writes: list[str] = []
+
+    def apply(self, desired, live=None, *, fetch=True, dry_run=False):
+        if not dry_run and desired["kind"] == "Service" and needs_apply(
+                with_applied_hash(desired), self.objects.get((desired["kind"], desired["metadata"]["name"]))):
+            raise _refusal()
+        done = super().apply(desired, live, fetch=fetch, dry_run=dry_run)
+        if done and not dry_run:
+            self.writes.append(desired["kind"])
+        return done
+
+
+def test_a_new_group_dry_runs_only_its_workloads_and_writes_them_last(catalog):
+    """Convergence at scale (issue 29 item 6): the dry run of every child doubled a new group's requests.
+    A new group's non-workload children are written first; one refused then is taken back before any
+    Deployment (any GPU) exists."""
+    kube = RefusingKube(refuse="-nothing", at="dry-run")
+    P.reconcile(kube=kube, body=_body(), catalog=catalog, now=1000.0)
+    kinds = {n: k for (k, n) in kube.objects}
+    assert sorted(kinds[n] for n in kube.dry_runs if n in kinds) == ["Deployment"] * 3, kube.dry_runs
+    refusing = _ServiceRefusingKube()
+    with pytest.raises(ApiException):
+        P.reconcile(kube=refusing, body=_body(), catalog=catalog, now=1000.0)
+    assert "Deployment" not in refusing.writes, f"a workload was written before the refused Service: {refusing.writes}"
+    group = [k for k in refusing.objects if k[0] in ("Deployment", "Service", "ConfigMap")]
+    assert group == [], f"left behind: {group}"
+    cond = _reconciled(refusing)
+    assert cond["status"] == "False" and "apply Service" in cond["message"] and "deleted again" in cond["message"]
