@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", type=Path, default=None, help="also write the matrix and examples to this file")
     ap.add_argument("--depth", choices=("startup", "args"), default="startup",
                     help="how far each role's startup runs: startup (model build, memory planning; default) or args "
-                         "(the CI gate's depth)")
+                         "(the CI gate's depth, which then judges every spec both accept again at startup)")
+    ap.add_argument("--threads", type=int, default=2, help="specs judged at once (default 2: the CI machine's cores)")
     ap.add_argument("--progress", type=int, default=1000, help="print a progress line every this many specs (0: never)")
     args = ap.parse_args(argv)
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {i + 1}/{len(docs)} judged, {el:.0f} s, {(i + 1) / el:.1f} specs/s", flush=True)
 
     with Oracle(catalog=catalog, max_workers=len(catalog.accelerators), depth=args.depth) as oracle:
-        rows = diff.judge_corpus(docs, oracle, catalog, progress=progress)
+        rows = diff.judge_corpus(docs, oracle, catalog, progress=progress, threads=args.threads)
         wall = time.monotonic() - start
         starts = list(oracle.pool.started_s)
     timing = diff.Timing(len(rows), wall, sum(r.seconds for r in rows), starts)

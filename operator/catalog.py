@@ -182,7 +182,17 @@ class ModelFacts(_Entry):
             "Bytes SGLang 0.5.23 puts on one GPU for the whole model at tp 1, by the GPU's ISA: every parameter and "
             "buffer of its model build (quantization create_weights included), without an Engram table or a DSpark "
             "draft. Measured by the SGLang oracle's model stage; tests/contract/test_weight_bytes.py holds each "
-            "value to it. rules/memory.py weights_fit_gpu divides it by tp for a lower bound per GPU."
+            "value to it. rules/weights.py weights_fit_gpu divides it by tp for a lower bound per GPU."
+        ),
+    )
+    replicatedWeightBytes: dict[ISA, int] = Field(
+        default_factory=dict,
+        description=(
+            "Bytes of deviceWeightBytes that every GPU holds whole at tp 2 (parameters SGLang 0.5.23 does not shard), "
+            "by ISA: 2 x (one GPU's bytes at tp 2) - deviceWeightBytes. A parameter sharded at all is split over at "
+            "most tp ranks, so replicated + (deviceWeightBytes - replicated) / tp is a lower bound per GPU at any tp "
+            "(rules/weights.py weights_per_gpu_lower_bound). Measured by the SGLang oracle's model stage; "
+            "tests/contract/test_weight_bytes.py holds it to SGLang's tp-2 build. Missing: 0."
         ),
     )
 

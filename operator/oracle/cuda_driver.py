@@ -80,7 +80,31 @@ class CUmemAccessDesc:
         self.flags = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE
 
 
+class CUdevice_attribute(enum.IntEnum):  # noqa: N801 (cuda-python's name; CUDA's values)
+    CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES = 100
+
+
 _OK = CUresult.CUDA_SUCCESS
+
+#: The node's answer to ``CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES``:
+#: 1 where the GPU reads pageable host memory through the CPU's page tables (ATS over
+#: NVLink-C2C: a Grace CPU, GB200 / GB300 / GH200 nodes), 0 on x86 hosts. Set by :func:`install`.
+HOST_PAGE_TABLES = {"uses": 0}
+
+
+def grace_host(device_name: str) -> bool:
+    """A GPU of a Grace superchip (the catalog's products "NVIDIA GB200", "NVIDIA GB300", "GH200")."""
+    return any(part.upper().startswith(("GB", "GH")) for part in device_name.replace("-", " ").split())
+
+
+def cuDeviceGetAttribute(attrib: Any, device: int) -> tuple:  # noqa: N802
+    """The device attribute SGLang's startup asks the driver: whether pageable-memory access
+    uses the host's page tables, read by the Engram host table (layers/engram.py
+    ``_sorted_host_reads``: whether host reads are sorted, a runtime choice); any other
+    attribute is no verdict."""
+    if int(attrib) == CUdevice_attribute.CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES:
+        return _OK, HOST_PAGE_TABLES["uses"]
+    raise RuntimeError(f"emulated CUDA driver: device attribute {attrib!r} is not known to the oracle (no verdict)")
 
 
 def cuMemGetAllocationGranularity(prop: Any, flag: Any) -> tuple:  # noqa: N802
@@ -143,13 +167,16 @@ def created_bytes() -> int:
     return sum(CREATED.values())
 
 
-def install() -> bool:
-    """Serve this module as ``cuda.bindings.driver`` when cuda-python is a kernel stand-in.
+def install(device_name: str = "") -> bool:
+    """Serve this module as ``cuda.bindings.driver`` when cuda-python is a kernel stand-in;
+    ``device_name`` (``DeviceFacts.name``) decides :data:`HOST_PAGE_TABLES`.
 
     Call after ``kernel_standins.install`` and before SGLang is imported. Returns True
     when installed (False: a real cuda-python is importable, it stays).
     """
     import importlib
+
+    HOST_PAGE_TABLES["uses"] = int(grace_host(device_name))
 
     try:
         bindings = importlib.import_module("cuda.bindings")

@@ -212,11 +212,46 @@ class _Event(_Stream):
         return 0.0
 
 
+#: Host memory registrations made with the emulated CUDA runtime (``cudaHostRegister``), in
+#: order: (address, bytes). Append-only: a caller sums the ones made during its step.
+HOST_REGISTERED: list[tuple[int, int]] = []
+
+
+class _CudaRuntime:
+    """``torch.cuda.cudart()``, the CUDA runtime's host-memory registration as the driver
+    answers it when the pages can be pinned: ``cudaHostRegister`` returns ``cudaSuccess``
+    (0) and the range is recorded in :data:`HOST_REGISTERED`; ``cudaHostUnregister`` returns 0.
+
+    SGLang's startup registers host memory while the model is built: the Engram host table
+    (``SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE``, layers/engram.py:729 ``_HostTable.__init__``)
+    pins the table it mapped (``int(err) != 0`` is its refusal), then reads the address
+    kernels use (the host address itself on CUDA, UVA). Whether the node has the host memory
+    to pin is not emulated (the operator's host-memory rules judge it, planning/memory.py):
+    the verdict lists the registered bytes under ``assumes`` (startup.build_model). The
+    runtime's other calls (the profiler's, HiCache's host pools, not run) are no verdict."""
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 (the runtime's name)
+        HOST_REGISTERED.append((int(ptr), int(size)))
+        return 0
+
+    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+        return 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise RuntimeError(f"the oracle's emulated CUDA runtime has no {name} (no GPU on this machine)")
+
+
+_CUDART = _CudaRuntime()
+
+
 def _emulate_cuda_runtime(cuda: Any) -> None:
     """The CUDA runtime calls SGLang's scheduler makes before a kernel runs: streams and
     events (``get_stream``, model constructors' alternate streams), ``set_device``
     (model_runner.py), ``synchronize``, ``empty_cache`` and the allocator's counters
-    (read from :data:`DEVICE`)."""
+    (read from :data:`DEVICE`); host-memory registration (``cudart()``, :class:`_CudaRuntime`)."""
+    cuda.cudart = lambda: _CUDART
     cuda.Stream = _Stream
     cuda.Event = _Event
     cuda.ExternalStream = _Stream

@@ -49,7 +49,7 @@ from . import graphs, scheduler_pd, speculative, startup
 from .kernel_standins import take_answered, take_calls
 from .model_checks import model_build_problems
 from .stages import PHASES, STAGES, OracleLimit, sglang_frame
-from .stages import emulation_limit as _emulation_limit
+from .stages import Refusal, describe  # noqa: F401  (the worker's and the PD queues' names for them)
 
 log = logging.getLogger(__name__)
 
@@ -58,48 +58,6 @@ log = logging.getLogger(__name__)
 POD_IP = "127.0.0.1"
 #: The variable a rank's address comes from (utils/network.py get_local_ip_auto reads it first).
 HOST_IP_ENV = "SGLANG_HOST_IP"
-
-
-class Refusal(Exception):
-    """SGLang refused the role or the pair; ``info`` is the JSON-able description."""
-
-    def __init__(self, info: dict[str, Any]):
-        super().__init__(info.get("message"))
-        self.info = info
-
-
-def describe(exc: BaseException, stage: str) -> dict[str, Any]:
-    """A JSON-able description of an exception SGLang raised at ``stage``."""
-    if isinstance(exc, SystemExit):
-        return {"stage": stage, "type": "SystemExit", "message": f"argparse exit {exc.code}", "where": None}
-    message = str(exc) or exc.__class__.__name__
-    info = {"stage": stage, "type": type(exc).__name__, "message": message, "where": sglang_frame(exc.__traceback__)}
-    limit = _emulation_limit(exc)
-    if limit is not None:
-        info["indeterminate"] = f"{stage}: {limit}"
-    elif isinstance(exc, OracleLimit):
-        info["indeterminate"] = message
-    elif isinstance(exc, ImportError):
-        # A module SGLang imports is missing from the oracle's environment: not a verdict.
-        info["indeterminate"] = f"the oracle's environment lacks a module SGLang imports: {message}"
-    elif _needs_the_hub(exc):
-        # A draft model or tokenizer named by a hub id: the oracle has no network (HF_HUB_OFFLINE=1).
-        info["indeterminate"] = f"SGLang wanted files of a model the oracle does not have (no hub access): {message}"
-    return info
-
-
-def _needs_the_hub(exc: BaseException) -> bool:
-    """The exception (or one it was raised from) comes from huggingface_hub / transformers trying to fetch."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        module = type(seen).__module__ or ""
-        text = str(seen).lower()
-        if module.startswith("huggingface_hub") or "hf_hub_offline" in text or "offline mode" in text or (
-            isinstance(seen, OSError) and ("huggingface.co" in text or "hugging face hub" in text or "does not appear to have a file named" in text)
-        ):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 @contextlib.contextmanager
@@ -405,6 +363,7 @@ def _scheduler_after_model(server_args: Any, model: Any, weight_bytes: int) -> t
         memory, runner, config = _stage("memory", startup.plan_memory, server_args, model)
         runner.req_to_token_pool = runner.token_to_kv_pool_allocator = None
         pools = _stage("pools", scheduler_pd.assemble_pools, runner, config)
+        assumed.extend(pools.pop("assumes", []))
         decode_graphs = _stage("graphs", graphs.check_decode_graphs, runner)
         assumed.extend(graphs.ASSUMED)
         _, manager_request, queue = _stage("pd-queues", scheduler_pd.build_queues, server_args, runner)
@@ -431,9 +390,49 @@ def _scheduler_after_model(server_args: Any, model: Any, weight_bytes: int) -> t
 DEPTHS = ("startup", "args")
 
 
+#: Variables SGLang reads once, when its modules are imported: a worker imports SGLang once
+#: per accelerator, so a role's own value of one cannot reach the code that reads it.
+IMPORT_TIME_ENV = {
+    "SGLANG_USE_AITER": "layers/moe/token_dispatcher/moriep.py:55 (and the other ROCm kernels' imports)",
+    "SGLANG_ENABLE_JIT_DEEPGEMM": "layers/deep_gemm_wrapper/configurer.py:39",
+}
+
+
+def _bool_env(value: str | None) -> bool | None:
+    if value is None:
+        return None
+    return value.strip().lower() in ("true", "1", "yes", "y")
+
+
+def _check_import_time_env(env: dict[str, str], imported: dict[str, str | None]) -> None:
+    """An indeterminate verdict (:class:`OracleLimit`) when the role sets a variable of
+    :data:`IMPORT_TIME_ENV` to another value than the worker imported SGLang with."""
+    for name, where in IMPORT_TIME_ENV.items():
+        if name in env and _bool_env(env[name]) != _bool_env(imported.get(name)):
+            raise OracleLimit(f"the role sets {name}={env[name]}, which SGLang reads when it is imported ({where}); "
+                              f"the oracle's SGLang was imported with {name}={imported.get(name)!r}")
+
+
+#: The import-time variables as the worker had them when it imported SGLang.
+IMPORTED_ENV = {name: os.environ.get(name) for name in IMPORT_TIME_ENV}
+
+
+def _refuse_to_prefault_host_tables() -> None:
+    """The Engram host table's ``per_rank`` layout writes one byte on every page of the rank's
+    shard while it is built (layers/engram.py:724 ``_HostTable.__init__``), about 95 GiB per
+    layer at tp 1: the worker would take the memory a pod's host has, so the model step is
+    not run here (an indeterminate verdict, never a crash of the oracle or its host). The
+    ``shared`` default maps a file it never touches and is built."""
+    enabled = os.environ.get("SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE", "").lower() in ("true", "1", "yes", "y")
+    if enabled and os.environ.get("SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT", "shared") != "shared":
+        raise OracleLimit("model: the Engram host table's per_rank layout prefaults its whole shard in host memory "
+                          "(layers/engram.py:724); the oracle does not build it")
+
+
 def _startup(argv: list[str], cache_key: str = "", depth: str = "startup") -> tuple[Any, dict[str, Any]]:
     from sglang.srt.server_args import prepare_server_args
 
+    _stage("parse", _check_import_time_env, dict(os.environ), IMPORTED_ENV)
     server_args = _stage("parse", prepare_server_args, argv)
     _stage("resolve", server_args.resolve_once)
     _stage("validate", server_args.check_server_args)
@@ -444,10 +443,13 @@ def _startup(argv: list[str], cache_key: str = "", depth: str = "startup") -> tu
                        "where": first.where})
     if depth == "args":
         return server_args, _stage("kv", _peer_facts, server_args)
+    _stage("model", _refuse_to_prefault_host_tables)
     model, model_facts, assumed = _stage("model", _built_model, server_args, cache_key)
     facts = _stage("kv", _peer_facts, server_args)
     draft, draft_bytes, draft_assumed = _draft_worker(server_args, model, cache_key)
-    after, more = _scheduler_after_model(server_args, model, model_facts["weightBytes"] + draft_bytes)
+    # The group's least free memory: the rank with the most Engram rows (startup.engram_rank_excess).
+    resident = model_facts["weightBytes"] + model_facts.get("maxRankExtraBytes", 0) + draft_bytes
+    after, more = _scheduler_after_model(server_args, model, resident)
     more = [*draft_assumed, *more]
     facts["speculative"] = draft
     import torch

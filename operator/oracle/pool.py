@@ -166,9 +166,10 @@ class WorkerPool:
     def model_dir(self, name: str, config: dict[str, Any]) -> str:
         """A directory holding ``config`` as the model's config.json (written once per model)."""
         path = Path(self._models.name) / name.replace("/", "--")
-        if not path.is_dir():
-            path.mkdir(parents=True)
-            (path / "config.json").write_text(json.dumps(config, indent=1))
+        with self._lock:  # callers judge specs from several threads (the differential)
+            if not path.is_dir():
+                path.mkdir(parents=True)
+                (path / "config.json").write_text(json.dumps(config, indent=1))
         return str(path)
 
     def close(self) -> None:

@@ -16,7 +16,11 @@ and planned its memory, in the order ``Scheduler.__init__`` does (managers/sched
     (disaggregation/decode.py:387) or ``PrefillBootstrapQueue`` (disaggregation/prefill.py:174),
     whose ``_init_kv_manager`` assembles the transfer's ``KVArgs`` from the pools
     (buffer lengths, layer ids, state types, page size). The manager class the queue asks
-    for is recorded here (its arguments kept) and built by the next stage.
+    for is recorded here (its arguments kept) and built by the next stage, unless the queue
+    goes on to use the manager (``SGLANG_DISAGG_STAGING_BUFFER``: the staging tensors and
+    the decode's ``DecodeStagingHandler``): then the real manager is built there and then,
+    as SGLang builds it inline (:class:`_ManagerRequest`), a refusal of its ``__init__``
+    still tagged ``transfer``.
 ``transfer`` (the backend's ``KVManager.__init__``)
     SGLang's real manager class of the role's backend (``MooncakeKVManager``,
     ``NixlKVManager``, ``FakeKVManager`` ...) on those arguments. For Mooncake the shared
@@ -42,7 +46,7 @@ import threading
 import types
 from typing import Any, Iterator
 
-from .stages import OracleLimit
+from .stages import OracleLimit, Refusal, describe
 
 #: Steps of the stages this module runs, with the SGLang code each one is (sglang/srt/...).
 POOL_STEPS = (
@@ -136,7 +140,7 @@ def assemble_pools(runner: Any, config: Any) -> dict[str, Any]:
 
     configurator = runner.kv_cache_configurator
     meta = MetaAllocations()
-    with meta:
+    with meta, _kv_copy_warmup_not_launched() as warmups:
         sizes = configurator._derive_pool_sizes(config=config)
         pools = configurator._init_pools(sizes=sizes, req_to_token_pool=runner.req_to_token_pool,
                                          token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator)
@@ -156,7 +160,40 @@ def assemble_pools(runner: Any, config: Any) -> dict[str, Any]:
         "allocator": type(pools.token_to_kv_pool_allocator).__name__,
         "poolBytes": meta.device_bytes,
         "hostPoolBytes": meta.host_bytes,
+        # popped by the caller into the role's assumes
+        "assumes": [WARMUP_ASSUMED] if warmups else [],
     }
+
+
+#: What :func:`_kv_copy_warmup_not_launched` leaves out, as the verdict lists it.
+WARMUP_ASSUMED = ("pools: the KV-copy kernel's warmup launch (mem_cache/memory_pool.py:2420 "
+                  "copy_all_layer_kv_cache_func, a Triton kernel; its tile config is SGLang's, from the pool's strides)")
+
+
+@contextlib.contextmanager
+def _kv_copy_warmup_not_launched() -> Iterator[list[str]]:
+    """The MHA pool's KV-copy warmup is not launched; the launches are recorded.
+
+    With ``enable_kv_cache_copy`` (a speculative role, kv_cache_configurator.py:2545)
+    ``MHATokenToKVPool._init_kv_copy_and_warmup`` (mem_cache/memory_pool.py:2375) computes
+    the copy's tile config from its buffers' byte stride (which runs) and then launches
+    ``copy_all_layer_kv_cache_func`` once on slot 0 onto itself (:2420): a Triton kernel,
+    launched only to compile it, whose result changes nothing and which checks nothing
+    (the launch needs the GPU driver). The module name the pool calls answers with a
+    recorder for the block."""
+    from sglang.srt.mem_cache import memory_pool
+
+    launched: list[str] = []
+    real = memory_pool.copy_all_layer_kv_cache_func
+
+    def warmup(*args: Any, **kwargs: Any) -> None:
+        launched.append("copy_all_layer_kv_cache_func")
+
+    memory_pool.copy_all_layer_kv_cache_func = warmup
+    try:
+        yield launched
+    finally:
+        memory_pool.copy_all_layer_kv_cache_func = real
 
 
 def scheduler_standin(server_args: Any, runner: Any) -> Any:
@@ -189,7 +226,22 @@ def scheduler_standin(server_args: Any, runner: Any) -> Any:
 
 
 class _ManagerRequest:
-    """What a PD queue's ``_init_kv_manager`` passed to the manager class (built by :func:`build_manager`)."""
+    """The transfer manager a PD queue's ``_init_kv_manager`` asked for: its arguments kept,
+    the real manager built by the ``transfer`` stage (:func:`build_manager`).
+
+    A queue that goes on to use its manager after building it (SGLang does with
+    ``SGLANG_DISAGG_STAGING_BUFFER``: ``set_kv_buffer_tensors`` in ``_init_kv_manager``,
+    disaggregation/decode.py:790 and prefill.py:374, and ``DecodeStagingHandler.create``
+    reading ``_staging_ctx`` and ``kv_buffer_tensors``, decode.py:2807, common/staging_handler.py:152;
+    with a decode host-receive threshold below 1, ``supports_host_destination``, decode.py:774)
+    gets the real one there and then, as on a GPU, where the queue builds its manager inline:
+    the first attribute the request does not hold builds the backend's real manager
+    (:func:`_construct_manager`, its refusal tagged ``transfer``) and every later read or write
+    goes to it. When the manager cannot be built here (a speculative role, whose manager
+    carries the draft's KV pool; a backend whose package is not installed) the queue cannot
+    go on: no verdict (:class:`OracleLimit`), never a refusal of the recorder's making."""
+
+    _OWN = frozenset({"kv_args", "mode", "server_args", "is_mla_backend", "kwargs", "oracle_manager", "oracle_facts"})
 
     def __init__(self, kv_args: Any, mode: Any, server_args: Any, is_mla_backend: bool = False, **kwargs: Any):
         self.kv_args = kv_args
@@ -197,6 +249,95 @@ class _ManagerRequest:
         self.server_args = server_args
         self.is_mla_backend = is_mla_backend
         self.kwargs = kwargs
+        #: the real manager once the queue used it (built in the pd-queues stage) and its facts
+        self.oracle_manager: Any = None
+        self.oracle_facts: dict[str, Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        # only for names the request does not hold: the queue is using its manager
+        if name.startswith("__") or name in _ManagerRequest._OWN:
+            raise AttributeError(name)
+        if self.oracle_manager is None:
+            self._oracle_build(name)
+        return getattr(self.oracle_manager, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _ManagerRequest._OWN or self.__dict__.get("oracle_manager") is None:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.oracle_manager, name, value)
+
+    def _oracle_build(self, name: str) -> None:
+        from sglang.srt.runtime_context import get_spec
+
+        algorithm = str(get_spec().speculative_algorithm or "").upper()
+        why = f"the PD queue uses its transfer manager after building it (reads {name!r})"
+        if algorithm not in ("", "NONE"):
+            raise OracleLimit(f"{why}; the oracle does not build the manager of a speculative role ({algorithm}): "
+                              "the draft worker's KV pool, which the manager carries too, is not built")
+        try:
+            manager, self.oracle_facts = _construct_manager(self.server_args, self)
+        except Refusal:
+            raise
+        except OracleLimit as e:
+            raise OracleLimit(f"{why}, and it cannot be built here: {e}") from e
+        except Exception as e:  # the manager's own refusal: the transfer stage's, as build_manager tags it
+            raise Refusal(describe(e, "transfer")) from None
+        real = getattr(manager, "set_kv_buffer_tensors", None)
+        if real is not None:
+            def set_kv_buffer_tensors(k_buffers: Any, v_buffers: Any, *args: Any, **kwargs: Any) -> Any:
+                return real(_on_gpu(k_buffers), _on_gpu(v_buffers), *args, **kwargs)
+
+            manager.set_kv_buffer_tensors = set_kv_buffer_tensors
+        self.oracle_manager = manager
+
+    def oracle_close(self) -> None:
+        _close(self.__dict__.get("oracle_manager"))
+
+
+def _on_gpu(tensors: Any) -> Any:
+    """The KV pool's buffers as the staging path sees them on a GPU: on the role's device
+    (``cuda:<gpu_id>``; the pool classes allocate them on ``cuda``, the scheduler's current
+    device, which ``get_device().gpu_id`` names, as ``init_staging_allocator`` does for its
+    ring buffer, common/staging_handler.py:784).
+
+    The oracle builds the pools on the meta device, whose tensors have no device index, and
+    ``DecodeStagingHandler.__init__`` asserts one (common/staging_handler.py:114: "KV buffers
+    must be on an indexed device") before it takes the device's module and index, an
+    assertion a CUDA tensor always passes. Each meta buffer is handed on as an alias of
+    itself (same shape, dtype and meta storage; an operation on it gives a plain meta
+    tensor) whose ``device`` is that GPU. Other tensors pass unchanged."""
+    import torch
+    from sglang.srt.runtime_context import get_device
+
+    device = torch.device(torch.device(get_device().device or "cuda").type, get_device().gpu_id or 0)
+    out = []
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_meta and not isinstance(t, _MetaOnGpu()):
+            t = t.as_subclass(_MetaOnGpu())
+            t._oracle_device = device
+        out.append(t)
+    return type(tensors)(out) if isinstance(tensors, (list, tuple)) else out
+
+
+def _MetaOnGpu() -> type:  # noqa: N802 (a class made once torch is imported)
+    """``torch.Tensor`` whose ``device`` is the GPU it stands on (:func:`_on_gpu`)."""
+    global _META_ON_GPU
+    if _META_ON_GPU is None:
+        import torch
+
+        class MetaOnGpu(torch.Tensor):
+            __torch_function__ = torch._C._disabled_torch_function_impl
+
+            @property
+            def device(self) -> Any:  # type: ignore[override]
+                return self._oracle_device
+
+        _META_ON_GPU = MetaOnGpu
+    return _META_ON_GPU
+
+
+_META_ON_GPU: Any = None
 
 
 def build_queues(server_args: Any, runner: Any) -> tuple[Any, _ManagerRequest, dict[str, Any]]:
@@ -227,16 +368,24 @@ def build_queues(server_args: Any, runner: Any) -> tuple[Any, _ManagerRequest, d
             scheduler.init_disaggregation()
     finally:
         prefill.get_kv_class, decode.get_kv_class = saved
+        for made in requests:
+            if made is not None:
+                made.oracle_close()
     queue = scheduler.disagg_prefill_bootstrap_queue or scheduler.disagg_decode_prealloc_queue
     if queue is None or not requests or requests[-1] is None:
         raise OracleLimit("the PD queue made no transfer manager (not a PD role?)")
     req = requests[-1]
     kv = req.kv_args
+    handler = getattr(scheduler.disagg_decode_transfer_queue, "staging_handler", None)
     facts = {
         "queue": type(queue).__name__,
         "kvArgs": {"kvBuffers": len(kv.kv_data_lens), "kvItemBytes": int(sum(kv.kv_item_lens)),
                    "stateTypes": [getattr(t, "value", str(t)) for t in (getattr(kv, "state_types", None) or [])],
                    "pageSize": kv.page_size, "auxBuffers": len(kv.aux_data_lens)},
+        # the manager built by the queue itself (it used it: SGLANG_DISAGG_STAGING_BUFFER) and
+        # the decode's staging handler made on it (None without staging)
+        "managerBuiltByQueue": req.oracle_facts is not None,
+        "stagingHandler": None if handler is None else type(handler).__name__,
     }
     return scheduler, req, facts
 
@@ -265,10 +414,23 @@ def _no_background_threads() -> Iterator[list[str]]:
 
 
 def build_manager(server_args: Any, req: _ManagerRequest) -> dict[str, Any]:
-    """The role's backend's real KV manager on the queue's arguments (see the module docstring).
+    """The role's backend's real KV manager on the queue's arguments (see the module docstring);
+    the facts of the one the queue built already when it used it (:class:`_ManagerRequest`).
 
     Returns {"manager", "engineCalls", "threadsNotStarted"}; raises SGLang's refusal, or
     :class:`OracleLimit` when the backend's package is not installed here."""
+    if req.oracle_facts is not None:
+        return req.oracle_facts
+    manager, facts = _construct_manager(server_args, req)
+    _close(manager)
+    return facts
+
+
+def _construct_manager(server_args: Any, req: _ManagerRequest) -> tuple[Any, dict[str, Any]]:
+    """``cls(kv_args, mode, server_args, is_mla_backend, **kwargs)`` of the role's backend,
+    with the native Mooncake engine replaced, the bootstrap registration and the background
+    threads not run, and the node's CPUs. Returns (the manager, its facts); a manager whose
+    ``__init__`` raised has its sockets closed."""
     from sglang.srt.disaggregation import utils
     from sglang.srt.disaggregation.common import conn as common
     from sglang.srt.runtime_context import get_device, get_disagg
@@ -295,11 +457,14 @@ def build_manager(server_args: Any, req: _ManagerRequest) -> dict[str, Any]:
             # (a zmq context collected with an open socket blocks its finalizer forever)
             manager = cls.__new__(cls)
             manager.__init__(req.kv_args, req.mode, server_args, req.is_mla_backend, **req.kwargs)
+        except BaseException:
+            _close(manager)
+            raise
         finally:
             common.CommonKVManager.register_to_bootstrap = register
-            _close(manager)
-    return {"manager": type(manager).__name__, "engineCalls": [c[0] for c in calls],
-            "threadsNotStarted": sorted(set(threads))}
+        facts = {"manager": type(manager).__name__, "engineCalls": [c[0] for c in calls],
+                 "threadsNotStarted": sorted(set(threads))}
+    return manager, facts
 
 
 def _close(manager: Any) -> None:

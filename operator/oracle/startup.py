@@ -27,9 +27,13 @@ What is emulated, at the boundary SGLang reads it from:
   rank's place and the group's width (what the layers read: ``world_size``,
   ``rank_in_group``, ``ranks``); a collective on it is answered only for the
   reductions every rank of a symmetric role answers alike (:func:`emulated_collectives`);
-- the CUDA runtime: streams, events and ``set_device`` are accepted (emulation.py), and
-  ``torch.cuda.mem_get_info`` reports the pod's GPU memory less what the driver and
+  the TP group's shared-memory broadcaster is rank 0's, the writer, which gets back what
+  it broadcasts (:class:`EmulatedMessageQueue`: the Engram host table's memfd, layers/engram.py:740);
+- the CUDA runtime: streams, events and ``set_device`` are accepted (emulation.py),
+  ``cudaHostRegister`` succeeds (the Engram host table; the pinned bytes are listed under
+  ``assumes``), and ``torch.cuda.mem_get_info`` reports the pod's GPU memory less what the driver and
   CUDA context take (:data:`CUDA_CONTEXT_BYTES`) and less the live meta allocations;
+- device tensors made from host data keep their values (:class:`MetaAllocations`);
 - the Engram hasher's tokenizer (the model's tokenizer files are not in the catalog).
 
 What does not run, and is listed in the verdict's ``assumes``: weight loading itself
@@ -82,7 +86,22 @@ class MetaAllocations:
     device, and ``Tensor.to("cuda")`` / ``.cuda()``, give meta tensors counted on
     :data:`DEVICE`; with ``pin_memory=True`` they give meta tensors counted as host bytes
     (``host_bytes``). CPU tensors with data (``torch.tensor([...])``) stay on the CPU.
+
+    A device tensor SGLang makes from host data (``torch.tensor(values, device="cuda")``,
+    ``cpu_tensor.to("cuda")``; small ones, up to :data:`VALUES_KEPT` elements) is a meta
+    tensor that keeps those values (``_oracle_values``, on the CPU): reading them back
+    (``item``, ``tolist``, ``int()``; also of an element taken by index, or after ``.cpu()``,
+    which keeps the meta tensor) answers what the GPU would hold, since nothing wrote to it. SGLang reads such values at startup: the MHA
+    pool's byte stride of its first KV buffer (mem_cache/memory_pool.py:2397
+    ``_init_kv_copy_and_warmup``, ``data_strides[0].item()``, with
+    ``enable_kv_cache_copy``: a speculative role), which sizes its KV-copy tiles. Any other
+    read of a meta tensor's data stays the emulation's edge (no verdict).
     """
+
+    #: Most elements of a device tensor made from host data whose values are kept.
+    VALUES_KEPT = 1 << 16
+    #: Methods reading a tensor's values back to the host.
+    READS = frozenset({"item", "tolist", "__int__", "__float__", "__index__", "__bool__"})
 
     FACTORIES = frozenset({
         "empty", "zeros", "ones", "full", "empty_strided", "rand", "randn", "randint", "arange",
@@ -119,6 +138,17 @@ class MetaAllocations:
             self.device_bytes += nbytes
         return tensor
 
+    @classmethod
+    def _keep_values(cls, meta: Any, values: Any) -> Any:
+        """``meta`` (made from the host tensor ``values``) keeps a CPU copy of small values."""
+        import torch
+
+        if (isinstance(meta, torch.Tensor) and meta.is_meta and isinstance(values, torch.Tensor)
+                and not values.is_meta and values.numel() <= cls.VALUES_KEPT):
+            with contextlib.suppress(Exception):  # values the CPU cannot hold in that dtype: not kept
+                meta._oracle_values = values.detach().to("cpu", dtype=meta.dtype, copy=True).reshape(meta.shape)
+        return meta
+
     def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         import torch
 
@@ -134,27 +164,49 @@ class MetaAllocations:
                     return func(*args, **kwargs)
             if pinned or device is None or self._is_gpu(device):
                 kwargs["device"] = "meta"
-                return self._count(func(*args, **kwargs), host=pinned)
+                made = self._count(func(*args, **kwargs), host=pinned)
+                if name in ("tensor", "as_tensor") and args and not (isinstance(args[0], torch.Tensor) and args[0].is_meta):
+                    with contextlib.suppress(Exception):  # values torch cannot take on the CPU: not kept
+                        self._keep_values(made, func(*args, **{**kwargs, "device": "cpu"}))
+                return made
             return func(*args, **kwargs)
-        if name == "cpu" and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
-            return args[0]
-        if name in ("to", "cuda") and args and isinstance(args[0], torch.Tensor):
+        first = args[0] if args else None
+        values = getattr(first, "_oracle_values", None) if isinstance(first, torch.Tensor) and first.is_meta else None
+        if values is not None:
+            if name in self.READS:
+                return getattr(values, name)()
+            if name == "__getitem__":
+                out = func(*args, **kwargs)
+                index = args[1] if len(args) > 1 else None
+                parts = index if isinstance(index, tuple) else (index,)
+                if not any(isinstance(p, torch.Tensor) for p in parts):
+                    self._keep_values(out, values[index])
+                return out
+        if name == "cpu" and isinstance(first, torch.Tensor) and first.is_meta:
+            return first
+        if name in ("to", "cuda") and isinstance(first, torch.Tensor):
             target = [a for a in args[1:] if not isinstance(a, torch.dtype)] + [kwargs.get("device")]
             if name == "cuda" or any(a is not None and self._is_gpu(a) for a in target):
-                t = args[0]
+                t = first
                 dtype = next((a for a in args[1:] if isinstance(a, torch.dtype)), kwargs.get("dtype") or t.dtype)
                 if t.is_meta:
                     return t if dtype == t.dtype else t.to(dtype)
-                return self._count(torch.empty_like(t, device="meta", dtype=dtype), host=False)
+                return self._keep_values(self._count(torch.empty_like(t, device="meta", dtype=dtype), host=False), t)
         return func(*args, **kwargs)
 
     def __enter__(self) -> "MetaAllocations":
         import torch
 
-        # A device pointer SGLang mapped itself (cuda_driver: VMM) becomes meta storage of its size.
+        # A device pointer SGLang mapped itself (cuda_driver: VMM) becomes meta storage of its size,
+        # remembered so that resident_bytes does not count it again (cuda_driver.created_bytes has it).
         self._from_pointer = torch._C._construct_storage_from_data_pointer
-        torch._C._construct_storage_from_data_pointer = (
-            lambda pointer, device, nbytes: torch.UntypedStorage(nbytes, device="meta"))
+
+        def from_pointer(pointer: int, device: Any, nbytes: int) -> Any:
+            storage = torch.UntypedStorage(nbytes, device="meta")
+            VMM_STORAGES.add(storage._cdata)
+            return storage
+
+        torch._C._construct_storage_from_data_pointer = from_pointer
         self.mode.__enter__()
         return self
 
@@ -176,7 +228,8 @@ def emulated_group_class():
         """SGLang's GroupCoordinator for a group whose other members are not in this process:
         its width, this rank's place and the global ranks; no communicator."""
 
-        def __init__(self, name: str, ranks: list[int], rank: int) -> None:  # no super(): no torch.distributed
+        def __init__(self, name: str, ranks: list[int], rank: int,
+                     use_message_queue_broadcaster: bool = False) -> None:  # no super(): no torch.distributed
             self.unique_name = f"oracle:{name}"
             self.ranks = list(ranks)
             self.rank = rank
@@ -188,6 +241,12 @@ def emulated_group_class():
             self.use_pynccl = False
             self.use_custom_allreduce = False
             self.local_size = 0
+            # as GroupCoordinator.__init__ (parallel_state.py:562-567): a shared-memory broadcaster
+            # for a group asked to have one (the TP group, SGLANG_USE_MESSAGE_QUEUE_BROADCASTER,
+            # parallel_state.py:2690) wider than one rank; its writer is rank 0 of the group
+            self.use_message_queue_broadcaster = use_message_queue_broadcaster
+            self.mq_broadcaster = (EmulatedMessageQueue(self.unique_name, self.rank_in_group)
+                                   if use_message_queue_broadcaster and self.world_size > 1 else None)
 
         def __getattr__(self, name: str) -> Any:
             if name.startswith("__"):
@@ -196,6 +255,37 @@ def emulated_group_class():
 
     globals()["EmulatedGroup"] = EmulatedGroup
     return EmulatedGroup
+
+
+class EmulatedMessageQueue:
+    """The TP group's shared-memory broadcaster (SGLang's ``MessageQueue``,
+    distributed/device_communicators/shm_broadcast.py) as rank 0 of the group holds it.
+
+    ``GroupCoordinator.__init__`` makes one with ``MessageQueue.create_from_process_group(
+    cpu_group, 1 << 22, 6)`` (parallel_state.py:565), whose writer is the group's rank 0
+    (``writer_rank=0``); ``GroupCoordinator.broadcast_object`` sends through it
+    (parallel_state.py:1577, ``src`` must be 0). On the writer, ``MessageQueue.broadcast_object``
+    (shm_broadcast.py:479) enqueues the pickled object for the readers and returns the object
+    itself: rank 0 sees its own broadcast. That is what this answers; the readers (the other
+    ranks, shaped as rank 0 and not run here) are not served, and a reader's receive is no
+    verdict (:class:`OracleLimit`). SGLang's startup broadcasts through it while the model is
+    built: the Engram host table's shared layout sends rank 0's memfd (pid, fd)
+    (layers/engram.py:740, ``_HostTable._open_shared_fd``)."""
+
+    def __init__(self, group_name: str, rank_in_group: int) -> None:
+        self.group_name = group_name
+        self._is_writer = rank_in_group == 0
+
+    def broadcast_object(self, obj: Any = None) -> Any:
+        if self._is_writer:
+            return obj
+        raise OracleLimit(f"the oracle's emulated {self.group_name} message queue: a reader rank receives rank 0's "
+                          "broadcast, which does not run here")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise OracleLimit(f"the oracle's emulated {self.group_name} message queue has no {name}")
 
 
 class _EmulatedProcessGroup:
@@ -270,7 +360,8 @@ def _model_parallel_groups(parallel: Any, world_rank: int) -> Iterator[None]:
 
     def init_model_parallel_group(group_ranks, local_rank, backend, **kwargs):
         mine = next((list(r) for r in group_ranks if world_rank in r), [world_rank])
-        return group(kwargs.get("group_name") or "group", mine, world_rank)
+        return group(kwargs.get("group_name") or "group", mine, world_rank,
+                     use_message_queue_broadcaster=bool(kwargs.get("use_message_queue_broadcaster")))
 
     for n in names:
         setattr(ps, n, None)
@@ -330,6 +421,51 @@ def _engram_hasher_standin() -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
+def _engram_shards_recorded() -> Iterator[None]:
+    """Each ``EngramEmbedding`` built keeps the table size and hash-column bounds it was given
+    (``_oracle_shard``), so :func:`engram_rank_excess` can size every rank's shard."""
+    try:
+        from sglang.srt.layers import engram
+    except ImportError:
+        yield
+        return
+    real_init = engram.EngramEmbedding.__init__
+
+    def init(self, num_embeddings, dim, layer_id, column_bounds):
+        real_init(self, num_embeddings, dim, layer_id, column_bounds)
+        self._oracle_shard = (int(num_embeddings), tuple(column_bounds))
+
+    engram.EngramEmbedding.__init__ = init
+    try:
+        yield
+    finally:
+        engram.EngramEmbedding.__init__ = real_init
+
+
+def engram_rank_excess(model: Any) -> int:
+    """Bytes the TP rank holding the most Engram rows has on its GPU beyond rank 0's, for the
+    device table and peer shards (layers/engram.py ``shard_range`` splits the rows on hash-column
+    bounds, unevenly; each row is ``dim`` fp8 bytes and ``dim / FP8_BLOCK_SIZE`` e8m0 scales).
+    SGLang plans the KV memory with the least free memory of the group
+    (distributed/bootstrap.py:207 ``get_available_gpu_memory(distributed=True)``), which is that
+    rank's; the oracle builds rank 0 only and adds this. 0 without Engram or with the host table."""
+    try:
+        from sglang.srt.layers import engram
+    except ImportError:
+        return 0
+    excess = 0
+    for m in model.modules():
+        shard = getattr(m, "_oracle_shard", None)
+        if not isinstance(m, engram.EngramEmbedding) or shard is None or m.host_table is not None:
+            continue
+        num_embeddings, bounds = shard
+        rows = [end - start for start, end in
+                (engram.shard_range(num_embeddings, bounds, r, m.tp_size) for r in range(m.tp_size))]
+        excess += (max(rows) - m.rows) * (m.dim + m.dim // engram.FP8_BLOCK_SIZE)
+    return excess
+
+
+@contextlib.contextmanager
 def scheduler_rank(server_args: Any, world_rank: int = 0) -> Iterator[Any]:
     """Rank ``world_rank``'s runtime context with its emulated groups, as the scheduler
     process has it after ``init_torch_distributed`` (model_runner.py)."""
@@ -342,9 +478,16 @@ def scheduler_rank(server_args: Any, world_rank: int = 0) -> Iterator[Any]:
             yield context
 
 
+#: Storages (``_cdata``) made from device pointers SGLang mapped itself (VMM: cuMemCreate +
+#: cuMemMap, e.g. the Engram peer shards, layers/engram.py _PeerShards.views): their bytes are
+#: the driver's allocation, counted by cuda_driver.created_bytes, not by resident_bytes.
+VMM_STORAGES: set[int] = set()
+
+
 def resident_bytes(model: Any) -> int:
     """Bytes of the device tensors ``model`` holds: parameters, buffers and tensors its
-    modules keep as attributes (workspaces, tables), each counted once."""
+    modules keep as attributes (workspaces, tables), each counted once; views of memory
+    SGLang mapped through the driver (:data:`VMM_STORAGES`) are not counted here."""
     import torch
 
     seen: set[int] = set()
@@ -354,6 +497,8 @@ def resident_bytes(model: Any) -> int:
         nonlocal total
         if isinstance(t, torch.Tensor) and t.is_meta and id(t) not in seen:
             seen.add(id(t))
+            if t.untyped_storage()._cdata in VMM_STORAGES:
+                return
             total += t.numel() * t.element_size()
 
     for module in model.modules():
@@ -378,7 +523,8 @@ def build_model(server_args: Any, *, model_config: Any = None, load_format: str 
     (``draft=True``, :mod:`.speculative`) with its own ``model_config`` and
     ``--speculative-draft-load-format`` (``load_format``), without the scheduler's MoE/GEMM
     step (made once, for the target). ``facts``: {"architecture", "quantization",
-    "weightBytes" (device bytes live after the build), "hostBytes" (pinned host bytes),
+    "weightBytes" (device bytes live after the build), "maxRankExtraBytes" (what the TP rank
+    with the most Engram rows holds beyond rank 0: :func:`engram_rank_excess`), "hostBytes" (pinned host bytes),
     "parameters"}. Raises whatever SGLang raises (its refusal).
     """
     import torch
@@ -412,16 +558,25 @@ def build_model(server_args: Any, *, model_config: Any = None, load_format: str 
     quant_config = _get_quantization_config(model_config, load_config)
     from . import cuda_driver
 
+    from .emulation import HOST_REGISTERED
+
     vmm_before = cuda_driver.created_bytes()
+    pinned_before = len(HOST_REGISTERED)
     meta = MetaAllocations()
-    with _engram_hasher_standin() as assumed, set_default_torch_dtype(model_config.dtype), meta, torch.no_grad():
+    with _engram_hasher_standin() as assumed, _engram_shards_recorded(), set_default_torch_dtype(model_config.dtype), \
+            meta, torch.no_grad():
         model = _initialize_model(model_config, load_config, quant_config)
+    pinned = sum(n for _, n in HOST_REGISTERED[pinned_before:])
+    if pinned:
+        assumed.append(f"model: cudaHostRegister pins {pinned / 2**30:.1f} GiB of host memory (the Engram host table, "
+                       "layers/engram.py:729): the node's host memory is not emulated, the call succeeds")
     check_quantized_moe_compatibility(model_config=model_config, tp_size=parallel.tp_size,
                                       moe_ep_size=parallel.moe_ep_size, moe_dp_size=parallel.moe_dp_size)
     facts = {
         "architecture": type(model).__name__,
         "quantization": model_config.quantization,
         "weightBytes": resident_bytes(model) + cuda_driver.created_bytes() - vmm_before,
+        "maxRankExtraBytes": engram_rank_excess(model),
         "hostBytes": meta.host_bytes,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
@@ -449,6 +604,7 @@ def target_runner(server_args: Any, model: Any) -> Any:
     runner.draft_model_idx = None
     runner.spec_algorithm = SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm)
     runner.dtype = runner.model_config.dtype
+    runner.capture_tail_hooks = []  # model_runner.py:396; the DSpark verify epilogue adds its hook
     runner.init_spec_aux_hidden_state()
     return runner
 

@@ -53,7 +53,7 @@ def _start(facts: DeviceFacts, workdir: Path) -> None:
     emulation.install(facts, workdir / "tools")
     kernel_standins.install()
     if facts.vendor == "nvidia":
-        cuda_driver.install()
+        cuda_driver.install(facts.name)
     plugins = json.loads(os.environ.get(standin_plugins.PLUGINS_ENV, "{}"))
     standin_plugins.install_distribution(workdir / "site", plugins)
     import sglang.srt.server_args  # noqa: F401  (after the emulation, on purpose)

@@ -47,3 +47,68 @@ def chunked_prefill_per_rank(role: RoleInputs, flags: Mapping[str, Any]) -> int 
     size = chunked_prefill_size(role, flags)
     dp = role.attention_dp
     return size // dp if size is not None and dp > 1 and size > 0 else size
+
+
+#: ``--max-prefill-tokens`` unset (server_args.py / arg_groups fields: 16384).
+MAX_PREFILL_TOKENS_DEFAULT = 16384
+
+#: SGLang's reserve floor on a GPU above 60 GiB, in MiB (memory_hook.py
+#: ``handle_gpu_memory_settings``: ``reserved_mem = max(reserved_mem, 10 * 1024)``).
+LARGE_GPU_RESERVE_FLOOR_MIB = 10 * 1024
+
+
+def _env_true(value: str | None) -> bool:
+    """An ``EnvBool`` of sglang/srt/environ.py read as SGLang reads it (unset: False)."""
+    return value is not None and value.lower() in ("true", "1", "yes", "y")
+
+
+def mem_fraction_static_upper_bound(role: RoleInputs, flags: Mapping[str, Any],
+                                    env: Mapping[str, str]) -> float | None:
+    """At least the ``--mem-fraction-static`` SGLang 0.5.23 runs the role with; None when unknown.
+
+    With the flag set, its value (capped at 1). Unset, SGLang derives it in
+    arg_groups/memory_hook.py ``handle_gpu_memory_settings`` as
+    ``round((gpu_mem - reserved_mem) / gpu_mem, 3)`` (MiB), and this returns that formula
+    with a lower bound of ``reserved_mem`` plus the rounding's 0.0005:
+
+    - with ``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING`` on (overrides.py
+      ``post_capture_kv_sizing_planned`` may then skip the graph reserve):
+      ``1536 + tp * 1024 / 8``;
+    - otherwise ``512 + 1.5 * activation_tokens + tp * 1024 / 8`` (the CUDA graph, DeepEP
+      and XPU reserves and the multimodal adjustment only lower the fraction further), at
+      least :data:`LARGE_GPU_RESERVE_FLOOR_MIB` on a GPU above 60 GiB. ``activation_tokens``
+      is at least 2048; a prefill role's is at least its chunked prefill size
+      (:func:`chunked_prefill_size`: the hook runs before parallel_hook.py divides it over
+      attention DP; a DEP4 prefill on GB200 resolves 0.864, the whole 16k chunk's reserve), or
+      with chunked prefill off (``--chunked-prefill-size -1``) its ``--max-prefill-tokens``
+      (:data:`MAX_PREFILL_TOKENS_DEFAULT` unset).
+
+    ``flags`` are ``features.parse_flags`` of the role's extraArgs, ``env`` its environment.
+    The pipeline size is taken as 1 (callers leave ``--pp-size`` roles alone). The SGLang
+    oracle reports the fraction SGLang resolved (``facts["memory"]["memFractionStatic"]``);
+    tests/contract/test_weight_bytes.py holds this bound to it.
+    """
+    text = flags.get("mem_fraction_static")
+    if text is not None:
+        try:
+            return min(1.0, float(text))
+        except (TypeError, ValueError):
+            return None  # extra_args_parse names the value
+    mib = gpu_memory_mib(role)
+    if mib is None:
+        return None
+    tp = max(1, role.parallelism.tp)
+    if _env_true(env.get("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING")):
+        reserved = 1536 + tp * 1024 / 8
+    else:
+        activation = 2048
+        if role.role == "prefill":
+            chunk = chunked_prefill_size(role, flags)  # before parallel_hook divides it over attention DP
+            if chunk is not None and chunk > 0:
+                activation = max(chunk, 2048)
+            elif chunk is not None:  # chunked prefill off: the whole prefill batch
+                activation = max(as_int(flags.get("max_prefill_tokens"), MAX_PREFILL_TOKENS_DEFAULT), 2048)
+        reserved = 512 + activation * 1.5 + tp * 1024 / 8
+        if mib > 60 * GIB_MIB:
+            reserved = max(reserved, LARGE_GPU_RESERVE_FLOOR_MIB)
+    return min(1.0, (mib - reserved) / mib + 0.0005)

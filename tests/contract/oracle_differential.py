@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable, Mapping
 import yaml
 
 STRICTER_FILE = Path(__file__).resolve().parent / "stricter_by_design.yaml"
+KNOWN_FALSE_ACCEPTS_FILE = Path(__file__).resolve().parent / "known_false_accepts.yaml"
 
 CLASSES = ("agree-accept", "agree-refuse", "false-accept", "stricter", "false-refuse", "indeterminate", "schema",
            "oracle-error", "plan-error")  # fmt: skip
@@ -60,7 +61,13 @@ class Row:
     klass: str = ""
     error: str | None = None  # oracle-error / plan-error: the exception and its traceback
     seconds: float = 0.0  # time spent in the oracle
-    depth: str = ""  # "startup" when a false refusal at the args depth was judged again at startup depth
+    depth: str = ""  # "startup" when a row of the args depth was judged again at startup depth
+    #: (role, SGLang's resolved --mem-fraction-static, the operator's upper bound or None, the
+    #: flag was given) for each role that reached SGLang's memory planning (startup depth only).
+    fractions: tuple[tuple[str, float, float | None, bool], ...] = ()
+    #: (role, bytes SGLang's model build put on the TP group's most loaded GPU, the operator's
+    #: lower bound or None) for each role whose model was built (startup depth only).
+    weights: tuple[tuple[str, int, int | None], ...] = ()
 
     @property
     def name(self) -> str:
@@ -111,6 +118,12 @@ def load_dominating(path: Path | str = STRICTER_FILE) -> frozenset[str]:
     )
 
 
+def load_known_false_accepts(path: Path | str = KNOWN_FALSE_ACCEPTS_FILE) -> dict[str, str]:
+    """SGLang refusal sites (``where``) the operator's rules do not catch yet -> why; an entry
+    without a reason does not count (known_false_accepts.yaml)."""
+    return {str(k): str(v).strip() for k, v in _stricter_entries(path).items() if v is not None and str(v).strip()}
+
+
 def _rule_key(problem: Any) -> str:
     return f"cel:{problem.field}" if problem.rule == "schema" else problem.rule
 
@@ -152,13 +165,41 @@ def _take_verdict(row: Row, verdict: Any) -> None:
     )  # fmt: skip
 
 
+def _take_memory_facts(row: Row, plan: Any, verdict: Any) -> None:
+    """Next to what SGLang's startup found for each role, the operator's restatement of it:
+    the fraction it planned memory with (planning/sglang_defaults.py
+    ``mem_fraction_static_upper_bound``) and the bytes its model build put on one GPU
+    (rules/weights.py ``weights_per_gpu_lower_bound``)."""
+    from sglang_pd_operator.planning.features import parse_flags
+    from sglang_pd_operator.planning.rules.weights import weights_per_gpu_lower_bound
+    from sglang_pd_operator.planning.sglang_defaults import mem_fraction_static_upper_bound
+
+    fractions, weights = [], []
+    for name in ("prefill", "decode"):
+        facts = getattr(verdict, name).facts or {}
+        role = getattr(plan, name)
+        model = facts.get("model") or {}
+        if model.get("weightBytes") is not None:  # the TP group's most loaded rank, as SGLang plans with it
+            built = int(model["weightBytes"]) + int(model.get("maxRankExtraBytes", 0))
+            weights.append((name, built, weights_per_gpu_lower_bound(spec=plan.spec, role=role)))
+        memory = facts.get("memory") or {}
+        if memory.get("memFractionStatic") is None:
+            continue
+        flags = parse_flags(list(role.command.args))
+        env = {e.name: e.value for e in role.inputs.spec.env}
+        fractions.append((name, float(memory["memFractionStatic"]), mem_fraction_static_upper_bound(role.inputs, flags, env),
+                          flags.get("mem_fraction_static") is not None))
+    row.fractions, row.weights = tuple(fractions), tuple(weights)
+
+
 def _confirm_at_startup(row: Row, plan: Any, oracle: Any, stricter: Mapping[str, str],
                         dominating: frozenset[str]) -> None:
-    """A false refusal at a shallower depth than ``startup`` is judged again through SGLang's
-    whole emulated startup (model build, memory planning): a rule may catch what SGLang
-    refuses only there (rules/moe.py quantized_moe_block_width: the quantization method's
-    ``create_weights``). The row takes that verdict and records the depth (``row.depth``)."""
-    depth, oracle.depth = oracle.depth, "startup"
+    """A row judged at a shallower depth than ``startup`` is judged again through SGLang's
+    whole emulated startup (model build, memory planning, PD queues, transfer managers,
+    the speculative worker) by ``oracle`` (a startup-depth oracle): a false refusal, since a
+    rule may catch what SGLang refuses only there (rules/moe.py quantized_moe_block_width:
+    the quantization method's ``create_weights``), and an agreed accept, since SGLang may
+    refuse it only there. The row takes that verdict and records the depth (``row.depth``)."""
     t0 = time.monotonic()
     try:
         verdict = oracle.judge_plan(plan)
@@ -166,61 +207,96 @@ def _confirm_at_startup(row: Row, plan: Any, oracle: Any, stricter: Mapping[str,
         row.error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
     else:
         _take_verdict(row, verdict)
+        _take_memory_facts(row, plan, verdict)
         row.depth = "startup"
     finally:
-        oracle.depth = depth
         row.seconds += time.monotonic() - t0
     row.klass = classify(row, stricter, dominating)
 
 
+def _judge_one(source: str, doc: dict[str, Any], oracle: Any, deeper: Any, catalog: Any,
+               stricter: Mapping[str, str], dominating: frozenset[str]) -> Row:
+    """One document's row: planned, judged by ``oracle``, and again by ``deeper`` (a
+    startup-depth oracle, or None) when it comes out a false refusal or an agreed accept."""
+    from sglang_pd_operator.planning.plan import plan_object
+
+    row = Row(source=source, doc=doc, ours="error")
+    try:
+        plan, problems = plan_object(doc, catalog)
+    except Exception as e:  # planning is total; record it, do not stop the run
+        row.error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        plan = None
+        problems = []
+    else:
+        errs = [p for p in problems if p.severity == "error"]
+        row.our_rules = tuple(sorted({_rule_key(p) for p in errs}))
+        row.our_errors = tuple(f"{p.field}: {p.message}" for p in errs)
+        row.ours = "schema" if plan is None else ("accept" if plan.valid else "refuse")
+    if plan is not None:
+        t0 = time.monotonic()
+        try:
+            verdict = oracle.judge_plan(plan)
+        except Exception as e:  # OracleError or a crash while rendering: a bug, not a verdict
+            row.error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        else:
+            _take_verdict(row, verdict)
+            _take_memory_facts(row, plan, verdict)
+        row.seconds = time.monotonic() - t0
+    row.klass = classify(row, stricter, dominating)
+    if deeper is not None and row.klass in ("false-refuse", "agree-accept"):
+        _confirm_at_startup(row, plan, deeper, stricter, dominating)
+    return row
+
+
 def judge_corpus(docs: Iterable[Any], oracle: Any, catalog: Any, *, stricter: Mapping[str, str] | None = None,
                  dominating: frozenset[str] | None = None,
-                 progress: Callable[[int, Row], None] | None = None) -> list[Row]:
+                 progress: Callable[[int, Row], None] | None = None, threads: int = 1) -> list[Row]:
     """Plan and judge every document; one :class:`Row` each, in order.
 
     ``docs`` holds PDDeployment dicts or ``(source, dict)`` pairs. ``oracle`` is an open
     :class:`sglang_pd_operator.oracle.Oracle`; ``stricter`` defaults to the file next to
-    this module, ``dominating`` the entries marked ``dominates`` there (load_dominating). A failure of the oracle on one spec is recorded as ``oracle-error`` and
-    the run goes on (the pool starts a fresh worker on the next call). ``progress`` is
-    called after each row with its index. When the oracle judges at a depth shallower than
-    ``startup`` (the CI gate: ``args``), a row that comes out a false refusal is judged again
-    at ``startup`` depth (:func:`_confirm_at_startup`), so a rule that catches a refusal of
-    the model build or memory planning is scored against that refusal.
+    this module, ``dominating`` the entries marked ``dominates`` there (load_dominating). A
+    failure of the oracle on one spec is recorded as ``oracle-error`` and the run goes on
+    (the pool starts a fresh worker on the next call). ``progress`` is called after each
+    row with its index (in the order rows finish when ``threads`` > 1). When the oracle
+    judges at a depth shallower than ``startup`` (the CI gate: ``args``), a row that comes
+    out a false refusal or an agreed accept is judged again at ``startup`` depth
+    (:func:`_confirm_at_startup`, by a second Oracle over the same workers): a rule that
+    catches a refusal of the model build or memory planning is scored against that refusal,
+    and an accept SGLang refuses only while starting is a false accept. Every spec the
+    operator accepts is so judged through SGLang's whole emulated startup, the others as
+    far as SGLang's first refusal. ``threads`` specs are judged at once (each oracle worker
+    serves one call at a time, so specs on different accelerators run side by side).
     """
-    from sglang_pd_operator.planning.plan import plan_object
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sglang_pd_operator.oracle import Oracle
 
     dominating = load_dominating() if dominating is None else dominating
     stricter = load_stricter() if stricter is None else stricter
-    rows: list[Row] = []
-    for i, (source, doc) in enumerate(_items(docs)):
-        row = Row(source=source, doc=doc, ours="error")
-        try:
-            plan, problems = plan_object(doc, catalog)
-        except Exception as e:  # planning is total; record it, do not stop the run
-            row.error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-            plan = None
-            problems = []
-        else:
-            errs = [p for p in problems if p.severity == "error"]
-            row.our_rules = tuple(sorted({_rule_key(p) for p in errs}))
-            row.our_errors = tuple(f"{p.field}: {p.message}" for p in errs)
-            row.ours = "schema" if plan is None else ("accept" if plan.valid else "refuse")
-        if plan is not None:
-            t0 = time.monotonic()
-            try:
-                verdict = oracle.judge_plan(plan)
-            except Exception as e:  # OracleError or a crash while rendering: a bug, not a verdict
-                row.error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-            else:
-                _take_verdict(row, verdict)
-            row.seconds = time.monotonic() - t0
-        row.klass = classify(row, stricter, dominating)
-        if row.klass == "false-refuse" and getattr(oracle, "depth", "startup") != "startup":
-            _confirm_at_startup(row, plan, oracle, stricter, dominating)
-        rows.append(row)
-        if progress is not None:
-            progress(i, row)
-    return rows
+    deeper = None
+    if getattr(oracle, "depth", "startup") != "startup":
+        deeper = Oracle(catalog=oracle.catalog, pool=oracle.pool, depth="startup")  # shares the workers: never closed
+    items = list(_items(docs))
+    rows: list[Row | None] = [None] * len(items)
+
+    def one(i: int) -> None:
+        source, doc = items[i]
+        rows[i] = _judge_one(source, doc, oracle, deeper, catalog, stricter, dominating)
+
+    if threads <= 1:
+        for i in range(len(items)):
+            one(i)
+            if progress is not None:
+                progress(i, rows[i])
+    else:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            futures = {pool.submit(one, i): i for i in range(len(items))}
+            for future in futures:
+                future.result()
+                if progress is not None:
+                    progress(futures[future], rows[futures[future]])
+    return [r for r in rows if r is not None]
 
 
 # --------------------------------------------------------------------------- reports
@@ -335,6 +411,13 @@ def _phase(row: Row) -> str:
     return ""
 
 
+def _known_count(rows: Iterable[Row]) -> int:
+    """False accepts every refusal of which is at a site known_false_accepts.yaml lists."""
+    known = load_known_false_accepts()
+    return sum(1 for r in rows if r.klass == "false-accept" and r.refusals
+               and all((ref.where or "") in known for _, ref in r.refusals))
+
+
 def confusion_matrix(rows: list[Row], *, stricter: Mapping[str, str] | None = None, limit: int = 25) -> str:
     """The matrix and the lists a person reads first: false accepts, false refusals, the rest."""
     stricter = load_stricter() if stricter is None else stricter
@@ -347,7 +430,7 @@ def confusion_matrix(rows: list[Row], *, stricter: Mapping[str, str] | None = No
         f"{'':<22}{'SGLang accepts':>{w + 2}}{'SGLang refuses':>{w + 2}}{'indeterminate':>{w + 2}}",
         f"{'operator accepts':<22}{c['agree-accept']:>{w + 2}}{c['false-accept']:>{w + 2}}"
         f"{sum(1 for r in rows if r.klass == 'indeterminate' and r.ours == 'accept'):>{w + 2}}"
-        f"   <- false accepts (must be 0): {c['false-accept']}",
+        f"   <- false accepts: {c['false-accept']} (at a site of known_false_accepts.yaml: {_known_count(rows)})",
         f"{'operator refuses':<22}{c['stricter'] + c['false-refuse']:>{w + 2}}{c['agree-refuse']:>{w + 2}}"
         f"{sum(1 for r in rows if r.klass == 'indeterminate' and r.ours == 'refuse'):>{w + 2}}"
         f"   <- of the first column: stricter by design {c['stricter']}, false refusals {c['false-refuse']}",
@@ -357,8 +440,12 @@ def confusion_matrix(rows: list[Row], *, stricter: Mapping[str, str] | None = No
     ]
     again = [r for r in rows if r.depth == "startup"]
     if again:
-        lines.append(f"judged again at startup depth (false refusals at the shallower depth): {len(again)}, "
-                     f"of them SGLang refuses {sum(1 for r in again if r.sglang is False)}")
+        accepts = [r for r in again if r.ours == "accept"]
+        refusals = [r for r in again if r.ours == "refuse"]
+        lines.append(f"judged again at startup depth: {len(accepts)} accepted by both at the shallower depth "
+                     f"(SGLang's startup refuses {sum(1 for r in accepts if r.sglang is False)}, cannot judge "
+                     f"{sum(1 for r in accepts if r.sglang is None)}); {len(refusals)} false refusals there "
+                     f"(SGLang's startup refuses {sum(1 for r in refusals if r.sglang is False)})")
     lines += ["", "SGLang's refusals by phase (the first refusal of each spec; operator accepts / refuses):"]
     for phase in ("args", "model", "kv", "speculative", "memory", "graphs", "pd-queues", "transfer", "handshake"):
         ours = collections.Counter(r.ours for r in rows if r.sglang is False and _phase(r) == phase)

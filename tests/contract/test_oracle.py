@@ -470,10 +470,11 @@ def test_every_example_runs_the_whole_startup(oracle, catalog):
 
 def test_memory_fraction_too_small_for_the_weights(oracle, catalog):
     """Refusal class 1 (memory): DeepSeek-V4.1-Flash's decode shard on GB300 holds ~190 GiB of
-    weights; --mem-fraction-static 0.5 leaves nothing for the KV cache. The operator and the
-    argument checks accept it; SGLang's _profile_available_bytes refuses it."""
+    weights; --mem-fraction-static 0.5 leaves nothing for the KV cache. The argument checks
+    accept it; SGLang's _profile_available_bytes refuses it. Found by the memory stage; the
+    operator now refuses it too (weights_fit_gpu, with the replicated bytes of the catalog)."""
     doc = _role_doc("dsv41-flash-gb300-low-latency.yaml", "decode", extra_args=["--mem-fraction-static", "0.5"])
-    assert _operator_accepts_role(catalog, doc, "decode")
+    assert not _operator_accepts_role(catalog, doc, "decode")
     _, verdict = _judge(oracle, catalog, doc)
     assert verdict.decode.starts is False, verdict.decode
     refusal = verdict.decode.refusal
@@ -526,10 +527,10 @@ def test_a_flag_the_model_loader_refuses(oracle, catalog):
 def test_a_model_build_the_emulation_cannot_run_is_indeterminate(oracle, catalog):
     """A step that needs what the emulation does not give (here: a kernel called while the
     model is built) is no verdict, with the step named, never an accept."""
-    from sglang_pd_operator.oracle import engine_side
+    from sglang_pd_operator.oracle import stages
 
-    assert engine_side._emulation_limit(RuntimeError("Cannot copy out of meta tensor; no data!")) is not None
-    assert engine_side._emulation_limit(ValueError("64 is not divisible by 3")) is None
+    assert stages.emulation_limit(RuntimeError("Cannot copy out of meta tensor; no data!")) is not None
+    assert stages.emulation_limit(ValueError("64 is not divisible by 3")) is None
 
 
 def test_the_pod_sees_the_gpus_it_requests(oracle, catalog):
@@ -710,6 +711,90 @@ def test_the_default_thread_pool_is_sized_by_the_node_cpus(oracle, catalog, queu
                "SGLANG_DISAGGREGATION_QUEUE_SIZE=9" in verdict.prefill.refusal.message
 
 
+def _qwen_h200_tp2() -> dict:
+    """Qwen3-30B-A3B without Paged Experts, TP2 on H200 for both roles (the rules table's base ``qwen``)."""
+    doc = _example("qwen3-30b-a3b-paged-experts.yaml")
+    doc["spec"]["accelerator"] = "h200"
+    doc["spec"].pop("pagedExperts", None)
+    for role in ("prefill", "decode"):
+        doc["spec"][role].pop("pagedExperts", None)
+        doc["spec"][role]["parallelism"] = {"tp": 2}
+    return doc
+
+
+def test_a_staging_buffer_role_builds_its_transfer_manager_in_the_pd_queue(oracle, catalog):
+    """False-accept group 4 of the differential (gen13-00964): SGLANG_DISAGG_STAGING_BUFFER on a
+    GQA model. The PD queue uses its manager right after building it (set_kv_buffer_tensors,
+    decode.py:790 / prefill.py:374; DecodeStagingHandler.create reads _staging_ctx,
+    staging_handler.py:152). The oracle used to hand the queue its recorder of the manager's
+    arguments, and SGLang's code failed on it ("'_ManagerRequest' object has no attribute
+    '_staging_ctx'"), which was scored as SGLang's refusal. Now the queue gets the real
+    MooncakeKVManager (with its staging ring buffer registered), as on a GPU, and both roles start."""
+    doc = _qwen_h200_tp2()
+    for role in ("prefill", "decode"):
+        doc["spec"][role]["env"] = [{"name": "SGLANG_DISAGG_STAGING_BUFFER", "value": "true"}]
+    assert _operator_accepts_role(catalog, doc, "decode") and _operator_accepts_role(catalog, doc, "prefill")
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.accepted is True, verdict.to_dict()
+    decode, prefill = verdict.decode, verdict.prefill
+    assert decode.facts["queue"]["managerBuiltByQueue"] is True and prefill.facts["queue"]["managerBuiltByQueue"] is True
+    assert decode.facts["queue"]["stagingHandler"] == "DecodeStagingHandler", decode.facts["queue"]
+    assert prefill.facts["queue"]["stagingHandler"] is None
+    for role in (decode, prefill):
+        assert role.facts["transfer"]["manager"] == "MooncakeKVManager", role.facts["transfer"]
+        # the KV buffers, then the staging memory (decode: its ring buffer; prefill: a buffer per transfer queue)
+        assert role.facts["transfer"]["engineCalls"].count("batch_register_memory") >= 2, role.facts["transfer"]
+    # without the variable the manager is built by the transfer stage, as before
+    _, plain = _judge(oracle, catalog, _qwen_h200_tp2())
+    assert plain.decode.facts["queue"]["managerBuiltByQueue"] is False and plain.decode.facts["queue"]["stagingHandler"] is None
+
+
+def test_a_manager_the_pd_queue_builds_keeps_its_refusal_tagged_transfer(oracle, catalog):
+    """A refusal of MooncakeKVManager.__init__ while the queue builds it (staging on) is the
+    transfer stage's, as when the transfer stage builds it."""
+    doc = _role_doc("qwen3-30b-a3b-paged-experts.yaml", "decode", env={
+        "SGLANG_DISAGG_STAGING_BUFFER": "true", "SGLANG_ENABLE_FAILED_SESSION_PROBE": "1",
+        "SGLANG_FAILED_SESSION_PROBE_INTERVAL_S": "30", "SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S": "10"})
+    _, verdict = _judge(oracle, catalog, doc)
+    refusal = verdict.decode.refusal
+    assert verdict.decode.starts is False and (refusal.stage, refusal.phase) == ("transfer", "transfer"), refusal
+    assert "Need 0 < SGLANG_FAILED_SESSION_PROBE_INTERVAL_S <= SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S" in refusal.message
+    assert refusal.where.startswith("sglang/srt/disaggregation/mooncake/conn.py:__init__")
+
+
+def test_a_speculative_role_on_page_size_1_reads_its_pool_strides(oracle, catalog):
+    """Indeterminate class of the differential (rules:speculative:ngram-page-size-1-is-served):
+    a speculative role's MHA pool is built with enable_kv_cache_copy, whose warmup reads
+    ``data_strides[0].item()`` (memory_pool.py:2397) from a device tensor SGLang made from host
+    data: the meta device used to lose the values ("Tensor.item() cannot be called on meta
+    tensors"). The values are kept; the Triton warmup launch itself is named under assumes."""
+    doc = _qwen_h200_tp2()
+    doc["spec"]["kvLayout"]["pageSize"] = 1
+    doc["spec"]["speculative"] = {"algorithm": "NGRAM"}
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.accepted is True, verdict.to_dict()
+    for role in (verdict.prefill, verdict.decode):
+        assert any(a.startswith("pools: the KV-copy kernel's warmup launch") for a in role.assumes), role.assumes
+
+
+def test_device_tensors_made_from_host_data_keep_their_values():
+    """MetaAllocations: torch.tensor(values, device="cuda") and cpu.to("cuda") are meta tensors that
+    answer item()/tolist() with the host values; an allocation without data still has none to read."""
+    import torch
+
+    from sglang_pd_operator.oracle.startup import MetaAllocations
+
+    with MetaAllocations():
+        strides = torch.tensor([4096, 8192], device="cuda")
+        moved = torch.tensor([1.5, 2.5]).to("cuda")
+        empty = torch.empty(2, device="cuda")
+        assert strides.is_meta and moved.is_meta
+        assert strides[0].item() == 4096 and strides.tolist() == [4096, 8192] and int(strides[1]) == 8192
+        assert moved.tolist() == [1.5, 2.5]
+        with pytest.raises(RuntimeError, match="meta tensors"):
+            empty[0].item()
+
+
 # --------------------------------------------------------------------------- the CUDA-graph runner's checks
 
 
@@ -768,3 +853,82 @@ def test_the_decode_graph_runner_checks_run_on_the_planned_request_pool(oracle, 
     verify = dspark.decode.facts["graphs"]
     assert verify["capturedReqWidth"] > 1 and verify["maxNumTokens"] == verify["maxBs"] * verify["capturedReqWidth"], verify
 
+
+# --------------------------------------------------------------------------- the Engram host table
+
+
+@pytest.mark.parametrize("accelerator", ["h200", "gb200"])
+def test_a_host_engram_table_is_built_through_the_tp_broadcast_and_cuda_host_register(oracle, catalog, accelerator):
+    """Indeterminate classes of the differential (gen13-00682, gen13-01413): with
+    engram.placement host (SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE) each Engram layer maps a
+    shared host table: rank 0 broadcasts its memfd over the TP group's message queue
+    (layers/engram.py:740; "the oracle's emulated oracle:tp group has no mq_broadcaster"), then
+    pins it with torch.cuda.cudart().cudaHostRegister (:729; "No CUDA GPUs are available") and
+    asks the driver whether the GPU reads host memory through the CPU's page tables. Rank 0 is
+    the queue's writer and gets back what it sends; the registration succeeds, its bytes are
+    listed under assumes. The model builds and both roles start (H200: an x86 host; GB200: Grace)."""
+    doc = _example("dsv41-flash-h200-flashmla.yaml")
+    doc["spec"]["engram"] = {"placement": "host"}
+    if accelerator == "gb200":
+        doc["spec"]["accelerator"] = "gb200"
+        doc["spec"]["runtime"]["image"] = "lmsysorg/sglang:v0.5.23-cu130"
+        for role in ("prefill", "decode"):
+            doc["spec"][role]["parallelism"] = {"tp": 4, "ep": 4}
+    assert _operator_accepts_role(catalog, doc, "prefill") and _operator_accepts_role(catalog, doc, "decode")
+    plan, verdict = _judge(oracle, catalog, doc)
+    assert ("SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE", "1") in plan.prefill.command.env
+    for role in (verdict.prefill, verdict.decode):
+        assert role.starts is True, (role.refusal, role.indeterminate)
+        assert any(a.startswith("model: cudaHostRegister pins ") and "Engram host table" in a for a in role.assumes), role.assumes
+
+
+def test_memory_is_planned_with_the_most_loaded_ranks_engram_shard(oracle, catalog):
+    """SGLang plans the KV memory with the least free memory of the TP group
+    (distributed/bootstrap.py:207, get_available_gpu_memory(distributed=True)); the Engram
+    table splits on hash-column bounds, unevenly (layers/engram.py shard_range), so the most
+    loaded rank holds more than rank 0, which the oracle builds. The verdict's facts carry the
+    difference, computed with SGLang's own shard_range, and the operator's even share is never
+    above the most loaded rank's bytes."""
+    from sglang.srt.layers import engram
+
+    from sglang_pd_operator.planning.rules.weights import weights_per_gpu_lower_bound
+
+    doc = _example("dsv41-flash-gb300-low-latency.yaml")
+    plan, verdict = _judge(oracle, catalog, doc)
+    facts = verdict.decode.facts["model"]
+    config = catalog.hf_config(doc["spec"]["model"]["name"])
+    assert facts["maxRankExtraBytes"] > 0, facts
+    assert facts["maxRankExtraBytes"] < 0.02 * facts["weightBytes"]
+    dim = int(config["text_config"]["engram_head_dim"])
+    row = dim + dim // engram.FP8_BLOCK_SIZE
+    assert facts["maxRankExtraBytes"] % row == 0  # whole rows
+    bound = weights_per_gpu_lower_bound(spec=plan.spec, role=plan.decode)
+    most = facts["weightBytes"] + facts["maxRankExtraBytes"]
+    assert bound <= most < 1.02 * bound, (bound, most)
+    # the peer shards' views of the memory SGLang mapped through the driver are not counted
+    # twice (startup.VMM_STORAGES): once counted, the example held a second Engram shard (50 GB)
+    assert doc["spec"]["engram"]["placement"] == "peerShards"
+
+
+def test_a_variable_sglang_reads_at_import_is_no_verdict(oracle, catalog):
+    """A worker imports SGLang once per accelerator; SGLANG_USE_AITER is read when moriep.py is
+    imported (moriep.py:55), so a role's own value cannot reach it: no verdict, with the reason
+    (the NameError SGLang's CUDA import path raises would be the oracle's artifact on AMD)."""
+    doc = _role_doc("dsv41-flash-mi355x-amd-mono.yaml", "decode", env={"SGLANG_USE_AITER": "1"})
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.decode.starts is None, verdict.decode
+    assert "SGLANG_USE_AITER=1, which SGLang reads when it is imported" in verdict.decode.indeterminate
+    assert verdict.prefill.starts is True
+
+
+def test_a_per_rank_engram_host_table_is_not_prefaulted(oracle, catalog):
+    """The per_rank host layout writes every page of its shard while it is built
+    (layers/engram.py:724): the oracle does not build it (no verdict) instead of taking the
+    host's memory; the shared default is built."""
+    doc = _example("dsv41-flash-h200-flashmla.yaml")
+    doc["spec"]["engram"] = {"placement": "host"}
+    doc["spec"]["decode"]["env"] = [{"name": "SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT", "value": "per_rank"}]
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.decode.starts is None, verdict.decode
+    assert "per_rank layout prefaults its whole shard" in verdict.decode.indeterminate
+    assert verdict.prefill.starts is not None, verdict.prefill  # the shared table gets a verdict

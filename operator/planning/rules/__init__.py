@@ -13,7 +13,7 @@ from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..structs import RolePlan
 from ..problems import Problem
-from . import (args, autoscaling, deepseek_v4, engram, handshake, kv, kvcache, moe, multinode, paged_experts, parallel, placement,
+from . import (args, autoscaling, deepseek_v4, dsv4_memory, engram, handshake, kv, kvcache, moe, multinode, paged_experts, parallel, placement,
                plugins, runtime, speculative, transfer, updates, weights)
 
 ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
@@ -25,6 +25,7 @@ ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     placement.parallelism_divides_model,
     placement.memory_fits_node,
     weights.weights_fit_gpu,
+    dsv4_memory.dsv4_swa_pool_cap,
     kv.kv_layout_predictable,
     kv.kv_layout_servable,
     kv.dsv4_kv_dtype_gpu_pool,

@@ -36,9 +36,10 @@ from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
 from ..features import as_int, parse_flags
 from ..problems import Problem
-from ..sglang_defaults import chunked_prefill_per_rank, gpu_memory_mib
+from ..sglang_defaults import MAX_PREFILL_TOKENS_DEFAULT, chunked_prefill_per_rank, gpu_memory_mib
 from ..sglang_flags import flag_table
 from ..structs import RolePlan
+from .fields import env_bool
 
 #: Backends that make expert parallelism span the TP group (overrides._A2A_EP_SPANNING_BACKENDS).
 EP_SPANNING_A2A = frozenset(
@@ -60,7 +61,6 @@ DEEPEP_V2_CAPACITY_ENV, DEEPEP_V2_CAPACITY_DEFAULT = "SGLANG_DEEPEP_V2_NUM_MAX_D
 PPLX_CAPACITY_ENV, PPLX_CAPACITY_DEFAULT = "SGLANG_PPLX_NUM_MAX_DISPATCH_TOKENS_PER_RANK", 128
 MORI_CAPACITY_ENV, MORI_CAPACITY_DEFAULT = "SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK", 4096
 MEGA_MOE_CAPACITY_ENV, MEGA_MOE_CAPACITY_DEFAULT = "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK", 8192
-MAX_PREFILL_TOKENS_DEFAULT = 16384  # --max-prefill-tokens (arg_groups/fields)
 DSV4_MAX_RUNNING_REQUESTS = 256  # deepseek_v4_hook.apply_deepseek_v4_defaults
 SPECULATIVE_MAX_RUNNING_REQUESTS = 48  # speculative_hook, every algorithm
 _OFF = (None, False, "false", "False", "0")
@@ -638,6 +638,226 @@ def megamoe_token_budget(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Cat
     return problems
 
 
+# --------------------------------------------------------------------------- all-to-all dispatchers (model build)
+def _has_moe_layers(role: RolePlan) -> bool:
+    """The model has routed experts, so SGLang builds an all-to-all dispatcher in each MoE layer
+    (layers/moe/fused_moe_triton/layer.py create_moe_dispatcher)."""
+    model = role.inputs.model
+    return model is not None and model.routedExperts > 0
+
+
+def _mori_epv2(role: RolePlan, flags: Mapping[str, Any], use_aiter: bool) -> bool:
+    """Whether SGLang picks MoRI EPv2 (moe_hook._resolve_mori_ep_v2): SGLANG_MORI_EP_V2 set and true
+    forces it, set and false forces EPv1; unset, EPv2 unless _mori_epv2_unsupported_reason finds
+    tp > 8 (off gfx1250), SGLANG_USE_AITER off, MORI_ENABLE_SDMA on, a --dtype other than
+    bfloat16, or a model other than DeepSeek-V4. A ``--dtype auto`` is taken as bfloat16 (the
+    catalog's DeepSeek-V4 checkpoints), so the rule leans to EPv2, where it refuses nothing."""
+    env = role.command.env_dict()
+    if "SGLANG_MORI_EP_V2" in env:
+        return env_bool(role, "SGLANG_MORI_EP_V2", True)
+    acc = role.inputs.accelerator
+    return (
+        use_aiter
+        and (role.inputs.parallelism.tp <= 8 or (acc is not None and acc.isa == "gfx1250"))
+        and env.get("MORI_ENABLE_SDMA", "false").lower() not in ("true", "1")
+        and str(flags.get("dtype") or "auto") in ("auto", "bfloat16")
+        and role.inputs.is_deepseek_v4
+    )
+
+
+def mori_ep_v1_needs_aiter(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """MoRI's EPv1 dispatcher runs only on ROCm with AITER (``SGLANG_USE_AITER``).
+
+    Source: layers/moe/token_dispatcher/moriep.py: ``get_hip_quant`` is imported only when
+    ``_use_aiter`` (SGLANG_USE_AITER true and a HIP build, :55-58), and
+    ``_MoriEPv1DispatcherImplBase.__init__`` calls it unconditionally (:967), so building an
+    EPv1 dispatcher (both its normal and low-latency modes) anywhere else raises "NameError:
+    name 'get_hip_quant' is not defined" while the model is built. EPv1 is the MoriEPDispatcher
+    SGLang picks when SGLANG_MORI_EP_V2 is false (:1625), which moe_hook._resolve_mori_ep_v2
+    sets unless EPv2 is supported (:func:`_mori_epv2`). Found by the SGLang oracle's model stage;
+    only models with routed experts build a dispatcher.
+    """
+    flags = _flags(role)
+    if a2a_backend(flags) != "mori" or _untracked(flags) or not _has_moe_layers(role):
+        return []
+    acc = role.inputs.accelerator
+    use_aiter = env_bool(role, "SGLANG_USE_AITER", False)
+    if acc is None or (acc.vendor == "amd" and use_aiter) or _mori_epv2(role, flags, use_aiter):
+        return []
+    on_rocm = acc.vendor == "amd"
+    why = ("SGLANG_USE_AITER is not set to true" if on_rocm
+           else f"{role.inputs.accelerator_name} is not an AMD GPU (the kernels come from ROCm's AITER)")
+    fix = (f"set SGLANG_USE_AITER=1 in spec.{role.role}.env" if on_rocm
+           else "use --moe-a2a-backend deepep (or another CUDA all-to-all backend) on this accelerator, or run MoRI "
+                "on an AMD accelerator with SGLANG_USE_AITER=1")
+    return [
+        _problem(
+            _field(role, "moe_a2a_backend"),
+            f"--moe-a2a-backend mori builds MoRI's EPv1 dispatcher in every MoE layer, which quantizes with AITER's "
+            f"get_hip_quant, and {why}; SGLang 0.5.23 fails while it builds the model (NameError: name "
+            "'get_hip_quant' is not defined, moriep.py)",
+            fix,
+            "mori_ep_v1_needs_aiter",
+        )
+    ]  # fmt: skip
+
+
+def mooncake_a2a_low_latency_only(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """``--moe-a2a-backend mooncake`` has only a low-latency dispatcher: ``--deepep-mode low_latency``.
+
+    Source: layers/moe/token_dispatcher/mooncake.py ``MooncakeEPDispatcher.__init__``
+    (:344): ``if self.deepep_mode.enable_normal(): raise NotImplementedError``, true for
+    ``normal`` and for ``auto`` (layers/moe/utils.py DeepEPMode.enable_normal), the default of
+    ``--deepep-mode``; no argument hook resolves ``auto`` for mooncake (moe_hook.handle_a2a_moe
+    does so for deepep, mori and pplx only). Raised while the model is built, in each MoE
+    layer; found by the SGLang oracle's model stage.
+    """
+    flags = _flags(role)
+    if a2a_backend(flags) != "mooncake" or _untracked(flags) or not _has_moe_layers(role):
+        return []
+    mode = str(flags.get("deepep_mode") or "auto")
+    if mode == "low_latency":
+        return []
+    where = _field(role, "deepep_mode") if flags.get("deepep_mode") is not None else _field(role, "moe_a2a_backend")
+    return [
+        _problem(
+            where,
+            f"Mooncake EP has only a low-latency dispatcher, and --deepep-mode {mode}"
+            f"{' (the default)' if flags.get('deepep_mode') is None else ''} enables the normal one; SGLang 0.5.23 "
+            "fails while it builds the model (NotImplementedError in mooncake.py MooncakeEPDispatcher)",
+            "add --deepep-mode low_latency, or use another --moe-a2a-backend",
+            "mooncake_a2a_low_latency_only",
+        )
+    ]  # fmt: skip
+
+
+#: Backends whose MoE layers SGLang builds as DeepEPMoE (ep_moe/layer.py get_moe_impl_class, :352);
+#: mori is left out: on CUDA its EPv1 dispatcher fails first (mori_ep_v1_needs_aiter), EPv2 is FusedMoE.
+_DEEPEP_MOE_A2A = ("deepep", "mooncake", "nixl", "pplx")
+
+
+def _jit_deepgemm_off(role: RolePlan) -> tuple[str, str] | None:
+    """Why deep_gemm_wrapper.ENABLE_JIT_DEEPGEMM is False on this role's CUDA GPU, with the field to
+    name; None when it is on or the catalog cannot tell. configurer.py ``_compute_enable_deep_gemm``
+    (:32-52): off when SGLANG_ENABLE_JIT_DEEPGEMM is false or the compute capability is below 9.0;
+    SM120/121 also need DeepGEMM's SM120 APIs, which the catalog cannot tell (left to the oracle)."""
+    acc = role.inputs.accelerator
+    if acc is None or acc.vendor != "nvidia":
+        return None  # HIP and NPU builds skip the assertions
+    if not env_bool(role, "SGLANG_ENABLE_JIT_DEEPGEMM", True):
+        found = [i for i, v in enumerate(role.inputs.spec.env) if v.name == "SGLANG_ENABLE_JIT_DEEPGEMM"]
+        where = f"spec.{role.role}.env" + (f"[{found[-1]}]" if found else "")
+        return where, "SGLANG_ENABLE_JIT_DEEPGEMM turns JIT DeepGEMM off"
+    digits = "".join(ch for ch in acc.isa.removeprefix("sm_") if ch.isdigit())
+    if acc.isa.startswith("sm_") and digits and int(digits) < 90:
+        return "", f"{role.inputs.accelerator_name} ({acc.isa}) is below SM90, where SGLang has no JIT DeepGEMM"
+    return None
+
+
+def deepep_moe_needs_deep_gemm(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """DeepEP-style MoE layers need JIT DeepGEMM for quantized experts in low-latency mode, and for
+    unquantized BF16 experts on the deep_gemm runner.
+
+    Source: layers/moe/ep_moe/layer.py ``DeepEPMoE.__init__``, built for --moe-a2a-backend
+    deepep, mooncake, nixl and pplx (``get_moe_impl_class``, :352): on CUDA, unless the MoE runner
+    is humming or flashinfer_cutedsl with modelopt_fp4/modelopt_mixed (:103, :118-123), it asserts
+    ``deep_gemm_wrapper.ENABLE_JIT_DEEPGEMM`` (:176, "DeepEP <mode> mode requires deep_gemm") when
+    the deepep mode enables low latency (``auto`` or ``low_latency``; pplx resolves auto to
+    low_latency, moe_hook.handle_a2a_moe) and the layer has a quant config (the checkpoint's
+    ``quantization_config`` or --quantization), and (:144, "Unquantized DeepEP MoE requires
+    DeepGEMM BF16") for BF16 experts without one on the deep_gemm runner (explicit, or pplx's auto)
+    under deepep or pplx. ENABLE_JIT_DEEPGEMM (deep_gemm_wrapper/configurer.py:39) is off below
+    SM90 (l40s, sm_89) and with SGLANG_ENABLE_JIT_DEEPGEMM false. Mooncake and NIXL refuse
+    ``auto``/``normal`` in their dispatchers first (:func:`mooncake_a2a_low_latency_only`), so only
+    their ``low_latency`` reaches :176; ``--deepep-mode normal`` avoids it under deepep. Raised
+    while the model is built; found by the SGLang oracle's model stage.
+    """
+    flags = parse_flags(list(role.command.args))
+    a2a = a2a_backend(flags)
+    if a2a not in _DEEPEP_MOE_A2A or _untracked(flags) or not _has_moe_layers(role):
+        return []
+    off = _jit_deepgemm_off(role)
+    if off is None:
+        return []
+    mode = str(flags.get("deepep_mode") or "auto")
+    runner = _runner(flags)
+    if a2a == "pplx":
+        if mode == "normal" or role.inputs.attention_dp < 2 or runner not in ("deep_gemm", "auto"):
+            return []  # refused by the argument checks first (pplx_a2a_requirements)
+        runner, mode = "deep_gemm", "low_latency"
+    config = catalog.hf_config(spec.model.name)
+    quant = flags.get("quantization")
+    if quant in _OFF:
+        if config is None:
+            return []
+        quant = (config.get("quantization_config") or {}).get("quant_method") or None
+    if runner == "humming" or (runner == "flashinfer_cutedsl" and quant in ("modelopt_fp4", "modelopt_mixed")):
+        return []
+    where, why = off
+    if quant is not None:
+        low_latency = mode == "low_latency" if a2a in ("mooncake", "nixl") else mode != "normal"
+        if not low_latency:
+            return []
+        check = f"which asserts JIT DeepGEMM for quantized ({quant}) experts in --deepep-mode {mode} (layer.py:176)"
+        avoid = "add --deepep-mode normal (decode then runs without CUDA graphs)" if a2a == "deepep" else None
+    else:
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        dtype = str(flags.get("dtype") or "auto")
+        bf16 = dtype == "bfloat16" or (dtype == "auto" and (text.get("torch_dtype") or config.get("torch_dtype")
+                                                           or text.get("dtype")) == "bfloat16")
+        if a2a not in ("deepep", "pplx") or runner != "deep_gemm" or not bf16:
+            return []
+        check = ("which asserts JIT DeepGEMM for unquantized BF16 experts on the deep_gemm MoE runner"
+                 f"{' (pplx resolves auto to it)' if _runner(flags) == 'auto' else ''} (layer.py:144)")
+        avoid = "remove --moe-runner-backend deep_gemm" if a2a == "deepep" else None
+    if where:
+        fixes = [f"remove SGLANG_ENABLE_JIT_DEEPGEMM=false from spec.{role.role}.env"]
+    else:
+        fixes = ["use an SM90+ accelerator (H100, H200, B200, GB200, GB300)"]
+        where = (_field(role, "moe_a2a_backend") if flags.get("moe_a2a_backend") == a2a
+                 else _field(role, "enable_waterfill"))
+    fixes += [avoid] if avoid else []
+    fixes.append("use --moe-a2a-backend none")
+    backend = (f"--moe-a2a-backend {a2a}" if flags.get("moe_a2a_backend") == a2a
+               else "--enable-waterfill (which forces --moe-a2a-backend deepep)")
+    return [
+        _problem(
+            where,
+            f"{backend} builds every MoE layer as DeepEPMoE, {check}; {why}, so SGLang 0.5.23 "
+            "fails while it builds the model",
+            ", or ".join(fixes),
+            "deepep_moe_needs_deep_gemm",
+        )
+    ]  # fmt: skip
+
+
+def single_batch_overlap_not_on_sm90(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """``--enable-single-batch-overlap`` is refused on SM90 (Hopper) GPUs.
+
+    Source: layers/moe/utils.py ``initialize_moe_config`` (:509), run by every scheduler
+    whatever the model: with SBO on, CUDA and compute capability major 9, "SBO (single
+    batch overlap) is not supported on SM90 GPUs with latest sgl-deep-gemm wheel. Please try
+    removing --enable-single-batch-overlap argument." The GPU class is the accelerator
+    catalog's ``isa`` (sm_90a: H100, H200). With --moe-a2a-backend megamoe or deepep_v2 the
+    argument checks refuse SBO first (:func:`megamoe_compat`, :func:`deepep_v2_requirements`).
+    """
+    flags = _flags(role)
+    acc = role.inputs.accelerator
+    if not _on(flags, "enable_single_batch_overlap") or acc is None or acc.vendor != "nvidia":
+        return []
+    if not acc.isa.startswith("sm_90") or a2a_backend(flags) in ("megamoe", "deepep_v2"):
+        return []
+    return [
+        _problem(
+            _field(role, "enable_single_batch_overlap"),
+            f"--enable-single-batch-overlap on {role.inputs.accelerator_name} ({acc.isa}): SGLang 0.5.23's DeepGEMM "
+            "wheel has no single-batch overlap on SM90 GPUs, and it refuses to start (initialize_moe_config)",
+            "remove --enable-single-batch-overlap, or use an SM100-class accelerator (B200, GB200, GB300)",
+            "single_batch_overlap_not_on_sm90",
+        )
+    ]  # fmt: skip
+
+
 def _moe_tp(role: RolePlan, flags: Mapping[str, Any]) -> int:
     """The MoE TP width SGLang resolves: TP over the expert-parallel width (every all-to-all
     backend but none spans the TP group with EP, overrides._a2a_ep_size), over the MoE DP width."""
@@ -645,6 +865,90 @@ def _moe_tp(role: RolePlan, flags: Mapping[str, Any]) -> int:
     ep = p.tp if a2a_backend(flags) in EP_SPANNING_A2A else max(1, p.ep)
     moe_dp = _int(flags.get("moe_dp_size")) or 1
     return max(1, p.tp // max(1, ep) // max(1, moe_dp))
+
+
+#: Runners whose resolution turns shared-experts fusion off (overrides._moe_runner_fusion_disable).
+_FUSION_OFF_RUNNERS = ("lora_triton", "lora_cutedsl", "lora_marlin", "flashinfer_cutedsl", "flashinfer_trtllm",
+                       "experimental_sgl_trtllm", "flashinfer_trtllm_routed")  # fmt: skip
+
+
+def _env_on(role: RolePlan, name: str) -> bool:
+    """An ``EnvBool`` of sglang/srt/environ.py (default off) as the role's env sets it."""
+    value = None
+    for var in role.inputs.spec.env:
+        if var.name == name:
+            value = str(var.value).lower()
+    return value in ("true", "1", "yes", "y")
+
+
+def _shared_experts_block_width(spec: PDDeploymentSpec, role: RolePlan, flags: Mapping[str, Any],
+                                config: Mapping[str, Any], text: Mapping[str, Any]) -> list[Problem]:
+    """DeepSeek-V4's shared experts: an FP8 block-quantized MLP split over the whole TP group.
+
+    models/deepseek_v2.py ``DeepseekV2MoE.__init__`` (:864-897, the MoE block of
+    models/deepseek_v4.py) builds the shared experts as a ``DeepseekV2MLP`` of intermediate
+    size ``moe_intermediate_size * n_shared_experts`` unless they are fused into the routed
+    experts. It replicates them (``parallel_group="replicated"``) under every all-to-all
+    backend but none (the list at :874-887 is EP_SPANNING_A2A) or with
+    SGLANG_SHARED_EXPERT_TP1 (the FP4 all-gather term needs ``--quantization modelopt_fp4``),
+    and otherwise splits them over ``parallel_group="tp"``: the full ``--tp-size``
+    (layers/linear.py ``_resolve_linear_group``), not the attention TP, not the MoE TP
+    (expert parallelism does not shard them) and not ``--moe-dense-tp-size`` (dense layers
+    only). They are fused only with ``--enforce-shared-experts-fusion`` at MoE EP 1
+    (models/deepseek_v4.py ``shared_experts_fusion_disable_reason``, :4864) and no runner
+    that turns fusion off (arg_groups/overrides.py ``_moe_runner_fusion_disable``).
+    layers/quantization/fp8.py ``Fp8LinearMethod.validate_block_quant_shapes`` (:570-609)
+    then needs each merged gate/up slice to be a multiple of block_n (":606 Weight
+    output_partition_size = 36 is not divisible by weight quantization block_n = 32") and,
+    at TP > 1, the down projection's input slice a multiple of block_k.
+    """
+    if not role.inputs.is_deepseek_v4 or flags.get("quantization") not in (None, False, "fp8"):
+        return []
+    quant = config.get("quantization_config") or {}
+    block = quant.get("weight_block_size")
+    ignored = quant.get("ignored_layers") or quant.get("modules_to_not_convert") or []
+    if quant.get("quant_method") != "fp8" or not block or len(block) != 2 or any("shared_experts" in str(x)
+                                                                                   for x in ignored):
+        return []
+    n_shared = _int(text.get("n_shared_experts") or config.get("n_shared_experts"))
+    inter = _int(text.get("moe_intermediate_size") or config.get("moe_intermediate_size"))
+    if not n_shared or not inter:
+        return []
+    p = role.inputs.parallelism
+    a2a = a2a_backend(flags)
+    moe_ep = p.tp if a2a in EP_SPANNING_A2A else max(1, p.ep)
+    if (_on(flags, "enforce_shared_experts_fusion") and not _on(flags, "disable_shared_experts_fusion")
+            and _runner(flags) not in _FUSION_OFF_RUNNERS and moe_ep == 1):
+        return []  # fused into the routed experts: no separate MLP
+    replicated = a2a in EP_SPANNING_A2A or _env_on(role, "SGLANG_SHARED_EXPERT_TP1")
+    tp = 1 if replicated else max(1, p.tp)
+    width = inter * n_shared
+    block_n, block_k = int(block[0]), int(block[1])
+
+    def fits(t: int) -> bool:
+        return width % t == 0 and (width // t) % block_n == 0 and (t == 1 or (width // t) % block_k == 0)
+
+    if fits(tp):
+        return []
+    best = max((t for t in (2**i for i in range(tp.bit_length())) if fits(t)), default=None)
+    where = f"the whole TP group of {tp} (expert parallelism does not shard them)" if tp > 1 else "every rank"
+    how = (f"{width} does not split into {tp} equal slices" if width % tp else
+           f"each rank's slice ({width} / {tp} = {width // tp}) is not a multiple of the checkpoint's FP8 block "
+           f"{block_n}x{block_k}")
+    fix = (f"use tp {best} or another tp at which {width} / tp is a multiple of {max(block_n, block_k)}, or an "
+           "all-to-all backend (--moe-a2a-backend, under which SGLang replicates the shared experts), or set "
+           f"SGLANG_SHARED_EXPERT_TP1=1 in spec.{role.role}.env" if tp > 1 else
+           "use a checkpoint whose shared experts' width is a multiple of its FP8 block")
+    return [
+        _problem(
+            f"spec.{role.role}.parallelism.tp",
+            f"{spec.model.name}'s shared experts (intermediate size {width}) are split over {where}, and {how}; "
+            "SGLang 0.5.23 refuses it while it builds the model (linear.py divide / fp8.py "
+            "Fp8LinearMethod.validate_block_quant_shapes)",
+            fix,
+            "quantized_moe_block_width",
+        )
+    ]
 
 
 def quantized_moe_block_width(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
@@ -661,7 +965,10 @@ def quantized_moe_block_width(*, spec: PDDeploymentSpec, role: RolePlan, catalog
       MoE runner for ``auto`` without an all-to-all backend (model_overrides/deepseek_v4.py)
       and FlashInfer's CUTLASS MXFP4 method needs hidden and per-rank intermediate sizes
       in multiples of 128 (layers/quantization/mxfp4_flashinfer_cutlass_moe.py
-      ``create_weights``).
+      ``create_weights``);
+    - DeepSeek-V4's FP8 block-quantized shared experts at a TP whose slice is not a
+      multiple of the block (:func:`_shared_experts_block_width`; fp8.py:606
+      ``validate_block_quant_shapes``), found by the oracle's differential run.
 
     Found by the SGLang oracle's model stage (docs/sglang-oracle.md). Sizes come from the
     catalog's copy of the model's config.json.
@@ -672,11 +979,12 @@ def quantized_moe_block_width(*, spec: PDDeploymentSpec, role: RolePlan, catalog
     if model is None or config is None or not model.routedExperts or _untracked(flags):
         return []
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    shared = _shared_experts_block_width(spec, role, flags, config, text)
     inter = _int(text.get("moe_intermediate_size") or config.get("moe_intermediate_size"))
     hidden = _int(text.get("hidden_size") or config.get("hidden_size"))
     moe_tp = _moe_tp(role, flags)
     if not inter or inter % moe_tp:
-        return []  # parallelism_divides_model refuses the division itself
+        return shared  # parallelism_divides_model refuses the division itself
     per_rank = inter // moe_tp
     quant = config.get("quantization_config") or {}
     block = quant.get("weight_block_size") if quant.get("quant_method") == "fp8" else None
@@ -698,7 +1006,7 @@ def quantized_moe_block_width(*, spec: PDDeploymentSpec, role: RolePlan, catalog
                "multiples of 128; SGLang 0.5.23 refuses it while it builds the model "
                "(mxfp4_flashinfer_cutlass_moe.py create_weights)")
     if bad is None:
-        return []
+        return shared
     return [
         _problem(
             f"spec.{role.role}.parallelism.ep",
@@ -706,7 +1014,7 @@ def quantized_moe_block_width(*, spec: PDDeploymentSpec, role: RolePlan, catalog
             "use expert parallelism (parallelism.ep = tp) so each rank holds whole experts, or a smaller tp",
             "quantized_moe_block_width",
         )
-    ]
+    ] + shared
 
 
 ROLE_RULES = (
@@ -722,5 +1030,9 @@ ROLE_RULES = (
     megamoe_compat,
     megamoe_token_budget,
     quantized_moe_block_width,
+    mori_ep_v1_needs_aiter,
+    mooncake_a2a_low_latency_only,
+    deepep_moe_needs_deep_gemm,
+    single_batch_overlap_not_on_sm90,
 )
 PAIR_RULES: tuple = ()

@@ -163,19 +163,86 @@ def paged_experts_host_memory(*, spec: PDDeploymentSpec, role: RolePlan, catalog
 
 #: ISAs of SGLang's ``get_platform().is_sm100`` (SM100 and SM103: B200, GB200, B300, GB300)
 _SM100 = ("sm_100", "sm_103")
+#: ISA of SGLang's ``get_platform().is_sm90`` (H100, H200)
+_SM90 = "sm_90a"
+#: All-to-all backends under which Fp8MoEMethod's ``auto`` runner is DeepGEMM on a GPU with
+#: JIT DeepGEMM (fp8.py ``Fp8MoEMethod.is_deepgemm_moe_runner_backend_enabled``).
+_DEEPGEMM_AUTO_A2A = ("deepep", "mooncake", "nixl")
+#: All-to-all backends whose argument resolution turns ``--moe-runner-backend auto`` into
+#: ``deep_gemm`` for every method (moe_hook.py ``_handle_a2a_moe``; deepep_v2 does too, but
+#: refuses a paged layer before its runner is built).
+_DEEPGEMM_RESOLVING_A2A = ("pplx",)
+
+
+def _env_flag(role: RolePlan, name: str, default: bool) -> bool:
+    """An ``EnvBool`` of sglang/srt/environ.py as the role's env sets it (last one wins)."""
+    value = None
+    for var in role.inputs.spec.env:
+        if var.name == name:
+            value = str(var.value).lower()
+    if value in ("true", "1", "yes", "y"):
+        return True
+    if value in ("false", "0", "no", "n"):
+        return False
+    return default
+
+
+def _dsv4_fp4_expert_method(runner: str, isa: str, a2a: str, dequant: bool) -> str:
+    """The MoE method SGLang 0.5.23 builds for DeepSeek-V4's FP4 experts (Fp8Config with FP4 experts).
+
+    model_overrides/deepseek_v4.py:67-88 turns ``--moe-runner-backend auto`` into
+    ``flashinfer_mxfp4`` on CUDA SM90/SM100/SM120 with ``--moe-a2a-backend none`` and no
+    SGLANG_DSV4_FP4_DEQUANT; layers/quantization/fp8.py ``Fp8Config.get_quant_method``
+    (:445-474) then builds Mxfp4MarlinMoEMethod under marlin, Mxfp4FlashinferCutlassMoEMethod
+    under flashinfer_mxfp4 on SM90/SM120, Mxfp4FlashinferTrtllmMoEMethod on SM100, and
+    Fp8MoEMethod (with FP4 experts) otherwise.
+    """
+    if runner == "marlin":
+        return "Mxfp4MarlinMoEMethod"
+    if runner == "auto" and a2a == "none" and not dequant:
+        if isa == _SM90:
+            return "Mxfp4FlashinferCutlassMoEMethod"
+        if isa in _SM100:
+            return "Mxfp4FlashinferTrtllmMoEMethod"
+    return "Fp8MoEMethod"
+
+
+def _jit_deepgemm(role: RolePlan) -> bool:
+    """deep_gemm_wrapper/configurer.py ``_compute_enable_deep_gemm``: CUDA at SM90 or above and
+    SGLANG_ENABLE_JIT_DEEPGEMM (default on). SM120 also needs DeepGEMM's SM120 APIs, which the
+    catalog cannot tell: only the Hopper and Blackwell ISAs count here."""
+    acc = role.inputs.accelerator
+    return (acc is not None and acc.vendor == "nvidia" and (acc.isa == _SM90 or acc.isa in _SM100)
+            and _env_flag(role, "SGLANG_ENABLE_JIT_DEEPGEMM", True))
 
 
 def paged_experts_moe_method(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
     """Paged Experts pages only experts built by a triton or Marlin runner, in a format it knows.
 
-    Source: sglang 0.5.23 layers/moe/paged_experts/runners.py ``contract_for`` ("requires the
-    triton or Marlin MoE runner") and method.py ``check_paged_experts_compat`` (":class:
-    experts are not supported"), both at model construction. Which runner and method SGLang
-    builds: arg_groups/model_overrides/qwen3_moe.py turns ``--moe-runner-backend auto`` into
-    ``flashinfer_trtllm`` on SM100/SM103 for an unquantized or FP8 Qwen3-MoE with no all-to-all
-    backend; DeepSeek-V4's FP4 experts get ``Mxfp4FlashinferTrtllmMoEMethod`` on SM100/SM103
-    and ``Fp8MoEMethod`` on gfx950 under the default runner. Found by the oracle's model stage
-    (issue 23); the differential holds these cases to SGLang.
+    Source: sglang 0.5.23 layers/moe/paged_experts/runners.py:166 ``contract_for`` ("requires the
+    triton or Marlin MoE runner, the layer's method uses ...") and method.py:355
+    ``check_paged_experts_compat`` ("<method> experts are not supported"), both at model
+    construction (fused_moe_triton/layer.py ``make_for_layer``). Which runner and method SGLang
+    builds:
+
+    - arg_groups/model_overrides/qwen3_moe.py turns ``--moe-runner-backend auto`` into
+      ``flashinfer_trtllm`` on SM100/SM103 for an unquantized or FP8 Qwen3-MoE with no
+      all-to-all backend;
+    - DeepSeek-V4's FP4 experts (catalog ``bytesPerExpertParam`` 0.5) are never a format
+      paged experts knows (formats.py: Fp8BlockFormat excludes ``is_fp4_expert``, and the
+      MXFP4 FlashInfer / Marlin methods are not in FORMATS), whatever method
+      :func:`_dsv4_fp4_expert_method` names;
+    - an FP8 checkpoint (``quant_method: fp8``, Fp8MoEMethod) under ``auto`` runs DeepGEMM
+      with ``--moe-a2a-backend`` deepep, mooncake or nixl where JIT DeepGEMM is on
+      (fp8.py ``create_moe_runner`` / ``is_deepgemm_moe_runner_backend_enabled``), and
+      pplx resolves ``auto`` to ``deep_gemm`` for every method (moe_hook.py
+      ``_handle_a2a_moe``);
+    - ``--moe-a2a-backend deepep_v2`` takes only unquantized or blockwise FP8 methods, never
+      the PagedExpertsMoEMethod wrapper (fused_moe_triton/layer.py
+      ``_validate_deepep_v2_quant_method``, :300).
+
+    Found by the oracle's model stage (issue 23) and the differential run; the differential
+    holds these cases to SGLang.
     """
     if role.inputs.paged_experts_k is None or role.inputs.model is None or role.inputs.accelerator is None:
         return []
@@ -183,6 +250,7 @@ def paged_experts_moe_method(*, spec: PDDeploymentSpec, role: RolePlan, catalog:
     runner = str(flags.get("moe_runner_backend") or "auto")
     isa = role.inputs.accelerator.isa
     model = role.inputs.model
+    a2a = a2a_backend(flags)
     field = f"spec.{role.role}.extraArgs"
     where = f"{role.role} on {role.inputs.accelerator_name} ({isa})"
     if runner not in ("auto", "triton", "marlin"):
@@ -190,19 +258,45 @@ def paged_experts_moe_method(*, spec: PDDeploymentSpec, role: RolePlan, catalog:
                         f"given --moe-runner-backend {runner}, which SGLang 0.5.23 refuses at model construction",
                         fix="use --moe-runner-backend triton (or marlin), or remove pagedExperts",
                         rule="paged_experts_moe_method")]
-    if runner != "auto" or flags.get("quantization") not in (None, False):
+    if flags.get("quantization") not in (None, False):
         return []
-    if (model.modelType == "qwen3_moe" and isa in _SM100 and a2a_backend(flags) == "none"):
+    if role.inputs.is_deepseek_v4 and model.bytesPerExpertParam == 0.5:
+        dequant = _env_flag(role, "SGLANG_DSV4_FP4_DEQUANT", False)
+        method = _dsv4_fp4_expert_method(runner, isa, a2a, dequant)
+        return [Problem(field=role.inputs.paged_experts_field,
+                        message=f"Paged Experts cannot page {spec.model.name}'s FP4 experts on the {where}: SGLang 0.5.23 "
+                        f"builds them with {method}, a format it does not page, and refuses at model construction "
+                        "(paged_experts/method.py check_paged_experts_compat)",
+                        fix="remove pagedExperts for this model (it pages unquantized, FP8 and INT8 experts)",
+                        rule="paged_experts_moe_method")]
+    if runner != "auto":
+        return []
+    if (model.modelType == "qwen3_moe" and isa in _SM100 and a2a == "none"):
         return [Problem(field=field, message=f"Paged Experts needs the triton or Marlin MoE runner, and SGLang 0.5.23 "
                         f"picks flashinfer_trtllm for {model.architecture} on the {where} (model_overrides/qwen3_moe.py): "
                         "it refuses at model construction",
                         fix=f"add --moe-runner-backend triton to spec.{role.role}.extraArgs",
                         rule="paged_experts_moe_method")]
-    if role.inputs.is_deepseek_v4 and isa in (*_SM100, "gfx950"):
-        method = "Fp8MoEMethod" if isa == "gfx950" else "Mxfp4FlashinferTrtllmMoEMethod"
-        return [Problem(field=role.inputs.paged_experts_field,
-                        message=f"Paged Experts cannot page {spec.model.name}'s FP4 experts on the {where}: SGLang 0.5.23 "
-                        f"builds them with {method}, a format it does not page, and refuses at model construction",
-                        fix="remove pagedExperts for this model on this GPU (it pages unquantized, FP8 and INT8 experts)",
+    config = catalog.hf_config(spec.model.name) or {}
+    fp8 = (config.get("quantization_config") or {}).get("quant_method") == "fp8"
+    if a2a == "deepep_v2":
+        return [Problem(field=field, message=f"Paged Experts cannot run under --moe-a2a-backend deepep_v2 (the {where}): "
+                        "SGLang 0.5.23 feeds DeepEP v2 only unquantized or 128x128 blockwise FP8 expert methods, and "
+                        "Paged Experts wraps the layer's method in PagedExpertsMoEMethod; it refuses at model "
+                        "construction (fused_moe_triton/layer.py _validate_deepep_v2_quant_method)",
+                        fix=f"remove --moe-a2a-backend deepep_v2 from spec.{role.role}.extraArgs (Paged Experts runs on "
+                        "one GPU, with nothing to dispatch)",
+                        rule="paged_experts_moe_method")]
+    if a2a in _DEEPGEMM_RESOLVING_A2A or (fp8 and a2a in _DEEPGEMM_AUTO_A2A and _jit_deepgemm(role)):
+        how = ("resolves --moe-runner-backend auto to deep_gemm under it (moe_hook.py _handle_a2a_moe)"
+               if a2a in _DEEPGEMM_RESOLVING_A2A else
+               "runs the FP8 experts (Fp8MoEMethod) on DeepGEMM under --moe-runner-backend auto with it "
+               "(fp8.py Fp8MoEMethod.create_moe_runner)")
+        return [Problem(field=field, message=f"Paged Experts needs the triton or Marlin MoE runner; the {where} runs "
+                        f"--moe-a2a-backend {a2a}, and SGLang 0.5.23 {how}: it refuses at model construction "
+                        "(paged_experts/runners.py contract_for)",
+                        fix=f"remove --moe-a2a-backend {a2a} from spec.{role.role}.extraArgs (Paged Experts runs on one "
+                        "GPU, with nothing to dispatch)" + ("" if a2a in _DEEPGEMM_RESOLVING_A2A else
+                                                           ", or add --moe-runner-backend triton"),
                         rule="paged_experts_moe_method")]
     return []

@@ -265,15 +265,19 @@ def dsv4_prefill_cp(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog)
 
 
 def decode_cp_flags(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
-    """``--dcp-size`` must be >= 1, and > 1 excludes ``--enable-prefill-cp``; ``--dcp-comm-backend``
-    a2a / fi_a2a and ``--dcp-replicate-q-proj`` need DCP > 1, fi_a2a a CUDA GPU, the
-    replication an a2a backend.
+    """``--dcp-size`` must be >= 1 and divide tp, and > 1 excludes ``--enable-prefill-cp``;
+    ``--dcp-comm-backend`` a2a / fi_a2a and ``--dcp-replicate-q-proj`` need DCP > 1, fi_a2a a
+    CUDA GPU, the replication an a2a backend.
 
     Source: arg_groups/parallel_hook.py handle_decode_context_parallelism ("Decode context
     parallel size ... must be >= 1", "--dcp-size > 1 does not support --enable-prefill-cp.",
     "--dcp-comm-backend ... requires --dcp-size ... > 1", "--dcp-comm-backend fi_a2a ...
     requires Blackwell", "--dcp-replicate-q-proj requires --dcp-size > 1", "... only applies
-    to the a2a/fi_a2a DCP communication backend"). DeepSeek-V4.1 with DSpark refuses any DCP
+    to the a2a/fi_a2a DCP communication backend"), and distributed/parallel_state.py
+    initialize_model_parallel (:2666, when each scheduler builds its groups):
+    "tensor_model_parallel_size (T) must be divisible by decode_context_parallel_size (D)",
+    with T the role's --tp-size (parallelism.tp) and D the --dcp-size when above 1
+    (runtime_context.parallel_widths_of). DeepSeek-V4.1 with DSpark refuses any DCP
     (deepseek_v4.dspark_pd_requirements).
     """
     if _dsv41_dspark(spec, role):
@@ -287,6 +291,14 @@ def decode_cp_flags(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog)
         found.append((field, f"--dcp-size {dcp} is below 1", "use --dcp-size 1 or more"))
     if dcp > 1 and role.inputs.prefill_cp:
         found.append((field, f"--dcp-size {dcp} with --enable-prefill-cp", "use one of the two"))
+    tp = role.inputs.parallelism.tp
+    if dcp > 1 and tp % dcp:
+        sizes = ", ".join(str(d) for d in range(2, tp + 1) if tp % d == 0)
+        use = f"use a --dcp-size that divides tp {tp} ({sizes})" if sizes else "remove --dcp-size"
+        found.append(
+            (field, f"--dcp-size {dcp} does not divide the role's tp {tp} (decode CP groups split the TP group)",
+             f"{use}, or raise spec.{role.role}.parallelism.tp to a multiple of {dcp}")
+        )  # fmt: skip
     if backend in ("a2a", "fi_a2a") and dcp <= 1:
         found.append(
             (flag_field(role, "dcp_comm_backend"), f"--dcp-comm-backend {backend} without --dcp-size > 1",

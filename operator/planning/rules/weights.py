@@ -15,6 +15,7 @@ from ...catalog import Catalog
 from ..features import parse_flags
 from ..memory import gib, quantity_bytes
 from ..problems import Problem
+from ..sglang_defaults import mem_fraction_static_upper_bound
 from ..structs import RolePlan
 from .fields import flag_field
 
@@ -23,6 +24,14 @@ from .fields import flag_field
 #: layers): the rule stays silent and leaves them to the SGLang oracle.
 _OTHER_WEIGHTS = ("cpu_offload_gb", "offload_group_size", "offload_num_in_group", "offload_mode",
                   "quantization", "dtype", "pp_size", "load_format", "json_model_override_args")
+
+
+#: The catalog's figures are SGLang's build under its default options; other KV layouts, MoE
+#: runners and attention backends hold a little less on a GPU (up to 0.5 % in the differential's
+#: corpus: DeepSeek-V4.1 with FP4 compressed KV under flashmla_mega; flashmla_mega itself adds a
+#: 512 MiB workspace on SM100/SM103). The bound takes this fraction off the model's bytes;
+#: tests/contract/test_oracle_differential.py test_weights_lower_bound_holds holds it to every build.
+BUILD_VARIANCE = 0.01
 
 
 def _set(flags: dict, dest: str) -> bool:
@@ -36,14 +45,18 @@ def _set(flags: dict, dest: str) -> bool:
 def weights_per_gpu_lower_bound(*, spec: PDDeploymentSpec, role: RolePlan) -> int | None:
     """Bytes at least on each GPU of ``role`` once the weights load, or None when unknown.
 
-    ``deviceWeightBytes[isa] / tp`` (the catalog's figure of SGLang's own model build at tp 1,
-    kernels/models.yaml): every weight is split over at most the TP group, never over more
-    (attention DP, ``--moe-dense-tp-size``, redundant experts and a draft only add), plus
+    ``replicated + (deviceWeightBytes[isa] - replicated) / tp`` (the catalog's figures of SGLang's
+    own model build at tp 1 and of what it holds whole on every GPU at tp 2, kernels/models.yaml):
+    less :data:`BUILD_VARIANCE` of it (options other than the default build's hold a little
+    less); every weight is split over at most the TP group, never over more (attention DP,
+    ``--moe-dense-tp-size``, redundant experts and a draft only add), plus
     the Engram table's TP shard on a model with one (SGLang's default device table and
     peer shards alike: layers/engram.py shard_range; the catalog figure is measured with
-    it and the table subtracted, so the sum is what was measured). None without the
-    catalog figure, with Paged Experts (experts live on the host), the Engram host table,
-    or a flag in :data:`_OTHER_WEIGHTS`.
+    it and the table subtracted, so the sum is what was measured; an even share, which the
+    rank holding the most rows reaches at least, and SGLang plans with the least free memory
+    of the TP group), nothing for the Engram host table (host memory registered with CUDA,
+    layers/engram.py _HostTable). None without the catalog figure, with Paged Experts
+    (experts live on the host), or a flag in :data:`_OTHER_WEIGHTS`.
     """
     model, acc = role.inputs.model, role.inputs.accelerator
     if model is None or acc is None or role.inputs.paged_experts_k is not None:
@@ -55,12 +68,14 @@ def weights_per_gpu_lower_bound(*, spec: PDDeploymentSpec, role: RolePlan) -> in
     if any(_set(flags, dest) for dest in _OTHER_WEIGHTS):
         return None
     tp = max(1, role.inputs.parallelism.tp)
-    total = at_tp1 // tp
+    whole = min(at_tp1, model.replicatedWeightBytes.get(acc.isa, 0))
+    total = int((whole + (at_tp1 - whole) // tp) * (1 - BUILD_VARIANCE))
     if model.engram:
         placement = spec.engram.placement if spec.engram is not None else "device"
-        if placement == "host" or not model.engramTableBytes:
-            return None  # the oracle cannot build the host table's model (no mq broadcaster): no figure to hold
-        total += model.engramTableBytes // tp
+        if placement != "host":  # the host table is registered host memory, not a GPU's
+            if not model.engramTableBytes:
+                return None
+            total += model.engramTableBytes // tp
     return total
 
 
@@ -69,8 +84,10 @@ def weights_fit_gpu(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog)
 
     Refused when the lower bound of :func:`weights_per_gpu_lower_bound` reaches the GPU's
     memory (``gpuMemory``, the catalog's total per GPU, before the CUDA context takes its
-    share) times ``--mem-fraction-static`` (1 when unset: whatever SGLang's default, it is
-    below 1). SGLang then raises at memory planning, after minutes of weight loading.
+    share) times the fraction of :func:`~..sglang_defaults.mem_fraction_static_upper_bound`:
+    ``--mem-fraction-static`` when set, else at least SGLang's own default for the role
+    (memory_hook.py ``handle_gpu_memory_settings``). SGLang then raises at memory planning,
+    after minutes of weight loading.
     """
     need = weights_per_gpu_lower_bound(spec=spec, role=role)
     if need is None:
@@ -79,28 +96,35 @@ def weights_fit_gpu(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog)
     assert acc is not None
     gpu = quantity_bytes(acc.gpuMemory)
     flags = parse_flags(list(role.command.args))
-    fraction_text = flags.get("mem_fraction_static")
-    try:
-        fraction = min(1.0, float(fraction_text)) if fraction_text not in (None, False) else 1.0
-    except (TypeError, ValueError):
-        return []  # extra_args_parse names the value
+    fraction = mem_fraction_static_upper_bound(role.inputs, flags, {e.name: e.value for e in role.inputs.spec.env})
+    if fraction is None:
+        return []
+    explicit = flags.get("mem_fraction_static") is not None
     budget = int(gpu * fraction)
     if need < budget:
         return []
     tp = role.inputs.parallelism.tp
     fits_at = next((n for n in (2, 4, 8, 16, 32, 64) if n > tp and need * tp // n < budget), None)
-    engram = " and the Engram table's shard" if role.inputs.model is not None and role.inputs.model.engram else ""
-    share = f" x --mem-fraction-static {fraction:g}" if fraction < 1 else ""
+    on_gpu = spec.engram is None or spec.engram.placement != "host"
+    engram = " and the Engram table's shard" if role.inputs.model is not None and role.inputs.model.engram and on_gpu else ""
+    if explicit:
+        share = f" x --mem-fraction-static {fraction:g}" if fraction < 1 else ""
+    else:
+        share = (f" x SGLang's default --mem-fraction-static for this role, at most {fraction:.3f} (the GPU less "
+                 "its reserve for activations and CUDA graphs: memory_hook.py handle_gpu_memory_settings)")
     message = (f"the {role.role} role's weights{engram} take at least {gib(need)} on each GPU ({spec.model.name} at tp "
                f"{tp}), but a {role.inputs.accelerator_name} GPU has {gib(gpu)}{share}: SGLang 0.5.23 refuses at memory "
                "planning after loading the weights (\"Loaded weights leave no GPU memory for the KV cache\", "
                "kv_cache_configurator.py _profile_available_bytes)")
-    if fraction < 1 and need < gpu:
+    more = f"tp {fits_at} or more" if fits_at else "a larger tp"
+    if explicit and fraction < 1 and need < gpu:
         field = flag_field(role, "mem_fraction_static")
         fix = (f"raise --mem-fraction-static well above {need / gpu:.2f} (the weights' share at least; the KV cache "
                f"needs room beyond it), or raise spec.{role.role}.parallelism.tp")
     else:
         field = f"spec.{role.role}.parallelism.tp"
-        more = f"tp {fits_at} or more" if fits_at else "a larger tp"
         fix = f"use {more}, or a GPU with more memory" + (", or spec.engram.placement: host" if engram else "")
+        if not explicit and need < gpu:
+            fix += (f"; or set --mem-fraction-static in spec.{role.role}.extraArgs well above {need / gpu:.2f}, "
+                    "which takes GPU memory from activations and CUDA graphs")
     return [Problem(field=field, message=message, fix=fix, rule="weights_fit_gpu")]
