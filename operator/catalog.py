@@ -188,11 +188,12 @@ class ModelFacts(_Entry):
     replicatedWeightBytes: dict[ISA, int] = Field(
         default_factory=dict,
         description=(
-            "Bytes of deviceWeightBytes that every GPU holds whole at tp 2 (parameters SGLang 0.5.23 does not shard), "
-            "by ISA: 2 x (one GPU's bytes at tp 2) - deviceWeightBytes. A parameter sharded at all is split over at "
+            "Bytes of deviceWeightBytes that every GPU holds whole (parameters SGLang 0.5.23 does not shard), by ISA: "
+            "the least over tp 2, 4 and 8 and the attention backends of (tp x one GPU's bytes - deviceWeightBytes) / "
+            "(tp - 1), less 16 MiB. A parameter sharded at all is split over at "
             "most tp ranks, so replicated + (deviceWeightBytes - replicated) / tp is a lower bound per GPU at any tp "
             "(rules/weights.py weights_per_gpu_lower_bound). Measured by the SGLang oracle's model stage; "
-            "tests/contract/test_weight_bytes.py holds it to SGLang's tp-2 build. Missing: 0."
+            "tests/contract/test_weight_bytes.py holds it to SGLang's tp-2 build, the differential to every build. Missing: 0."
         ),
     )
 
