@@ -68,6 +68,15 @@ class Accelerator(_Entry):
             "operator: nvidia.com/gpu.clique = <clusterUUID>.<cliqueID>); None for a domain inside one node."
         ),
     )
+    cudaContextMemory: str = Field(
+        default="1Gi",
+        description=(
+            "What the driver and the CUDA context take of each GPU before SGLang allocates (about 0.5-1 GiB on "
+            "Hopper/Blackwell with CUDA 12-13; the upper end by default). SGLang's pre_model_load_memory is at most "
+            "gpuMemory less this (torch.cuda.mem_get_info): the SGLang oracle's emulated device reports it, and the "
+            "memory rules (rules/weights.py, rules/dsv4_memory.py) plan with it."
+        ),
+    )
     gpuResource: str
     rdmaResource: str = "rdma/hca"
     sharedMemory: str = "64Gi"
@@ -156,6 +165,18 @@ class KernelPlugin(_Entry):
     sources: tuple[str, ...] = ()
 
 
+class DraftWeightBytes(_Entry):
+    """SGLang 0.5.23's bytes on one GPU for a bundled speculative draft, by ISA, in the same three
+    figures as :class:`ModelFacts` keeps for the target (``deviceWeightBytes`` at tp 1,
+    ``replicatedWeightBytes`` held whole on every GPU, ``attentionWeightBytes`` split over the
+    attention-TP group); measured by the SGLang oracle's speculative stage (the draft worker's
+    model build, ``facts.speculative.draftWeightBytes``)."""
+
+    deviceWeightBytes: dict[ISA, int] = Field(default_factory=dict)
+    replicatedWeightBytes: dict[ISA, int] = Field(default_factory=dict)
+    attentionWeightBytes: dict[ISA, int] = Field(default_factory=dict)
+
+
 class ModelFacts(_Entry):
     """Facts about a model the rules need before weights load (or from its config.json)."""
 
@@ -195,6 +216,26 @@ class ModelFacts(_Entry):
             "(rules/weights.py weights_per_gpu_lower_bound). Measured by the SGLang oracle's model stage; "
             "tests/contract/test_weight_bytes.py holds it to SGLang's tp-2 build, the differential to every build. Missing: 0."
         ),
+    )
+    attentionWeightBytes: dict[ISA, int] = Field(
+        default_factory=dict,
+        description=(
+            "Bytes of deviceWeightBytes that attention DP splits over the attention-TP group (tp / dp) instead of "
+            "the TP group, by ISA: (one GPU's bytes at tp t with dp t - at dp 1) / (1 - 1/t), less 16 MiB. "
+            "Measured by the SGLang oracle's model stage at tp 2, 4 and 8 (equal to the byte); "
+            "rules/weights.py adds its replication under attention DP to the lower bound. Missing: 0."
+        ),
+    )
+    lmHeadWeightBytes: int = Field(
+        default=0, ge=0,
+        description=(
+            "Bytes of the LM head at tp 1 (vocab x hidden, its dtype), which --enable-dp-lm-head splits over the "
+            "attention-TP group too (measured: the difference of the oracle's builds with and without it). Missing: 0."
+        ),
+    )
+    dsparkDraftWeightBytes: DraftWeightBytes | None = Field(
+        default=None,
+        description="The bundled DSpark draft's bytes on a GPU (dsparkDraftBundled), the target's three figures.",
     )
 
     @property

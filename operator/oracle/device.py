@@ -52,7 +52,9 @@ class DeviceFacts:
     SGLang lists under ``/sys/class/infiniband`` to validate ``--disaggregation-ib-device``;
     ``cpus``: the node's CPUs (catalog ``cpus``), what ``os.cpu_count()`` answers in a pod
     (a container sees the node's CPUs), which the Mooncake prefill sizes its default
-    transfer thread pool from (disaggregation/mooncake/conn.py:326).
+    transfer thread pool from (disaggregation/mooncake/conn.py:326); ``context_memory``: bytes
+    the driver and CUDA context take of each GPU before SGLang allocates (catalog
+    ``cudaContextMemory``), never free to ``torch.cuda.mem_get_info``.
     """
 
     vendor: str
@@ -66,6 +68,7 @@ class DeviceFacts:
     hip_version: str | None
     rdma_devices: tuple[str, ...] = ()
     cpus: int | None = None
+    context_memory: int = 1 << 30
 
     @property
     def key(self) -> str:
@@ -109,4 +112,5 @@ def device_facts(acc: Accelerator) -> DeviceFacts:
         hip_version=HIP_VERSION if hip else None,
         rdma_devices=tuple(rail.device for rail in acc.rails),
         cpus=acc.cpus,
+        context_memory=quantity_bytes(acc.cudaContextMemory),
     )

@@ -133,9 +133,6 @@ def _emulate_sysfs(devices: tuple[str, ...]) -> None:
     os.listdir, os.path.isdir, os.path.exists = listdir, isdir, exists
 
 
-#: What the NVIDIA driver and the CUDA context take of each GPU before SGLang allocates
-#: (about 0.5-1 GiB on Hopper/Blackwell with CUDA 12-13; the upper end is used).
-CUDA_CONTEXT_BYTES = 1 << 30
 
 class DeviceMemory:
     """The emulated GPU's memory as the CUDA driver reports it: ``total`` per GPU (the
@@ -143,6 +140,7 @@ class DeviceMemory:
 
     def __init__(self) -> None:
         self.total = 0
+        self.context = 1 << 30  # the catalog's cudaContextMemory (emulation.install)
         self._resident: int | None = None
 
     @property
@@ -153,7 +151,7 @@ class DeviceMemory:
     def mem_get_info(self, device: Any = None) -> tuple[int, int]:
         """(free, total) bytes as ``torch.cuda.mem_get_info`` reports them."""
         used = self._resident or 0
-        return max(0, self.total - CUDA_CONTEXT_BYTES - used), self.total
+        return max(0, self.total - self.context - used), self.total
 
     @contextlib.contextmanager
     def resident(self, nbytes: int) -> Iterator[None]:
@@ -393,6 +391,7 @@ def install(facts: DeviceFacts, tools_dir: Path) -> None:
     cuda.get_device_name = lambda device=None: facts.name
     cuda.get_device_properties = lambda device=None: props
     DEVICE.total = facts.total_memory
+    DEVICE.context = facts.context_memory
     cuda.mem_get_info = DEVICE.mem_get_info
     cuda.current_device = lambda: 0
     _emulate_cuda_runtime(cuda)

@@ -32,7 +32,7 @@ What is emulated, at the boundary SGLang reads it from:
 - the CUDA runtime: streams, events and ``set_device`` are accepted (emulation.py),
   ``cudaHostRegister`` succeeds (the Engram host table; the pinned bytes are listed under
   ``assumes``), and ``torch.cuda.mem_get_info`` reports the pod's GPU memory less what the driver and
-  CUDA context take (:data:`CUDA_CONTEXT_BYTES`) and less the live meta allocations;
+  CUDA context take (the catalog's ``cudaContextMemory``) and less the live meta allocations;
 - device tensors made from host data keep their values (:class:`MetaAllocations`);
 - the Engram hasher's tokenizer (the model's tokenizer files are not in the catalog).
 
@@ -49,7 +49,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-from .emulation import CUDA_CONTEXT_BYTES, DEVICE
+from .emulation import DEVICE
 from .stages import OracleLimit
 
 #: Steps of a role's startup this module runs, with the SGLang code each one is.
@@ -642,7 +642,7 @@ def plan_memory(server_args: Any, model: Any) -> tuple[dict[str, Any], Any, Any]
     runner.layer_info = resolve_layer_indices(model=model, model_config=model_config, is_draft_worker=False,
                                               draft_model_idx=None)
     runner.init_kv_cache_configurator()
-    free_before, _ = DEVICE.total - CUDA_CONTEXT_BYTES, DEVICE.total
+    free_before = DEVICE.total - DEVICE.context
     pre_model_load_memory = free_before / (1 << 30)
     # _profile_available_bytes first runs gc.collect() to free weight-loading temporaries
     # held on the GPU; the emulated device has none (its figure is the resident weights),

@@ -169,9 +169,11 @@ def _take_memory_facts(row: Row, plan: Any, verdict: Any) -> None:
     """Next to what SGLang's startup found for each role, the operator's restatement of it:
     the fraction it planned memory with (planning/sglang_defaults.py
     ``mem_fraction_static_upper_bound``) and the bytes its model build put on one GPU
-    (rules/weights.py ``weights_per_gpu_lower_bound``)."""
+    (rules/weights.py ``weights_per_gpu_lower_bound``, and for a bundled DSpark draft
+    ``draft_weights_per_gpu_lower_bound`` as the role name plus " draft")."""
     from sglang_pd_operator.planning.features import parse_flags
-    from sglang_pd_operator.planning.rules.weights import weights_per_gpu_lower_bound
+    from sglang_pd_operator.planning.rules.weights import (draft_weights_per_gpu_lower_bound,
+                                                           weights_per_gpu_lower_bound)
     from sglang_pd_operator.planning.sglang_defaults import mem_fraction_static_upper_bound
 
     fractions, weights = [], []
@@ -182,6 +184,10 @@ def _take_memory_facts(row: Row, plan: Any, verdict: Any) -> None:
         if model.get("weightBytes") is not None:  # the TP group's most loaded rank, as SGLang plans with it
             built = int(model["weightBytes"]) + int(model.get("maxRankExtraBytes", 0))
             weights.append((name, built, weights_per_gpu_lower_bound(spec=plan.spec, role=role)))
+        draft = (facts.get("speculative") or {}).get("draftWeightBytes")
+        draft_bound = draft_weights_per_gpu_lower_bound(spec=plan.spec, role=role)
+        if draft is not None and draft_bound:  # the bundled DSpark draft the catalog carries
+            weights.append((f"{name} draft", int(draft), draft_bound))
         memory = facts.get("memory") or {}
         if memory.get("memFractionStatic") is None:
             continue

@@ -123,3 +123,50 @@ def test_the_ports_bootstrap_port_free_restates_are_sglangs():
     assert sa.ZMQ_TCP_PORT_DELTA == handshake._ZMQ_TCP_PORT_DELTA
     source = inspect.getsource(sa.PortArgs.init_new)
     assert "NUM_DERIVED_PORTS = 6 if not is_rust_server" in source and handshake._ZMQ_PORTS >= 6 + 1
+
+
+def _model_with_draft() -> str:
+    from sglang_pd_operator.catalog import builtin_catalog
+
+    cat = builtin_catalog()
+    return next(m for m, f in cat.models.items() if f.dsparkDraftWeightBytes is not None and f.attentionWeightBytes)
+
+
+@pytest.mark.parametrize("accelerator, tp, dp, dspark", [
+    ("b200", 4, 4, False),  # attention DP without the DP LM head: the target's attentionWeightBytes
+    ("b200", 1, 1, True),   # the draft's tp-1 figure
+    ("b200", 4, 4, True),   # the draft's attention figure (DSpark with attention DP runs the DP LM head)
+    ("h200", 2, 2, True),   # another ISA's figures (H200 refuses this model's FP4 experts at tp 4)
+])
+def test_attention_dp_and_draft_figures_bound_sglangs_build(roomy, accelerator, tp, dp, dspark):
+    """The catalog's ``attentionWeightBytes``, ``lmHeadWeightBytes`` (with --enable-dp-lm-head,
+    which the operator renders for DSpark under attention DP) and ``dsparkDraftWeightBytes`` under the split of
+    rules/weights.py (``_split_lower_bound``: replicated + attention / attention TP + the rest / tp)
+    against the bytes SGLang's build puts on one GPU, target and bundled DSpark draft: never
+    above (a false refusal), and within 1 % (a bound that still catches the SWA cap's class)."""
+    from sglang_pd_operator.api.load import parse_pddeployment
+    from sglang_pd_operator.planning.plan import build_plan
+    from sglang_pd_operator.planning.rules.weights import _split_lower_bound
+
+    big, oracle = roomy
+    model = _model_with_draft()
+    doc = _spec(model, accelerator, tp)
+    doc["spec"]["engram"] = {"placement": "host"}  # nothing of the Engram table on the GPU
+    if dspark:
+        doc["spec"]["speculative"] = {"algorithm": "DSPARK"}
+    for role in ("prefill", "decode"):
+        if dp > 1:
+            doc["spec"][role]["parallelism"].update(dp=dp, dpAttention=True)
+    plan = build_plan(parse_pddeployment(doc), big)
+    verdict = oracle.judge_plan(plan).decode
+    assert verdict.starts, f"{model} on {accelerator} tp {tp} dp {dp}: {verdict.refusal or verdict.indeterminate}"
+    facts, isa = big.model(model), big.accelerator(accelerator).isa
+    pairs = [("target", facts, int(verdict.facts["model"]["weightBytes"]))]
+    if dspark:
+        pairs.append(("draft", facts.dsparkDraftWeightBytes, int(verdict.facts["speculative"]["draftWeightBytes"])))
+    for what, figures, built in pairs:
+        lm_head = facts.lmHeadWeightBytes if what == "target" and "--enable-dp-lm-head" in plan.decode.command.args else 0
+        bound = _split_lower_bound(figures.deviceWeightBytes, figures.replicatedWeightBytes,
+                                   figures.attentionWeightBytes, isa, tp, tp // dp, lm_head)
+        assert bound is not None and bound <= built, f"{what} on {isa} tp {tp} dp {dp}: bound {bound}, SGLang {built}"
+        assert bound >= 0.99 * built, f"{what} on {isa} tp {tp} dp {dp}: bound {bound} far below SGLang's {built}"

@@ -26,6 +26,7 @@ ROLE_RULES: tuple[Callable[..., list[Problem]], ...] = (
     placement.memory_fits_node,
     weights.weights_fit_gpu,
     dsv4_memory.dsv4_swa_pool_cap,
+    dsv4_memory.dsv4_swa_pool_cap_margin,
     kv.kv_layout_predictable,
     kv.kv_layout_servable,
     kv.dsv4_kv_dtype_gpu_pool,

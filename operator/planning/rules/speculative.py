@@ -670,6 +670,23 @@ def dflash_requirements(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Cata
     return problems
 
 
+def dspark_checkpoint_gamma(spec: PDDeploymentSpec, catalog: Catalog) -> int | None:
+    """The DSpark gamma the checkpoint's own draft config gives (``dspark_block_size``), or None.
+
+    Source: speculative_hook._handle_dspark reads it through dspark_config.read_draft_checkpoint_config
+    when --speculative-dspark-block-size is unset; for a bundled draft that is the target's config
+    (kernels/hf-configs/, ``text_config`` hoisted by SGLang's config normalizers). None with a
+    separate ``draftModelPath`` (its config is not in the catalog) or without the key.
+    """
+    sp = spec.speculative
+    if sp is None or sp.draftModelPath:
+        return None
+    config = catalog.hf_config(spec.model.name) or {}
+    text = config.get("text_config")
+    value = config.get("dspark_block_size", text.get("dspark_block_size") if isinstance(text, Mapping) else None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def dspark_verify_window(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
     """DSpark without blockSize: numDraftTokens must be the checkpoint's gamma + 1, and at least 2.
 
@@ -683,12 +700,7 @@ def dspark_verify_window(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Cat
     sp = spec.speculative
     if not _dspark(spec) or role.role != "prefill" or sp.blockSize is not None or sp.numDraftTokens is None:
         return []
-    gamma = None
-    if not sp.draftModelPath:
-        config = catalog.hf_config(spec.model.name) or {}
-        text = config.get("text_config")  # hoisted to the top level by SGLang's config normalizers
-        value = config.get("dspark_block_size", text.get("dspark_block_size") if isinstance(text, Mapping) else None)
-        gamma = value if isinstance(value, int) and not isinstance(value, bool) else None
+    gamma = dspark_checkpoint_gamma(spec, catalog)
     if gamma is not None and sp.numDraftTokens != gamma + 1:
         message = (f"numDraftTokens {sp.numDraftTokens} with DSpark, but the checkpoint's draft has gamma "
                    f"(dspark_block_size) {gamma}: the verify window is gamma + 1 = {gamma + 1}")
