@@ -162,9 +162,16 @@ def __getattr__(name: str) -> Any:
     return unsupported
 
 
-def created_bytes() -> int:
-    """Device bytes held by live cuMemCreate allocations."""
-    return sum(CREATED.values())
+def created_bytes(since: frozenset[int] = frozenset()) -> int:
+    """Device bytes held by live cuMemCreate allocations, those whose handles are not in ``since``
+    (a :func:`live_handles` snapshot): what a step allocated, whatever older allocations a
+    collection released meanwhile (another role's model leaving a warm worker)."""
+    return sum(size for handle, size in CREATED.items() if handle not in since)
+
+
+def live_handles() -> frozenset[int]:
+    """The handles of the live cuMemCreate allocations now (for :func:`created_bytes`)."""
+    return frozenset(CREATED)
 
 
 def install(device_name: str = "") -> bool:

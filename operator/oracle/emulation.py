@@ -244,6 +244,28 @@ class _CudaRuntime:
 _CUDART = _CudaRuntime()
 
 
+class HipRuntime:
+    """The HIP runtime library (``libamdhip64``) as SGLang calls it through ctypes, for what the
+    emulated ROCm device answers: ``hipHostGetDevicePointer`` maps a host range registered with
+    :class:`_CudaRuntime` (``cudaHostRegister`` is hipHostRegister under ROCm's torch) to its device
+    address, the host address itself (a mapped pinned range is addressed in the unified space),
+    and returns hipSuccess (0); an address never registered returns hipErrorInvalidValue (1).
+    SGLang reads it for the Engram host table on ROCm (layers/engram.py:636 ``_hip_runtime``,
+    :672 ``_registered_device_ptr``). Its other functions are no verdict."""
+
+    def hipHostGetDevicePointer(self, out: Any, host_ptr: int, flags: int) -> int:  # noqa: N802 (HIP's name)
+        address = int(host_ptr or 0)
+        if not any(start <= address < start + size for start, size in HOST_REGISTERED):
+            return 1
+        out._obj.value = address  # ctypes.byref(c_void_p()): the pointer it wraps
+        return 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise RuntimeError(f"the oracle's emulated HIP runtime has no {name} (no GPU on this machine)")
+
+
 def _emulate_cuda_runtime(cuda: Any) -> None:
     """The CUDA runtime calls SGLang's scheduler makes before a kernel runs: streams and
     events (``get_stream``, model constructors' alternate streams), ``set_device``

@@ -47,6 +47,7 @@ attention backends and CUDA graph capture (kernels), NCCL/custom all-reduce init
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any, Iterator
 
 from .emulation import DEVICE
@@ -203,7 +204,7 @@ class MetaAllocations:
 
         def from_pointer(pointer: int, device: Any, nbytes: int) -> Any:
             storage = torch.UntypedStorage(nbytes, device="meta")
-            VMM_STORAGES.add(storage._cdata)
+            VMM_STORAGES[storage._cdata] = storage  # held: its address is never reused by another storage
             return storage
 
         torch._C._construct_storage_from_data_pointer = from_pointer
@@ -236,8 +237,7 @@ def emulated_group_class():
             self.world_size = len(ranks)
             self.rank_in_group = self.ranks.index(rank)
             self.local_rank = rank
-            self.device_group = EMULATED_PROCESS_GROUP
-            self.cpu_group = EMULATED_PROCESS_GROUP
+            self.device_group = self.cpu_group = _EmulatedProcessGroup(self.ranks)
             self.use_pynccl = False
             self.use_custom_allreduce = False
             self.local_size = 0
@@ -289,16 +289,41 @@ class EmulatedMessageQueue:
 
 
 class _EmulatedProcessGroup:
-    """The torch.distributed group handle of every :class:`EmulatedGroup`."""
+    """The torch.distributed group handle of an :class:`EmulatedGroup`: its global ``ranks``."""
+
+    def __init__(self, ranks: list[int] | tuple[int, ...] = (0,)) -> None:
+        self.ranks = tuple(ranks)
 
     def size(self) -> int:
         return 1
+
+    def same_node_as(self, source_rank: int, ranks_per_node: int) -> list[bool]:
+        """Which of the group's ranks share a node with its ``source_rank``-th rank, with global
+        ranks laid out node by node, ``ranks_per_node`` to a pod (a multi-node replica's node
+        rank k runs global ranks k x ranks_per_node onwards: the pod's ``--node-rank``)."""
+        node = self.ranks[source_rank] // ranks_per_node
+        return [rank // ranks_per_node == node for rank in self.ranks]
 
     def __repr__(self) -> str:
         return "<oracle emulated process group>"
 
 
-EMULATED_PROCESS_GROUP = _EmulatedProcessGroup()
+def _same_node_standin(real: Any) -> Any:
+    """SGLang's ``in_the_same_node_as(pg, source_rank)`` (distributed/parallel_state.py:3390), a
+    collective over shared memory, answered for an emulated group from the pod layout: the ranks
+    on one node are ``tp x pp / nnodes`` consecutive global ranks (runtime_context's parallel
+    config); any other group goes to SGLang's own."""
+
+    def in_the_same_node_as(pg: Any, source_rank: int = 0) -> list[bool]:
+        if not isinstance(pg, _EmulatedProcessGroup):
+            return real(pg, source_rank=source_rank)
+        from sglang.srt.runtime_context import get_parallel
+
+        parallel = get_parallel()
+        per_node = max(1, parallel.tp_size * parallel.pp_size // max(1, parallel.nnodes))
+        return pg.same_node_as(source_rank, per_node)
+
+    return in_the_same_node_as
 
 
 @contextlib.contextmanager
@@ -306,15 +331,16 @@ def emulated_collectives() -> Iterator[None]:
     """``torch.distributed`` answers the collectives SGLang's startup makes on an emulated group.
 
     A MIN/MAX reduction or a broadcast over ranks that are all shaped as rank 0 returns
-    rank 0's value; the call is made on :data:`EMULATED_PROCESS_GROUP` only (any other
-    group goes to torch). ``is_initialized`` answers True inside the block.
+    rank 0's value; the call is made on an emulated group's handle only (any other group goes
+    to torch). SGLang's ``in_the_same_node_as`` is answered from the pod layout
+    (:func:`_same_node_standin`). ``is_initialized`` answers True inside the block.
     """
     import torch.distributed as dist
 
     saved = {n: getattr(dist, n) for n in ("all_reduce", "broadcast", "barrier", "is_initialized")}
 
     def _ours(group: Any) -> bool:
-        return group is EMULATED_PROCESS_GROUP
+        return isinstance(group, _EmulatedProcessGroup)
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
         if _ours(group):
@@ -333,11 +359,20 @@ def emulated_collectives() -> Iterator[None]:
 
     dist.all_reduce, dist.broadcast, dist.barrier = all_reduce, broadcast, barrier
     dist.is_initialized = lambda: True
+    from sglang.srt.distributed import parallel_state as ps
+
+    real_same_node = ps.in_the_same_node_as
+    standin = _same_node_standin(real_same_node)
+    bound = [m for m in list(sys.modules.values()) if getattr(m, "in_the_same_node_as", None) is real_same_node]
+    for module in bound:  # parallel_state and the modules that imported the name
+        module.in_the_same_node_as = standin
     try:
         yield
     finally:
         for n, fn in saved.items():
             setattr(dist, n, fn)
+        for module in bound:
+            module.in_the_same_node_as = real_same_node
 
 
 @contextlib.contextmanager
@@ -442,6 +477,28 @@ def _engram_shards_recorded() -> Iterator[None]:
         engram.EngramEmbedding.__init__ = real_init
 
 
+@contextlib.contextmanager
+def _hip_runtime_emulated() -> Iterator[None]:
+    """On the emulated ROCm device, SGLang's handle on the HIP runtime library
+    (layers/engram.py:636 ``_hip_runtime``, found among the process's loaded libraries on a
+    real pod) is :class:`.emulation.HipRuntime`; elsewhere nothing changes."""
+    from .emulation import VENDOR, HipRuntime
+
+    try:
+        from sglang.srt.layers import engram
+    except ImportError:
+        engram = None
+    if engram is None or VENDOR.get("name") != "amd" or not hasattr(engram, "_hip_runtime"):
+        yield
+        return
+    real = engram._hip_runtime
+    engram._hip_runtime = lambda: HipRuntime()
+    try:
+        yield
+    finally:
+        engram._hip_runtime = real
+
+
 def engram_rank_excess(model: Any) -> int:
     """Bytes the TP rank holding the most Engram rows has on its GPU beyond rank 0's, for the
     device table and peer shards (layers/engram.py ``shard_range`` splits the rows on hash-column
@@ -480,8 +537,10 @@ def scheduler_rank(server_args: Any, world_rank: int = 0) -> Iterator[Any]:
 
 #: Storages (``_cdata``) made from device pointers SGLang mapped itself (VMM: cuMemCreate +
 #: cuMemMap, e.g. the Engram peer shards, layers/engram.py _PeerShards.views): their bytes are
-#: the driver's allocation, counted by cuda_driver.created_bytes, not by resident_bytes.
-VMM_STORAGES: set[int] = set()
+#: the driver's allocation, counted by cuda_driver.created_bytes, not by resident_bytes. Each
+#: storage is held (a meta storage owns no bytes): were it freed, a later model's storage could
+#: take its address and go uncounted (CI: builds 2 MB to 0.8 GB under SGLang's own figure).
+VMM_STORAGES: dict[int, Any] = {}
 
 
 def resident_bytes(model: Any) -> int:
@@ -560,11 +619,11 @@ def build_model(server_args: Any, *, model_config: Any = None, load_format: str 
 
     from .emulation import HOST_REGISTERED
 
-    vmm_before = cuda_driver.created_bytes()
+    vmm_before = cuda_driver.live_handles()
     pinned_before = len(HOST_REGISTERED)
     meta = MetaAllocations()
-    with _engram_hasher_standin() as assumed, _engram_shards_recorded(), set_default_torch_dtype(model_config.dtype), \
-            meta, torch.no_grad():
+    with _engram_hasher_standin() as assumed, _engram_shards_recorded(), _hip_runtime_emulated(), \
+            set_default_torch_dtype(model_config.dtype), meta, torch.no_grad():
         model = _initialize_model(model_config, load_config, quant_config)
     pinned = sum(n for _, n in HOST_REGISTERED[pinned_before:])
     if pinned:
@@ -575,7 +634,7 @@ def build_model(server_args: Any, *, model_config: Any = None, load_format: str 
     facts = {
         "architecture": type(model).__name__,
         "quantization": model_config.quantization,
-        "weightBytes": resident_bytes(model) + cuda_driver.created_bytes() - vmm_before,
+        "weightBytes": resident_bytes(model) + cuda_driver.created_bytes(since=vmm_before),
         "maxRankExtraBytes": engram_rank_excess(model),
         "hostBytes": meta.host_bytes,
         "parameters": sum(p.numel() for p in model.parameters()),

@@ -57,6 +57,49 @@ MAX_PREFILL_TOKENS_DEFAULT = 16384
 LARGE_GPU_RESERVE_FLOOR_MIB = 10 * 1024
 
 
+#: Flags under which the decode CUDA graphs' largest batch is not memory_hook's table (given
+#: sizes, torch.compile's, a speculative or request cap the hooks resolve): the bound is 0.
+_DECODE_GRAPH_FLAGS = ("cuda_graph_max_bs", "cuda_graph_max_bs_decode", "cuda_graph_bs", "cuda_graph_bs_decode",
+                       "torch_compile_max_bs", "enable_torch_compile", "speculative_algorithm",
+                       "json_model_override_args", "pp_size")
+
+
+def decode_graph_max_bs_lower_bound(role: RoleInputs, flags: Mapping[str, Any]) -> int:
+    """At most the largest decode CUDA graph batch SGLang 0.5.23 resolves for a decode role; 0 when unsure.
+
+    memory_hook.py ``handle_gpu_memory_settings`` (:88-188): by GPU memory, 8 below 20 GiB;
+    48 / 32 (tp < 4) or 160 below 35 / 60 GiB; 256 (tp < 4) or 512 below 160 GiB; else 512;
+    then at most ``--max-running-requests``. 0 for a role with a flag of
+    :data:`_DECODE_GRAPH_FLAGS`, speculative decoding (its hook caps the requests at 48), a
+    DeepSeek-V4 model (its hooks cap requests and the MegaMoE hook the batch) or another role.
+    """
+    if role.role != "decode" or role.speculative_algorithm or role.is_deepseek_v4:
+        return 0
+    if any(flags.get(dest) not in (None, False) for dest in _DECODE_GRAPH_FLAGS):
+        return 0
+    mib = gpu_memory_mib(role)
+    if mib is None:
+        return 0
+    tp = max(1, role.parallelism.tp)
+    if mib < 20 * GIB_MIB:
+        max_bs = 8
+    elif mib < 35 * GIB_MIB:
+        max_bs = 48 if tp < 4 else 160
+    elif mib < 60 * GIB_MIB:
+        max_bs = 32 if tp < 4 else 160
+    elif mib < 160 * GIB_MIB:
+        max_bs = 256 if tp < 4 else 512
+    else:
+        max_bs = 512
+    text = flags.get("max_running_requests")
+    if text is not None:
+        requests = as_int(text)
+        if requests is None or requests < 1:
+            return 0
+        max_bs = min(max_bs, requests)
+    return max_bs
+
+
 def _env_true(value: str | None) -> bool:
     """An ``EnvBool`` of sglang/srt/environ.py read as SGLang reads it (unset: False)."""
     return value is not None and value.lower() in ("true", "1", "yes", "y")
@@ -74,9 +117,11 @@ def mem_fraction_static_upper_bound(role: RoleInputs, flags: Mapping[str, Any],
     - with ``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING`` on (overrides.py
       ``post_capture_kv_sizing_planned`` may then skip the graph reserve):
       ``1536 + tp * 1024 / 8``;
-    - otherwise ``512 + 1.5 * activation_tokens + tp * 1024 / 8`` (the CUDA graph, DeepEP
-      and XPU reserves and the multimodal adjustment only lower the fraction further), at
-      least :data:`LARGE_GPU_RESERVE_FLOOR_MIB` on a GPU above 60 GiB. ``activation_tokens``
+    - otherwise ``512 + 1.5 * activation_tokens + tp * 1024 / 8``, plus on a decode role with
+      attention DP the graph reserve's ``max_bs * attn_dp * 3`` (``* 4.5`` above 300;
+      memory_hook.py ``reserve_for_graph_mb``) with :func:`decode_graph_max_bs_lower_bound`
+      (the other graph terms, DeepEP and XPU reserves and the multimodal adjustment only lower
+      the fraction further), at least :data:`LARGE_GPU_RESERVE_FLOOR_MIB` on a GPU above 60 GiB. ``activation_tokens``
       is at least 2048; a prefill role's is at least its chunked prefill size
       (:func:`chunked_prefill_size`: the hook runs before parallel_hook.py divides it over
       attention DP; a DEP4 prefill on GB200 resolves 0.864, the whole 16k chunk's reserve), or
@@ -109,6 +154,10 @@ def mem_fraction_static_upper_bound(role: RoleInputs, flags: Mapping[str, Any],
             elif chunk is not None:  # chunked prefill off: the whole prefill batch
                 activation = max(as_int(flags.get("max_prefill_tokens"), MAX_PREFILL_TOKENS_DEFAULT), 2048)
         reserved = 512 + activation * 1.5 + tp * 1024 / 8
+        dp = role.attention_dp
+        max_bs = decode_graph_max_bs_lower_bound(role, flags)
+        if dp > 1 and max_bs:  # reserve_for_graph_mb (memory_hook.py:370-378): DP attention's padding
+            reserved += max_bs * dp * 3 + (max_bs * dp * 1.5 if max_bs > 300 else 0)
         if mib > 60 * GIB_MIB:
             reserved = max(reserved, LARGE_GPU_RESERVE_FLOOR_MIB)
     return min(1.0, (mib - reserved) / mib + 0.0005)

@@ -857,7 +857,7 @@ def test_the_decode_graph_runner_checks_run_on_the_planned_request_pool(oracle, 
 # --------------------------------------------------------------------------- the Engram host table
 
 
-@pytest.mark.parametrize("accelerator", ["h200", "gb200"])
+@pytest.mark.parametrize("accelerator", ["h200", "gb200", "mi350x"])
 def test_a_host_engram_table_is_built_through_the_tp_broadcast_and_cuda_host_register(oracle, catalog, accelerator):
     """Indeterminate classes of the differential (gen13-00682, gen13-01413): with
     engram.placement host (SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE) each Engram layer maps a
@@ -866,14 +866,22 @@ def test_a_host_engram_table_is_built_through_the_tp_broadcast_and_cuda_host_reg
     pins it with torch.cuda.cudart().cudaHostRegister (:729; "No CUDA GPUs are available") and
     asks the driver whether the GPU reads host memory through the CPU's page tables. Rank 0 is
     the queue's writer and gets back what it sends; the registration succeeds, its bytes are
-    listed under assumes. The model builds and both roles start (H200: an x86 host; GB200: Grace)."""
+    listed under assumes. The model builds and both roles start (H200: an x86 host; GB200: Grace).
+    On ROCm the table's device address comes from hipHostGetDevicePointer through ctypes
+    (:672; gen13-00872: "libamdhip64 is not loaded in the current process"), which the
+    emulated HIP runtime answers for the registered range (emulation.HipRuntime)."""
     doc = _example("dsv41-flash-h200-flashmla.yaml")
     doc["spec"]["engram"] = {"placement": "host"}
-    if accelerator == "gb200":
-        doc["spec"]["accelerator"] = "gb200"
-        doc["spec"]["runtime"]["image"] = "lmsysorg/sglang:v0.5.23-cu130"
+    if accelerator in ("gb200", "mi350x"):
+        doc["spec"]["accelerator"] = accelerator
+        doc["spec"]["runtime"]["image"] = ("lmsysorg/sglang:v0.5.23-cu130" if accelerator == "gb200"
+                                           else "lmsysorg/sglang:v0.5.23-rocm700-mi35x")
+        tp = 4 if accelerator == "gb200" else 8
         for role in ("prefill", "decode"):
-            doc["spec"][role]["parallelism"] = {"tp": 4, "ep": 4}
+            doc["spec"][role]["parallelism"] = {"tp": tp, "ep": tp}
+        if accelerator == "mi350x":
+            doc["spec"].pop("kernels", None)
+            doc["spec"]["kvLayout"] = {"attentionBackend": "flashmla", "compressed": "auto"}
     assert _operator_accepts_role(catalog, doc, "prefill") and _operator_accepts_role(catalog, doc, "decode")
     plan, verdict = _judge(oracle, catalog, doc)
     assert ("SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE", "1") in plan.prefill.command.env
@@ -932,3 +940,34 @@ def test_a_per_rank_engram_host_table_is_not_prefaulted(oracle, catalog):
     assert verdict.decode.starts is None, verdict.decode
     assert "per_rank layout prefaults its whole shard" in verdict.decode.indeterminate
     assert verdict.prefill.starts is not None, verdict.prefill  # the shared table gets a verdict
+
+
+# --------------------------------------------------------------------------- a TP group across nodes
+
+
+def test_a_tp_group_across_nodes_knows_which_ranks_share_rank_0s_node(oracle, catalog):
+    """Indeterminate class of the differential (mn31-00070): a TP group spanning two nodes builds
+    its LM head's all-gather (distributed/device_communicators/triton_symm_mem_ag.py:487), which
+    asks SGLang's ``in_the_same_node_as`` (parallel_state.py:3390, a shared-memory collective)
+    which ranks share rank 0's node ("Process group <oracle emulated process group> is not
+    initialized in the world group map"). The emulated group answers from the pod layout (4
+    consecutive ranks per GB300 tray), the all-gather turns multimem off as SGLang does across
+    nodes, and every node rank starts."""
+    from sglang_pd_operator.oracle.startup import _EmulatedProcessGroup
+
+    group = _EmulatedProcessGroup(list(range(8)))
+    assert group.same_node_as(0, 4) == [True] * 4 + [False] * 4
+    assert group.same_node_as(5, 4) == [False] * 4 + [True] * 4
+    assert _EmulatedProcessGroup([2, 3, 4, 5]).same_node_as(0, 4) == [True, True, False, False]
+
+    doc = _example("qwen3-30b-a3b-paged-experts.yaml")
+    doc["spec"].pop("pagedExperts", None)
+    doc["spec"]["accelerator"] = "gb300"
+    doc["spec"]["runtime"]["image"] = "lmsysorg/sglang:v0.5.23-cu130"
+    doc["spec"]["kvLayout"] = {"pageSize": 64}
+    doc["spec"]["prefill"] = {"replicas": 1, "parallelism": {"tp": 8, "nodes": 2}}
+    doc["spec"]["decode"] = {"replicas": 1, "parallelism": {"tp": 4}}
+    assert _operator_accepts_role(catalog, doc, "prefill")
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.prefill.starts is True, (verdict.prefill.refusal, verdict.prefill.indeterminate)
+    assert verdict.prefill.facts["nnodes"] == 2

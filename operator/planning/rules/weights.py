@@ -17,7 +17,7 @@ from ...catalog import Catalog
 from ..features import parse_flags
 from ..memory import gib, quantity_bytes
 from ..problems import Problem
-from ..sglang_defaults import mem_fraction_static_upper_bound
+from ..sglang_defaults import decode_graph_max_bs_lower_bound, mem_fraction_static_upper_bound
 from ..structs import RolePlan
 from .fields import flag_field
 
@@ -216,4 +216,12 @@ def weights_fit_gpu(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog)
         if not explicit and need < gpu:
             fix += (f"; or set --mem-fraction-static in spec.{role.role}.extraArgs well above {need / gpu:.2f}, "
                     "which takes GPU memory from activations and CUDA graphs")
+    max_bs = decode_graph_max_bs_lower_bound(role.inputs, flags)
+    if not explicit and max_bs and role.inputs.attention_dp > 1 and fraction < 0.5:
+        field = f"spec.{role.role}.parallelism.dp"
+        message += (f"; SGLang's default fraction reserves the decode CUDA graphs' padding for attention DP, "
+                    f"at least {max_bs} batch x {role.inputs.attention_dp} DP ranks x 3 MiB (memory_hook.py "
+                    "reserve_for_graph_mb)")
+        fix = (f"set a smaller --cuda-graph-max-bs-decode or --max-running-requests in spec.{role.role}.extraArgs "
+               f"(the graphs' batch is {max_bs}), or a smaller spec.{role.role}.parallelism.dp")
     return [Problem(field=field, message=message, fix=fix, rule="weights_fit_gpu")]
