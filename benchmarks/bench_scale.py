@@ -493,7 +493,8 @@ class AuditLog:
         self.offset = 0
 
     def read(self) -> list[tuple[float, str, str]]:
-        """(time, verb, resource) of each request logged since the last read."""
+        """(time, verb, resource) of each request logged since the last read; a server dry run's verb is
+        prefixed ``dry-run`` (``dryRun=All`` in its URI), a subresource follows its resource (``pddeployments/status``)."""
         from datetime import datetime
 
         out = []
@@ -513,7 +514,10 @@ class AuditLog:
             ref = e.get("objectRef") or {}
             resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
             at = datetime.fromisoformat(e["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
-            out.append((at, e.get("verb", ""), resource))
+            verb = e.get("verb", "")
+            if "dryRun=All" in e.get("requestURI", ""):
+                verb = f"dry-run {verb}"  # a server dry run: admission and validation, nothing stored
+            out.append((at, verb, resource))
         return out
 
 
@@ -666,6 +670,9 @@ def operator_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Call
             + f" (its {a.appliers} kubectl applies took {apply_s:.1f}s); "
             f"{len(converge)} requests by the operator meanwhile ({_counts(res.converge_requests)}); "
             f"peak RSS {res.operator_peak_rss_mb:.0f} MB; " + load_text(res.load["converge"]))
+        by_resource = Counter(f"{v} {r}" for _, v, r in converge)
+        log("    the operator's requests meanwhile by verb and resource: "
+            + ", ".join(f"{k} {v}" for k, v in by_resource.most_common(16)))
         log(f"    kube-apiserver's busiest requests meanwhile (count x mean latency): {busiest_text(res.converge_busiest)}")
         log(f"    CPU seconds meanwhile: {cpu_text(res.converge_cpu_s)}")
 

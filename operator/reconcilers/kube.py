@@ -130,6 +130,16 @@ def apply_body(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+def json_answer(_client: Any, data: Any) -> Any:
+    """The API server's answer to a write as parsed JSON (a dict): the dynamic client's ``serializer``.
+
+    Its default wraps every field of the answer in a ``ResourceInstance`` / ``ResourceField``
+    object, which the cache turned back into a dict at once; for the thousands of applies
+    of a burst that round trip was a measurable share of the operator's CPU (docs/scale.md).
+    """
+    return data
+
+
 class MetadataBumps:
     """The generations this process's own metadata-only patches gave workloads (thread-safe).
 
@@ -309,6 +319,7 @@ class Kube:
             namespace=meta.get("namespace"),
             field_manager=self.field_manager,
             force_conflicts=True,
+            serializer=json_answer,
             **({"dry_run": "All"} if dry else {}),
         )
         if dry:
@@ -329,7 +340,7 @@ class Kube:
         try:
             result = self.dynamic.create(self._resource(obj["apiVersion"], obj["kind"]), body=obj,
                                          namespace=meta.get("namespace"), field_manager=self.field_manager,
-                                         **({"dry_run": "All"} if self.dry_run else {}))
+                                         serializer=json_answer, **({"dry_run": "All"} if self.dry_run else {}))
         except k8s.ApiException as e:
             if e.status == 409:
                 return False
@@ -352,7 +363,7 @@ class Kube:
         res = self._resource(api_version, kind)
         self.dynamic.patch(res.subresources["scale"], body={"spec": {"replicas": int(replicas)}}, name=name,
                            namespace=namespace, content_type="application/merge-patch+json",
-                           field_manager=field_manager or self.field_manager,
+                           field_manager=field_manager or self.field_manager, serializer=json_answer,
                            **({"dry_run": "All"} if self.dry_run else {}))
         if self.dry_run:
             self.dry_run_writes.append(f"scale {kind} {namespace}/{name}")
@@ -367,7 +378,7 @@ class Kube:
         """
         result = self._resource(api_version, kind).patch(
             body={"metadata": {"annotations": dict(annotations)}}, name=name, namespace=namespace,
-            content_type="application/merge-patch+json", field_manager=self.field_manager)
+            content_type="application/merge-patch+json", field_manager=self.field_manager, serializer=json_answer)
         self._count("patch", kind)
         self._store(result)
         obj = result.to_dict() if hasattr(result, "to_dict") else (result or {})
@@ -416,6 +427,7 @@ class Kube:
             name=name,
             namespace=namespace,
             content_type="application/merge-patch+json",
+            serializer=json_answer,
         )
         self._count("patch-status", kind)
         self._store(result)

@@ -15,7 +15,7 @@ class FakeDynamic:
     def __init__(self) -> None:
         self.patches: list[dict] = []
 
-    def patch(self, resource, *, body, name, namespace, content_type):
+    def patch(self, resource, *, body, name, namespace, content_type, serializer=None):
         self.patches.append(body)
         return None
 
