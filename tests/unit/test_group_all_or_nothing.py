@@ -1,6 +1,7 @@
 """A compat group is created all or nothing (issue 26): a child the API server refuses leaves no other child behind.
 
-The reconciler dry-runs every changed child before writing any (``pddeployment._apply_group``);
+The reconciler dry-runs a new group's engines but the first it writes before writing any child
+(``pddeployment._apply_group``; an existing group's every changed child);
 a refusal that comes only at the real write (a policy changed after the dry run) takes back
 the children the pass created. Status names the child and the API server's message. The
 real API server's side (a ValidatingAdmissionPolicy refusing the decode Deployment) is
@@ -98,7 +99,7 @@ def test_a_child_refused_at_its_dry_run_leaves_the_new_group_uncreated(catalog):
         P.reconcile(kube=kube, body=_body(), catalog=catalog, now=1000.0)
     group = [k for k in kube.objects if k[0] in ("Deployment", "Service", "ConfigMap")]
     assert group == [], f"children written before the refused one was known: {group}"
-    assert any(n.endswith("-prefill") for n in kube.dry_runs), "the prefill child was checked first"
+    assert kube.total_writes == 0, "the decode engine's dry run comes before any write"
     cond = _reconciled(kube)
     assert cond["status"] == "False" and cond["reason"] == "AdmissionDenied"
     assert "dry-run apply Deployment" in cond["message"] and "-decode" in cond["message"]
@@ -122,7 +123,7 @@ def test_an_accepted_group_is_dry_run_then_written_once(catalog):
     kube = RefusingKube(refuse="-nothing", at="dry-run")
     P.reconcile(kube=kube, body=_body(), catalog=catalog, now=1000.0)
     written = sorted(n for (k, n) in kube.objects if k == "Deployment")
-    assert written and all(n in kube.dry_runs for n in written)
+    assert written and kube.dry_runs == [n for n in written if n.endswith("-decode")]
     dry_before = len(kube.dry_runs)
     body = _body()
     body["status"] = kube.status[-1]
@@ -166,14 +167,14 @@ class _ServiceRefusingKube(RefusingKube):
         return done
 
 
-def test_a_new_group_dry_runs_only_its_workloads_and_writes_them_last(catalog):
+def test_a_new_group_dry_runs_only_its_second_engine_and_writes_its_engines_last(catalog):
     """Convergence at scale (issue 29 item 6): the dry run of every child doubled a new group's requests.
-    A new group's non-workload children are written first; one refused then is taken back before any
-    Deployment (any GPU) exists."""
+    A new group's other children (the gateway's Deployment among them: no GPU) are written first; one
+    refused then is taken back before any engine exists. Of its engines, only those after the first
+    written are dry-run: the first one's write is the API server's verdict on it."""
     kube = RefusingKube(refuse="-nothing", at="dry-run")
     P.reconcile(kube=kube, body=_body(), catalog=catalog, now=1000.0)
-    kinds = {n: k for (k, n) in kube.objects}
-    assert sorted(kinds[n] for n in kube.dry_runs if n in kinds) == ["Deployment"] * 3, kube.dry_runs
+    assert [n.rsplit("-", 1)[1] for n in kube.dry_runs] == ["decode"], kube.dry_runs
     refusing = _ServiceRefusingKube()
     with pytest.raises(ApiException):
         P.reconcile(kube=refusing, body=_body(), catalog=catalog, now=1000.0)
@@ -182,3 +183,17 @@ def test_a_new_group_dry_runs_only_its_workloads_and_writes_them_last(catalog):
     assert group == [], f"left behind: {group}"
     cond = _reconciled(refusing)
     assert cond["status"] == "False" and "apply Service" in cond["message"] and "deleted again" in cond["message"]
+
+
+def test_the_first_engine_refused_at_its_write_leaves_no_engine_and_takes_back_the_rest(catalog):
+    """The first engine is not dry-run: refused at its write, no engine exists and the children
+    written before it (Services, ConfigMaps, the gateway) are deleted again."""
+    kube = RefusingKube(refuse="-prefill", at="write")
+    with pytest.raises(ApiException):
+        P.reconcile(kube=kube, body=_body(), catalog=catalog, now=1000.0)
+    assert [n for n in kube.dry_runs if n.endswith("-prefill")] == []
+    group = [k for k in kube.objects if k[0] in ("Deployment", "Service", "ConfigMap")]
+    assert group == [], f"left behind: {group}"
+    assert any(d.endswith("-gateway") for d in kube.deleted), kube.deleted
+    cond = _reconciled(kube)
+    assert "apply Deployment" in cond["message"] and "-prefill" in cond["message"] and "deleted again" in cond["message"]

@@ -10,7 +10,7 @@ accepts of 300 generated specs were this refusal, each with weights above the wh
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 from ...api.v1alpha1 import PDDeploymentSpec
 from ...catalog import Catalog
@@ -66,6 +66,18 @@ def _tp_and_attention_tp(role: RolePlan) -> tuple[int, int]:
     return tp, max(1, tp // max(1, role.inputs.attention_dp))
 
 
+def _target_split(role: RolePlan, flags: Mapping[str, Any]) -> int | None:
+    """:func:`_split_lower_bound` of the target model's catalog figures on ``role`` (its TP, its attention-TP,
+    the LM head's bytes under --enable-dp-lm-head), before :data:`BUILD_VARIANCE`; None without the figure.
+    ``role`` has a model and an accelerator."""
+    model, acc = role.inputs.model, role.inputs.accelerator
+    assert model is not None and acc is not None
+    tp, attention_tp = _tp_and_attention_tp(role)
+    lm_head = model.lmHeadWeightBytes if _set(flags, "enable_dp_lm_head") else 0
+    return _split_lower_bound(model.deviceWeightBytes, model.replicatedWeightBytes, model.attentionWeightBytes,
+                              acc.isa, tp, attention_tp, lm_head)
+
+
 def weights_per_gpu_lower_bound(*, spec: PDDeploymentSpec, role: RolePlan) -> int | None:
     """Bytes at least on each GPU of ``role`` once the target model's weights load, or None when unknown.
 
@@ -90,12 +102,10 @@ def weights_per_gpu_lower_bound(*, spec: PDDeploymentSpec, role: RolePlan) -> in
     flags = parse_flags(list(role.command.args))
     if any(_set(flags, dest) for dest in _OTHER_WEIGHTS):
         return None
-    tp, attention_tp = _tp_and_attention_tp(role)
-    lm_head = model.lmHeadWeightBytes if _set(flags, "enable_dp_lm_head") else 0
-    split = _split_lower_bound(model.deviceWeightBytes, model.replicatedWeightBytes, model.attentionWeightBytes,
-                               acc.isa, tp, attention_tp, lm_head)
+    split = _target_split(role, flags)
     if split is None:
         return None
+    tp = _tp_and_attention_tp(role)[0]
     total = int(split * (1 - BUILD_VARIANCE))
     if model.engram:
         placement = spec.engram.placement if spec.engram is not None else "device"
@@ -142,14 +152,9 @@ def weights_bound_slack(*, spec: PDDeploymentSpec, role: RolePlan) -> int:
     """Bytes :func:`weights_per_gpu_lower_bound` and :func:`draft_weights_per_gpu_lower_bound` take
     off the catalog's figures (:data:`BUILD_VARIANCE` of each split): how far under SGLang's build
     the two bounds may sit. 0 when neither bound is known."""
-    model, acc = role.inputs.model, role.inputs.accelerator
-    if model is None or acc is None or weights_per_gpu_lower_bound(spec=spec, role=role) is None:
+    if weights_per_gpu_lower_bound(spec=spec, role=role) is None:  # also None without a model or accelerator
         return 0
-    tp, attention_tp = _tp_and_attention_tp(role)
-    flags = parse_flags(list(role.command.args))
-    lm_head = model.lmHeadWeightBytes if _set(flags, "enable_dp_lm_head") else 0
-    split = _split_lower_bound(model.deviceWeightBytes, model.replicatedWeightBytes, model.attentionWeightBytes,
-                               acc.isa, tp, attention_tp, lm_head) or 0
+    split = _target_split(role, parse_flags(list(role.command.args))) or 0
     draft = draft_weights_per_gpu_lower_bound(spec=spec, role=role)
     return int(split * BUILD_VARIANCE + draft * BUILD_VARIANCE / (1 - BUILD_VARIANCE))
 
