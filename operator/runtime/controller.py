@@ -39,6 +39,7 @@ ticker gives the heap's freed memory back to the OS (``heap.py``).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import threading
 import time
@@ -162,6 +163,8 @@ def resync_offset(key: Key, uid: str | None, period_s: float) -> float:
 #: Seconds between two looks for deployments whose SLO figures went stale (the bound itself is a
 #: minute: ``HealthStore.max_age_s``); the other duties of a tick run every tick.
 STALE_CHECK_S = 5.0
+#: Seconds a resync schedule (:meth:`Controller._resync_schedule`) serves while the number of keys stays the same.
+SCHEDULE_REFRESH_S = 15.0
 
 
 class Controller:
@@ -207,8 +210,10 @@ class Controller:
         self._watched_optional: set[str] = set()
         self._next_poll = 0.0
         self._next_stale_check = 0.0
-        #: (key, uid, period) -> its resync offset: a tick looks up 1,000 keys, it does not hash them
+        #: (key, uid, period) -> its resync offset: a schedule of 1,000 keys looks them up, it does not hash them
         self._offsets: dict[tuple[Key, str | None, float], float] = {}
+        #: ((key count, period), made again after, sorted offsets, keys in that order): _resync_schedule
+        self._schedule: tuple[tuple[int, float], float, list[float], list[Key]] | None = None
         self._reflectors: list[Reflector] = []
         self._started = False
 
@@ -537,23 +542,21 @@ class Controller:
             figures = ended.finish(now)
             if figures is not None:
                 self._last_pass_s, self._last_lag_s = figures
-        keys = self._all_keys_with_uids()
-        offsets = self._offsets
-        if len(offsets) > 2 * len(keys) + 64:  # keys gone (or a new uid): start the memo again
-            offsets.clear()
-        for key, uid in keys:
-            at = offsets.get((key, uid, period))
-            if at is None:
-                at = offsets[(key, uid, period)] = resync_offset(key, uid, period)
-            due = (lo < at <= hi) if lo <= hi else (at > lo or at <= hi)
-            if due or now - previous >= period:
-                if self.ledger.unchanged(key):
-                    if self.metrics is not None:
-                        self.metrics.record_key(*key, result=UNCHANGED)
-                    continue
-                with self._resync_lock:
-                    self._resync.queued(key, now)
-                self.queue.add(key)
+        offsets, keys = self._resync_schedule(now, period)
+        if now - previous >= period:
+            due = keys
+        elif lo <= hi:  # (lo, hi]
+            due = keys[bisect.bisect_right(offsets, lo):bisect.bisect_right(offsets, hi)]
+        else:  # (lo, period) and [0, hi]
+            due = keys[bisect.bisect_right(offsets, lo):] + keys[:bisect.bisect_right(offsets, hi)]
+        for key in due:
+            if self.ledger.unchanged(key):
+                if self.metrics is not None:
+                    self.metrics.record_key(*key, result=UNCHANGED)
+                continue
+            with self._resync_lock:
+                self._resync.queued(key, now)
+            self.queue.add(key)
 
     def _flag_stale(self) -> None:
         """Queue deployments whose SLO figures just went stale (status turns SLOMet Unknown); every
@@ -608,6 +611,31 @@ class Controller:
     # ------------------------------------------------------------------ views
     def _all_keys(self) -> list[Key]:
         return [k for k, _ in self._all_keys_with_uids()]
+
+    def _resync_schedule(self, now: float, period: float) -> tuple[list[float], list[Key]]:
+        """Every key's resync offset in ``period``, sorted, and the keys in that order: a tick takes the
+        keys due in its interval by bisection instead of looking at every key (1,000 keys every second
+        were a tenth of the operator's CPU at rest). Made again every :data:`SCHEDULE_REFRESH_S` and
+        whenever the number of keys or the period changes; a key that comes in between is reconciled
+        by its own watch event, one gone is found unchanged or missing when due."""
+        count = sum(self.cache.count(w.api_version, w.kind) for w in WATCHED if w.kind in (PDDEPLOYMENT, KERNELBUILD))
+        memo = self._schedule
+        if memo is not None and memo[0] == (count, period) and now < memo[1]:
+            return memo[2], memo[3]
+        keys = self._all_keys_with_uids()
+        cached = self._offsets
+        if len(cached) > 2 * len(keys) + 64:  # keys gone (or a new uid): start the memo again
+            cached.clear()
+        order = []
+        for key, uid in keys:
+            at = cached.get((key, uid, period))
+            if at is None:
+                at = cached[(key, uid, period)] = resync_offset(key, uid, period)
+            order.append((at, key))
+        order.sort()
+        offsets, in_order = [at for at, _ in order], [key for _, key in order]
+        self._schedule = ((count, period), now + SCHEDULE_REFRESH_S, offsets, in_order)
+        return offsets, in_order
 
     def _all_keys_with_uids(self) -> list[tuple[Key, str | None]]:
         out: list[tuple[Key, str | None]] = []

@@ -12,6 +12,7 @@ import time
 import copy
 
 from sglang_pd_operator.runtime.controller import KERNELBUILD, PDDEPLOYMENT, Controller, LoopSettings, resync_offset
+from sglang_pd_operator.runtime import controller as C
 from sglang_pd_operator.runtime.cache import ObjectCache, watched_kind
 from sglang_pd_operator.reconcilers.kube import Kube
 from sglang_pd_operator.reconcilers.runtime import HealthChange, KernelBuildRuntime, Runtime
@@ -145,6 +146,34 @@ def test_the_resync_queues_every_key_once_per_period_spread_over_it():
     offsets = [resync_offset((PDDEPLOYMENT, "ns", f"d{i}"), f"uid-d{i}", 100.0) for i in range(200)]
     assert all(0 <= o < 100 for o in offsets) and len({round(o) for o in offsets}) > 60
     assert w is not None
+
+
+def test_a_tick_takes_its_due_keys_from_a_schedule_not_from_every_key(monkeypatch):
+    """At rest the ticker looked at all 1,000 keys every second (issue 29 item 6): now the keys are listed
+    once per schedule (every SCHEDULE_REFRESH_S, or when their number changes), and a period still queues
+    each key exactly once, across the period's wrap-around too."""
+    clock = Clock()
+    c = controller(clock, resync_s=100.0)
+    for i in range(50):
+        c.cache.upsert(pdd(f"d{i}", "1"))
+    lists = []
+    keys = c.cache.keys
+    monkeypatch.setattr(c.cache, "keys", lambda *a: lists.append(a) or keys(*a))
+    clock.t = 50.0  # the period wraps at 100 in the middle of these ticks
+    queued = []
+    for _ in range(100):
+        before = clock.t
+        clock.t += 1.0
+        c._resync_due(before, clock.t, 100.0)
+        queued += drain(c)
+    assert sorted(queued) == sorted((PDDEPLOYMENT, "ns", f"d{i}") for i in range(50))
+    listed = [a for a in lists if a[1] == "PDDeployment"]
+    assert len(listed) <= 100 / C.SCHEDULE_REFRESH_S + 2, f"{len(listed)} listings in 100 ticks"
+    c.cache.upsert(pdd("new", "1"))  # one more key: the next tick's schedule has it
+    before = clock.t
+    clock.t += 100.0
+    c._resync_due(before, clock.t, 100.0)
+    assert (PDDEPLOYMENT, "ns", "new") in drain(c)
 
 
 def test_slo_figures_that_only_move_are_written_at_most_once_per_period_transitions_at_once(monkeypatch):

@@ -253,9 +253,23 @@ def test_entries_with_the_same_labels_share_one_labels_object_that_goes_with_the
     stored = cache._objects[("apps/v1", "Deployment")]["ns"]
     assert stored["a"].labels is stored["b"].labels and stored["a"].labels == dep("a", "1")["metadata"]["labels"]
     assert stored["c"].labels is not stored["a"].labels
-    key = tuple(sorted(dep("a", "1")["metadata"]["labels"].items()))
+    key = tuple(s for kv in sorted(dep("a", "1")["metadata"]["labels"].items()) for s in kv)  # flat: k1, v1, k2, v2
     assert key in C._LABELS
     cache.remove(dep("a", "1"))
     cache.remove(dep("b", "2"))
     gc.collect()
     assert key not in C._LABELS, "no entry holds those labels any more: the shared set is gone"
+
+
+def test_the_shared_labels_hold_no_second_copy_of_the_callers_strings():
+    """The set is found by a flat tuple of interned strings: the Labels' own keys and values, not copies."""
+    import json
+
+    from sglang_pd_operator.runtime import cache as C
+
+    raw = json.loads(json.dumps({"pd.sglang-operator.io/deployment": "pd-7", "pod-template-hash": "5d4f"}))
+    shared = C.shared_labels(raw)
+    key = next(k for k, v in C._LABELS.items() if v is shared)
+    assert all(isinstance(s, str) for s in key) and len(key) == 4
+    assert all(any(s is x for x in list(shared) + list(shared.values())) for s in key)
+    assert C.shared_labels(json.loads(json.dumps(raw))) is shared
