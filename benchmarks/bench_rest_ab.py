@@ -114,7 +114,7 @@ def main() -> None:
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix=f"bench-rest-{a.n}-"))
     docs = B.pddeployments(a.n, a.per_namespace)
-    cluster, _ = B.start_bench_cluster(work, "cluster", print)
+    cluster, _ = B.start_bench_cluster(work, "cluster", print, a.n)
     try:
         B.prepare_namespaces(cluster, B.namespaces_for(a.n, a.per_namespace))
         B.add_unrelated_pods(cluster, a.unrelated, print, 4)

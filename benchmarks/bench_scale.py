@@ -138,17 +138,31 @@ def load_text(load: dict[str, float]) -> str:
 
 
 # --------------------------------------------------------------------------------------- the cluster
-def node_pools_file(work: Path) -> Path:
-    """hack/cluster/node-pools.yaml with the benchmark's pools added (a new file in ``work``)."""
-    pools = yaml.safe_load(paths.node_pools_file().read_text())["pools"] + \
-        yaml.safe_load(BENCH_POOLS.read_text())["pools"]
+#: Engine and gateway pods per PDDeployment of the benchmark (one prefill, one decode, one gateway).
+PODS_PER_DEPLOYMENT = 3
+
+
+def node_pools_file(work: Path, n: int) -> Path:
+    """hack/cluster/node-pools.yaml with the benchmark's pools added (a new file in ``work``).
+
+    The engine pool (``bench-l40s``) gets enough nodes for N PDDeployments' pods, a tenth more
+    than their pods over each node's pod capacity (at least its count in the file): 20 nodes
+    of 240 pods hold N = 1,000 (3,000 pods) but not N = 3,000 (9,000 pods; a first run at
+    3,000 left 1,283 pods Pending)."""
+    bench = yaml.safe_load(BENCH_POOLS.read_text())["pools"]
+    for pool in bench:
+        if pool["name"] == "bench-l40s":
+            per_node = int(pool["capacity"]["pods"])
+            pool["count"] = max(int(pool["count"]), -(-PODS_PER_DEPLOYMENT * n * 11 // (10 * per_node)))
+    pools = yaml.safe_load(paths.node_pools_file().read_text())["pools"] + bench
     path = work / "node-pools.yaml"
     path.write_text(yaml.safe_dump({"pools": pools}, sort_keys=False))
     return path
 
 
-def start_bench_cluster(work: Path, name: str, log: Callable[[str], None]) -> tuple[Cluster, Path]:
-    """A fresh dev cluster with the benchmark's node pools and an audit log of the operator's identity.
+def start_bench_cluster(work: Path, name: str, log: Callable[[str], None], n: int) -> tuple[Cluster, Path]:
+    """A fresh dev cluster with the benchmark's node pools for ``n`` PDDeployments and an audit log of the
+    operator's identity.
 
     Returns the cluster and the audit log's path.
     """
@@ -158,7 +172,7 @@ def start_bench_cluster(work: Path, name: str, log: Callable[[str], None]) -> tu
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     audit_log = run_dir / "audit.log"
     args = [f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}", "--audit-log-maxsize=100000"]
-    cluster = start_cluster(run_dir=run_dir, log=lambda m: None, node_pools=node_pools_file(work),
+    cluster = start_cluster(run_dir=run_dir, log=lambda m: None, node_pools=node_pools_file(work, n),
                             apiserver_args=args)
     log(f"  cluster {name}: nodes Ready {cluster.timings['ready']:.1f}s after start")
     return cluster, audit_log
@@ -593,7 +607,7 @@ def plain_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Callabl
     """The floor: the rendered objects applied by kubectl on a fresh cluster, until every Deployment is available."""
     docs = pddeployments(res.n, a.per_namespace)
     groups = rendered(docs, a.operator_command, work)
-    cluster, _ = start_bench_cluster(work, "plain", log)
+    cluster, _ = start_bench_cluster(work, "plain", log, res.n)
     try:
         prepare_namespaces(cluster, namespaces_for(res.n, a.per_namespace))
         add_unrelated_pods(cluster, res.unrelated, log, a.appliers)
@@ -631,7 +645,7 @@ def _rss(pid: int | None) -> float:
 def operator_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Callable[[str], None]) -> None:
     """The operator on a fresh cluster: convergence, rest, edits, resync pass (module docstring)."""
     docs = pddeployments(res.n, a.per_namespace)
-    cluster, audit_path = start_bench_cluster(work, "operator", log)
+    cluster, audit_path = start_bench_cluster(work, "operator", log, res.n)
     op = None
     tracker = None
     try:
