@@ -464,6 +464,8 @@ class Scraper:
         self._families_memo: dict[tuple[str, int, bool], tuple[SLOSpec | None, dict[str, ex.Kind], tuple[str, ...]]] = {}
         self._families_prev: dict[tuple[str, int, bool], tuple[SLOSpec | None, dict[str, ex.Kind], tuple[str, ...]]] = {}
         self._targets = TargetsMemo()
+        # key -> (targets, health) of a deployment whose last evaluation had no input (_evaluate_quiet)
+        self._quiet: dict[str, tuple[DeploymentTargets, Health]] = {}
         self._eval_lock = asyncio.Lock()
         self._semaphore: asyncio.Semaphore | None = None
 
@@ -518,7 +520,7 @@ class Scraper:
         for key in list(self._passes):
             if key not in present:
                 self.evaluator.forget(key)
-                for store in (self._names, self._pods, self._passes):
+                for store in (self._names, self._pods, self._passes, self._quiet):
                     store.pop(key, None)
                 for k in [k for k in self._filter if k[0] == key]:
                     del self._filter[k]
@@ -693,9 +695,13 @@ class Scraper:
                   master: MasterHealth | None = None,
                   families: Mapping[str, Mapping[str, ex.Kind]] | None = None) -> Health | None:
         key = t.key
+        now = self.clock()
+        quiet = self._quiet.pop(key, None)
+        if (quiet is not None and quiet[0] is t and not rebaseline and master is None
+                and all(text is None for text in texts) and not self.evaluator.holds_data(key)):
+            return self._evaluate_quiet(t, quiet[1], now)
         if rebaseline:
             self.evaluator.rebaseline(key)
-        now = self.clock()
         reachable = {r: 0 for r in SCRAPED_ROLES}
         seen: set[tuple[str, str]] = set()
         for pod, text in zip(t.pods, texts):
@@ -729,7 +735,27 @@ class Scraper:
         passes = self._passes[key] = self._passes.get(key, 0) + 1
         if passes < 2:  # first pass: baselines only, nothing measured yet
             return None
-        return Health(namespace=t.namespace, name=t.name, serving_key=t.serving_key, evaluated_at=now,
-                      ready=dict(t.ready), reachable=reachable,
-                      slo=result if t.slo_spec is not None else None, kv_transfer=result.kv_transfer,
-                      kvstore=master)
+        health = Health(namespace=t.namespace, name=t.name, serving_key=t.serving_key, evaluated_at=now,
+                        ready=dict(t.ready), reachable=reachable,
+                        slo=result if t.slo_spec is not None else None, kv_transfer=result.kv_transfer,
+                        kvstore=master)
+        if master is None and not any(reachable.values()) and not self.evaluator.holds_data(key):
+            self._quiet[key] = (t, health)
+        return health
+
+    def _evaluate_quiet(self, t: DeploymentTargets, last: Health, now: float) -> Health:
+        """A deployment whose inputs did not change since its last evaluation: the same targets
+        (body, serving key, pods), no page answered this pass or the last, no Mooncake master,
+        and no data in the evaluator. Its evaluation and transfer figures would be the last
+        ones, so they are not computed again: the last health is handed on at ``now`` (the
+        scrape errors of the pods asked are still counted)."""
+        if self.metrics is not None:
+            for pod in t.pods:
+                if (t.key, pod.role, pod.name) not in self._skipped:
+                    self.metrics.scrape_errors.labels(role=pod.role).inc()
+        health = last.restamped(now)
+        if self.metrics is not None and health.slo is not None:
+            self.metrics.publish(health.slo)
+        self._passes[t.key] += 1
+        self._quiet[t.key] = (t, health)
+        return health

@@ -51,7 +51,7 @@ import bisect
 import math
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sglang_pd_operator.api.v1alpha1 import SLOSpec, parse_duration
@@ -448,7 +448,8 @@ class _OutcomeBins:
 
     def record(self, now: float, met: bool | None, width: float) -> None:
         """Add the outcome of the interval ending at ``now`` to the newest fine bin when it is
-        less than ``width`` seconds old, else to a new one; the same ``now`` again replaces it."""
+        less than ``width`` seconds old, else to a new one; the same ``now`` again replaces it.
+        An interval that is not counted (``met`` None) adds no bin: it changes no count."""
         n = len(self.first)
         if n > self.coarse and self.last[-1] == now:
             if self.last_outcome is not None:
@@ -457,6 +458,9 @@ class _OutcomeBins:
             if self.first[-1] == now:  # the bin holds only this interval
                 self._delete(n - 1)
                 n -= 1
+            self.last_outcome = None
+        if met is None:  # not counted: no bin (an idle deployment's outcomes hold nothing)
+            return
         if not (n > self.coarse and now - self.first[-1] < width and now >= self.last[-1]):
             for a, v in ((self.first, now), (self.last, now), (self.good, 0), (self.counted, 0)):
                 a.append(v)
@@ -512,6 +516,12 @@ class _Deployment:
     outcomes: _OutcomeBins = field(default_factory=_OutcomeBins)
     retention_s: float = 0.0
     first_seen: float | None = None
+    #: (spec, result) of the last evaluation while the deployment held no data (:meth:`SLOEvaluator.evaluate`)
+    quiet: tuple[SLOSpec, SLOResult] | None = None
+
+    def holds_data(self) -> bool:
+        """Whether anything an evaluation reads is here: a pod's snapshot, an increase, a counted outcome."""
+        return bool(len(self.outcomes)) or any(s.pods or s.slots for s in self.roles.values())
 
 
 #: Memory bound: increases are kept in at most this many time slots per window and role,
@@ -695,6 +705,12 @@ class SLOEvaluator:
             for state in dep.roles.values():
                 state.pods.clear()
 
+    def holds_data(self, deployment_key: str) -> bool:
+        """Whether the evaluator keeps anything of the deployment that an evaluation reads (a pod's
+        last snapshot, an increase in a window, a counted outcome)."""
+        dep = self._deployments.get(deployment_key)
+        return dep is not None and dep.holds_data()
+
     def deployments(self) -> list[str]:
         """Keys of every deployment with state."""
         return sorted(self._deployments)
@@ -746,8 +762,23 @@ class SLOEvaluator:
         """Evaluate ``slo_spec`` over its window ending at ``now`` and record the interval.
 
         Calling it twice with the same ``now`` replaces that interval's outcome. Raises
-        ``ValueError`` when ``slo_spec.window`` is not a duration.
+        ``ValueError`` when ``slo_spec.window`` is not a duration. A deployment that holds
+        no data (no pod answered yet, nothing counted) evaluates to the same result at any
+        time: the last one is handed back with ``evaluated_at`` moved while the spec is the
+        same object (the scraper's parsed spec), so a pass over a thousand silent
+        deployments reads no windows.
         """
+        dep = self._deployments.get(deployment_key)
+        if dep is not None and dep.quiet is not None and dep.quiet[0] is slo_spec and not dep.holds_data():
+            # nothing to read and nothing counted: the inputs of the last evaluation, whatever the time
+            return replace(dep.quiet[1], evaluated_at=now)
+        result = self._evaluate(deployment_key, slo_spec, now)
+        dep = self._deployments[deployment_key]
+        dep.quiet = (slo_spec, result) if not dep.holds_data() else None
+        return result
+
+    def _evaluate(self, deployment_key: str, slo_spec: SLOSpec, now: float) -> SLOResult:
+        """:meth:`evaluate` read from the state (no shortcut for a deployment without data)."""
         window_s = parse_duration(slo_spec.window)
         dep = self._deployments.setdefault(deployment_key, _Deployment(retention_s=window_s))
         dep.retention_s = window_s

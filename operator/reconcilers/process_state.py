@@ -77,9 +77,18 @@ class HealthStore:
         return max(self.started_at, self._first_asked.setdefault(key, now)), False
 
     def set(self, health: Health) -> HealthChange:
-        """Keep ``health`` as the deployment's latest; say what of status it changes (:class:`HealthChange`)."""
-        conditions, figures = S.health_views(health)
+        """Keep ``health`` as the deployment's latest; say what of status it changes (:class:`HealthChange`).
+
+        A health that says what the kept one says at a later time (:meth:`Health.same_but_time`)
+        changes nothing and keeps the kept views (no views made again)."""
         key = (health.namespace, health.name)
+        with self._guard:
+            old = self._health.get(key)
+        if old is not None and old[0].same_but_time(health):
+            with self._guard:
+                self._health[key] = (health, old[1], old[2])
+            return HealthChange.NONE
+        conditions, figures = S.health_views(health)
         with self._guard:
             old = self._health.get(key)
             self._health[key] = (health, conditions, figures)
