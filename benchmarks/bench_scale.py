@@ -160,9 +160,10 @@ def node_pools_file(work: Path, n: int) -> Path:
     return path
 
 
-def start_bench_cluster(work: Path, name: str, log: Callable[[str], None], n: int) -> tuple[Cluster, Path]:
+def start_bench_cluster(work: Path, name: str, log: Callable[[str], None], n: int,
+                        profiling: bool = False) -> tuple[Cluster, Path]:
     """A fresh dev cluster with the benchmark's node pools for ``n`` PDDeployments and an audit log of the
-    operator's identity.
+    operator's identity; ``profiling``: kube-apiserver serves ``/debug/pprof`` (:func:`profile_apiserver`).
 
     Returns the cluster and the audit log's path.
     """
@@ -172,10 +173,30 @@ def start_bench_cluster(work: Path, name: str, log: Callable[[str], None], n: in
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     audit_log = run_dir / "audit.log"
     args = [f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}", "--audit-log-maxsize=100000"]
+    if profiling:
+        args.append("--profiling=true")  # the last of a repeated flag wins (the dev cluster's default is false)
     cluster = start_cluster(run_dir=run_dir, log=lambda m: None, node_pools=node_pools_file(work, n),
                             apiserver_args=args)
     log(f"  cluster {name}: nodes Ready {cluster.timings['ready']:.1f}s after start")
     return cluster, audit_log
+
+
+def profile_apiserver(cluster: Cluster, seconds: float, out: Path | None) -> threading.Thread | None:
+    """Start a ``seconds``-long CPU profile of kube-apiserver (Go's ``/debug/pprof/profile``) into ``out``, in a
+    thread (join it to wait); None when ``seconds`` is 0 or there is nowhere to keep it. Read it with
+    ``go tool pprof -top <out>`` (the profile carries its symbols)."""
+    if not seconds or out is None:
+        return None
+
+    def fetch() -> None:
+        with out.open("wb") as f:
+            subprocess.run([str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "get", "--raw",
+                            f"/debug/pprof/profile?seconds={int(seconds)}", f"--request-timeout={int(seconds) + 60}s"],
+                           stdout=f, stderr=subprocess.DEVNULL, check=False)
+
+    thread = threading.Thread(target=fetch, name="apiserver-profile", daemon=True)
+    thread.start()
+    return thread
 
 
 def cluster_pids(cluster: Cluster) -> dict[str, int]:
@@ -607,7 +628,7 @@ def plain_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Callabl
     """The floor: the rendered objects applied by kubectl on a fresh cluster, until every Deployment is available."""
     docs = pddeployments(res.n, a.per_namespace)
     groups = rendered(docs, a.operator_command, work)
-    cluster, _ = start_bench_cluster(work, "plain", log, res.n)
+    cluster, _ = start_bench_cluster(work, "plain", log, res.n, profiling=bool(a.apiserver_profile))
     try:
         prepare_namespaces(cluster, namespaces_for(res.n, a.per_namespace))
         add_unrelated_pods(cluster, res.unrelated, log, a.appliers)
@@ -618,6 +639,7 @@ def plain_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Callabl
         meter = LoadMeter(lambda: [*cluster_pids(cluster).values(), os.getpid()])
         requests0 = request_snapshot(cluster)
         cpu0 = cpu_by_component(cluster, extra={})
+        profile = profile_apiserver(cluster, a.apiserver_profile, _kept(a, f"apiserver-plain-{res.n}.pprof"))
         started = time.monotonic()
         apply_s = run_parallel(cluster, [sum(groups[i::a.appliers], []) for i in range(a.appliers)])
         res.plain_s, done = wait_all(tracker, wanted, a.ready_timeout, started)
@@ -625,6 +647,8 @@ def plain_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Callabl
         res.load["plain"] = meter.report()
         res.plain_busiest = busiest_requests(cluster, requests0)
         res.plain_cpu_s = cpu_since(cpu0, cpu_by_component(cluster, extra={}))
+        if profile is not None:
+            profile.join()
         pids = cluster_pids(cluster)
         log(f"  plain client: {len(wanted)} Deployments available after "
             + (f"{res.plain_s:.1f}s" if res.plain_s else f"TIMEOUT ({done}/{len(wanted)})")
@@ -637,6 +661,14 @@ def plain_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Callabl
         cluster.stop(log=lambda m: None)
 
 
+def _kept(a: argparse.Namespace, name: str) -> Path | None:
+    """Where a file the run keeps goes: ``--keep-logs``'s folder, None without it."""
+    if a.keep_logs is None:
+        return None
+    a.keep_logs.mkdir(parents=True, exist_ok=True)
+    return a.keep_logs / name
+
+
 def _rss(pid: int | None) -> float:
     s = proc_sample(pid) if pid else None
     return s.rss_mb if s else 0.0
@@ -645,7 +677,7 @@ def _rss(pid: int | None) -> float:
 def operator_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Callable[[str], None]) -> None:
     """The operator on a fresh cluster: convergence, rest, edits, resync pass (module docstring)."""
     docs = pddeployments(res.n, a.per_namespace)
-    cluster, audit_path = start_bench_cluster(work, "operator", log, res.n)
+    cluster, audit_path = start_bench_cluster(work, "operator", log, res.n, profiling=bool(a.apiserver_profile))
     op = None
     tracker = None
     try:
@@ -668,6 +700,7 @@ def operator_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Call
         meter = LoadMeter(lambda: [*pids.values(), op_pid, os.getpid()])
         requests0 = request_snapshot(cluster)
         cpu0 = cpu_by_component(cluster, extra={"operator": op_pid})
+        profile = profile_apiserver(cluster, a.apiserver_profile, _kept(a, f"apiserver-operator-{res.n}.pprof"))
         started = time.monotonic()
         apply_s = run_parallel(cluster, [docs[i::a.appliers] for i in range(a.appliers)])
         keys = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs}
@@ -679,6 +712,8 @@ def operator_phase(res: CaseResult, a: argparse.Namespace, work: Path, log: Call
         peak = proc_sample(op_pid)
         res.operator_peak_rss_mb = peak.hwm_mb if peak else 0.0
         res.converge_cpu_s = cpu_since(cpu0, cpu_by_component(cluster, extra={"operator": op_pid}))
+        if profile is not None:
+            profile.join()
         log(f"  operator: {res.ready_count}/{res.n} PDDeployments Ready after "
             + (f"{res.operator_s:.1f}s" if res.operator_s else f"TIMEOUT ({a.ready_timeout:.0f}s)")
             + f" (its {a.appliers} kubectl applies took {apply_s:.1f}s); "
@@ -864,6 +899,9 @@ def main(argv: list[str] | None = None, log: Callable[[str], None] = print) -> l
     p.add_argument("--skip-plain", action="store_true", help="no plain-client run (no ratio)")
     p.add_argument("--json", type=Path, default=None, help="append each case's figures as a JSON line")
     p.add_argument("--keep-logs", type=Path, default=None, help="copy each case's operator log into this folder")
+    p.add_argument("--apiserver-profile", type=float, default=0.0, metavar="SECONDS",
+                   help="a CPU profile of kube-apiserver over the first SECONDS of each convergence, kept in "
+                        "--keep-logs as apiserver-<phase>-<n>.pprof (go tool pprof -top); 0: none")
     a = p.parse_args(argv)
     a.operator_command = a.operator.split() if a.operator else operator_command()
     results = []

@@ -12,7 +12,7 @@ The chart ``charts/sglang-pd-operator`` carries two things that have another sou
 Commands (run from anywhere; they never import the package, so the repository's
 ``operator/`` folder cannot shadow the standard library):
 
-    python hack/chart_check.py sync    # copy crds/ into the chart, set the chart's versions
+    python hack/chart_check.py sync    # copy crds/ (and crds/policies/) into the chart, set the chart's versions
     python hack/chart_check.py check   # exit 1 and list what is out of step (used by tests)
 
 ``tests/unit/test_chart.py`` runs :func:`problems`; the chart tests render the chart with
@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "sglang-pd-operator"
 CHART_CRDS = CHART / "files" / "crds"
 CRDS = ROOT / "crds"
+#: (source, chart copy): the CRDs, and the admission policies the chart installs (``sglang-pd-operator crds`` writes both)
+COPIES = ((CRDS, CHART_CRDS), (CRDS / "policies", CHART / "files" / "policies"))
 CHANGELOG = ROOT / "CHANGELOG.md"
 
 
@@ -67,16 +69,17 @@ def changelog_versions() -> list[str]:
 def problems() -> list[str]:
     """Everything out of step, one line each with the fix; empty when the chart is current."""
     out: list[str] = []
-    sources = {p.name: p for p in sorted(CRDS.glob("*.yaml"))}
-    copies = {p.name: p for p in sorted(CHART_CRDS.glob("*.yaml"))} if CHART_CRDS.is_dir() else {}
-    for name in sorted(set(sources) | set(copies)):
-        if name not in copies:
-            out.append(f"{CHART_CRDS.relative_to(ROOT)}/{name} is missing: run `python hack/chart_check.py sync`")
-        elif name not in sources:
-            out.append(f"{CHART_CRDS.relative_to(ROOT)}/{name} has no source in crds/: run `python hack/chart_check.py sync`")
-        elif copies[name].read_bytes() != sources[name].read_bytes():
-            out.append(f"{CHART_CRDS.relative_to(ROOT)}/{name} differs from crds/{name}: "
-                       "run `python hack/chart_check.py sync`")
+    for source_dir, copy_dir in COPIES:
+        sources = {p.name: p for p in sorted(source_dir.glob("*.yaml"))}
+        copies = {p.name: p for p in sorted(copy_dir.glob("*.yaml"))} if copy_dir.is_dir() else {}
+        where, src = copy_dir.relative_to(ROOT), source_dir.relative_to(ROOT)
+        for name in sorted(set(sources) | set(copies)):
+            if name not in copies:
+                out.append(f"{where}/{name} is missing: run `python hack/chart_check.py sync`")
+            elif name not in sources:
+                out.append(f"{where}/{name} has no source in {src}/: run `python hack/chart_check.py sync`")
+            elif copies[name].read_bytes() != sources[name].read_bytes():
+                out.append(f"{where}/{name} differs from {src}/{name}: run `python hack/chart_check.py sync`")
     pkg, mod = package_version(), module_version()
     if mod != pkg:
         out.append(f"sglang_pd_operator.__version__ is {mod}, pyproject.toml says {pkg}: make them equal")
@@ -90,19 +93,20 @@ def problems() -> list[str]:
 
 
 def sync() -> list[str]:
-    """Copy crds/ into the chart (dropping stale copies) and set the chart's versions; returns what changed."""
+    """Copy crds/ and crds/policies/ into the chart (dropping stale copies) and set the chart's versions; returns what changed."""
     changed: list[str] = []
-    CHART_CRDS.mkdir(parents=True, exist_ok=True)
-    sources = {p.name: p for p in CRDS.glob("*.yaml")}
-    for stale in CHART_CRDS.glob("*.yaml"):
-        if stale.name not in sources:
-            stale.unlink()
-            changed.append(f"removed {stale.relative_to(ROOT)}")
-    for name, src in sorted(sources.items()):
-        dst = CHART_CRDS / name
-        if not dst.is_file() or dst.read_bytes() != src.read_bytes():
-            shutil.copyfile(src, dst)
-            changed.append(f"copied crds/{name}")
+    for source_dir, copy_dir in COPIES:
+        copy_dir.mkdir(parents=True, exist_ok=True)
+        sources = {p.name: p for p in source_dir.glob("*.yaml")}
+        for stale in copy_dir.glob("*.yaml"):
+            if stale.name not in sources:
+                stale.unlink()
+                changed.append(f"removed {stale.relative_to(ROOT)}")
+        for name, src in sorted(sources.items()):
+            dst = copy_dir / name
+            if not dst.is_file() or dst.read_bytes() != src.read_bytes():
+                shutil.copyfile(src, dst)
+                changed.append(f"copied {src.relative_to(ROOT)}")
     pkg = package_version()
     chart = CHART / "Chart.yaml"
     text = chart.read_text()

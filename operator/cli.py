@@ -382,17 +382,28 @@ def render(files: tuple[str, ...], output: str, catalog_dir: str | None, default
 
 
 @main.command()
-@click.option("--out-dir", default=None, help="Folder to write into (default: crds/ and the chart's files/crds/).")
+@click.option("--out-dir", default=None,
+              help="Folder to write into, policies into its policies/ (default: crds/ and the chart's files/crds/, files/policies/).")
 @click.option("--check", "check_only", is_flag=True, help="Exit 1 when the files differ from the models.")
 def crds(out_dir: str | None, check_only: bool) -> None:
-    """Write crds/*.yaml (and the Helm chart's copy) from the API models, or --check that they are current."""
+    """Write crds/*.yaml and crds/policies/*.yaml (and the Helm chart's copies) from the API models, or --check that they are current.
+
+    The policies: the MutatingAdmissionPolicy and binding that give each replica its own IMEX
+    channel (api/computedomain.py ``admission_policy``), installed by the chart or with ``kubectl apply -f crds/policies/``.
+    """
+    from .api.computedomain import admission_policy
     from .api.crd import all_crds, render_yaml
 
     repo = Path(__file__).resolve().parent.parent
-    directories = [Path(out_dir)] if out_dir else [repo / "crds", repo / "charts" / "sglang-pd-operator" / "files" / "crds"]
+    chart = repo / "charts" / "sglang-pd-operator" / "files"
+    directories = ([(Path(out_dir), Path(out_dir) / "policies")] if out_dir
+                   else [(repo / "crds", repo / "crds" / "policies"), (chart / "crds", chart / "policies")])
+    policy, binding = admission_policy()
+    policies = {"imex-channel-per-replica-policy.yaml": policy, "imex-channel-per-replica-binding.yaml": binding}
     stale = []
-    for directory in directories:
-        for name, crd in all_crds().items():
+    for crd_dir, policy_dir in directories:
+        for directory, name, crd in [*((crd_dir, n, c) for n, c in all_crds().items()),
+                                     *((policy_dir, n, o) for n, o in policies.items())]:
             path = directory / name
             text = render_yaml(crd)
             if check_only:

@@ -20,6 +20,7 @@ in Kueue's Workloads, uncached, and reported with Kueue's reason while it is not
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -252,7 +253,13 @@ def clip(text: str, limit: int) -> str:
 
 
 def unschedulable_reason(pod: dict[str, Any]) -> str | None:
-    """The scheduler's message when the pod cannot be scheduled (PodScheduled=False, Unschedulable), else None."""
+    """The scheduler's message when the pod cannot be scheduled (PodScheduled=False, Unschedulable), else None.
+
+    A pod whose IMEX claim still names the placeholder template waits for a template that never
+    comes (the admission policy is missing, api/computedomain.py): that is said instead."""
+    placeholder = cd.policy_missed(pod)
+    if placeholder is not None:
+        return cd.policy_missing_message(pod=(pod.get("metadata") or {}).get("name", "?"), placeholder=placeholder)
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
             return str(cond.get("message") or "unschedulable")
@@ -275,18 +282,33 @@ def uses_imex(lws_obj: dict[str, Any]) -> bool:
                for rc in (t.get("spec") or {}).get("resourceClaims") or [])
 
 
-def imex_ready_groups(domain: dict[str, Any] | None, group_nodes: dict[str, list[str]], size: int) -> int:
-    """Groups whose ``size`` pods are all on nodes Ready in ``domain``'s ``status.nodes``.
+def per_group_imex(lws_obj: dict[str, Any]) -> bool:
+    """The LeaderWorkerSet's pods take their own group's ComputeDomain (the admission policy's label on the
+    template); else one ComputeDomain named like the LeaderWorkerSet serves every group (before 0.3.0)."""
+    return any(cd.GROUP_DOMAIN_LABEL in ((t.get("metadata") or {}).get("labels") or {}) for t in lws.pod_templates(lws_obj))
 
-    ``group_nodes``: group index -> the node of each of its pods ("" while unscheduled). A
-    missing ComputeDomain counts none. Source of the status shape: NVIDIA's DRA driver,
-    api/nvidia.com/resource/v1beta1/computedomain.go (``api/computedomain.py``).
+
+def imex_ready_groups(domain_of: Callable[[str], dict[str, Any] | None], group_nodes: dict[str, list[str]],
+                      size: int) -> int:
+    """Groups whose ComputeDomain lists all of their ``size`` pods' nodes Ready.
+
+    ``domain_of(group index)``: the group's ComputeDomain (its own, or the one shared by every
+    group of a LeaderWorkerSet made before 0.3.0), None when missing: the group counts none.
+    A group's own domain must also say ``status.status`` Ready. ``group_nodes``: group index
+    -> the node of each of its pods ("" while unscheduled). Source of the status shape:
+    NVIDIA's DRA driver, api/nvidia.com/resource/v1beta1/computedomain.go (``api/computedomain.py``).
     """
-    if domain is None:
-        return 0
-    status = domain.get("status") or {}
-    return sum(1 for nodes in group_nodes.values()
-               if len(nodes) >= size and all(n and cd.node_ready(status, n) for n in nodes))
+    ready = 0
+    for group, nodes in group_nodes.items():
+        domain = domain_of(group)
+        if domain is None or len(nodes) < size:
+            continue
+        status = domain.get("status") or {}
+        own = cd.GROUP_INDEX_LABEL in ((domain.get("metadata") or {}).get("labels") or {})
+        if own and status.get("status") != cd.STATUS_READY:
+            continue
+        ready += all(n and cd.node_ready(status, n) for n in nodes)
+    return ready
 
 
 def scheduling_gated(pod: dict[str, Any]) -> bool:
@@ -362,17 +384,19 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, 
                           obj["metadata"]["name"]))
         g["records"][component] = read_record(obj["metadata"].get("annotations"))
         g.setdefault("configs", set()).update(*(mounted_config_maps(t.get("spec") or {}) for t in lws.pod_templates(obj)))
-    imex: set[tuple[str, str]] = set()  # (key, component) of LeaderWorkerSets whose pods hold IMEX channels
+    # (key, component) of LeaderWorkerSets whose pods hold IMEX channels -> one ComputeDomain per group
+    imex: dict[tuple[str, str], bool] = {}
     if lws_served:
         for obj, state_of in workloads:
             lbl = obj["metadata"].get("labels") or {}
             if state_of is lws_state and uses_imex(obj):
-                imex.add((lbl.get(L.LABEL_COMPAT_KEY), lbl.get(L.LABEL_ROLE)))
-    domains: dict[tuple[str, str], dict[str, Any]] = {}
+                imex[(lbl.get(L.LABEL_COMPAT_KEY), lbl.get(L.LABEL_ROLE))] = per_group_imex(obj)
+    # (key, component, group index) -> its ComputeDomain; group index None: one shared by every group
+    domains: dict[tuple[str, str, str | None], dict[str, Any]] = {}
     if cd_served and imex:
         for obj in kube.list(cd.API_VERSION, cd.KIND, namespace, selector):
             lbl = obj["metadata"].get("labels") or {}
-            domains[(lbl.get(L.LABEL_COMPAT_KEY), lbl.get(L.LABEL_ROLE))] = obj
+            domains[(lbl.get(L.LABEL_COMPAT_KEY), lbl.get(L.LABEL_ROLE), lbl.get(cd.GROUP_INDEX_LABEL))] = obj
     group_nodes: dict[tuple[str, str], dict[str, list[str]]] = {}
     gated: dict[tuple[str, str], set[str]] = {}  # (key, component) -> LWS groups with a pod behind a scheduling gate
     pods: dict[tuple[str, str], list[int]] = {}  # (key, component) -> [ready, total]
@@ -406,8 +430,9 @@ def observe(kube: Kube, *, name: str, namespace: str, lws_served: bool = False, 
             ready, total = pods.get((key, component), (0, 0))
             w = replace(w, pods_ready=ready, pods_total=total)
             if (key, component) in imex:  # a group is Ready only with its nodes Ready in the ComputeDomain
-                ok = imex_ready_groups(domains.get((key, component)), group_nodes.get((key, component), {}),
-                                       w.pods_per_replica)
+                per_group = imex[(key, component)]
+                ok = imex_ready_groups(lambda g, k=key, c=component, p=per_group: domains.get((k, c, g if p else None)),
+                                       group_nodes.get((key, component), {}), w.pods_per_replica)
                 w = replace(w, ready=min(w.ready, ok), available=min(w.available, ok))
             g["workloads"][component] = w
     service = kube.get("v1", "Service", name, namespace)

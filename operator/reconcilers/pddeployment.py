@@ -675,6 +675,8 @@ def _apply_group(
                 kube.create(obj)
         for obj in objects:  # 2. write them
             kube.apply(obj)
+        if cd_served:
+            _prune_replica_domains(kube, plan, domains)
     except ApiException:
         if not new_group:
             raise
@@ -689,6 +691,26 @@ def _apply_group(
             _track(kube, f"{failed} (the new group's other children were deleted again)")
         raise
     return [obj["metadata"]["name"] for obj in objects if obj["kind"] == "ConfigMap"]
+
+
+def _prune_replica_domains(kube: Kube, plan: Plan, domains: list[dict[str, Any]]) -> None:
+    """Delete the per-replica ComputeDomains of the plan's group that no replica uses any more (a
+    scale-down): one not among ``domains`` (the rendered ones), once no pod of its replica remains
+    (the driver's IMEX daemons serve those pods until they are gone). render/multinode.py."""
+    roles = {r.role for r in (plan.prefill, plan.decode) if r.inputs.multi_node and uses_compute_domain(plan.spec, r)}
+    if not roles:
+        return
+    keep = {d["metadata"]["name"] for d in domains}
+    selector = f"{L.LABEL_DEPLOYMENT}={plan.name},{L.LABEL_COMPAT_KEY}={plan.compat_key},{cd.GROUP_INDEX_LABEL}"
+    for obj in kube.list(cd.API_VERSION, cd.KIND, plan.namespace, selector):
+        meta = obj["metadata"]
+        labels = meta.get("labels") or {}
+        if meta["name"] in keep or labels.get(L.LABEL_ROLE) not in roles or meta.get("deletionTimestamp"):
+            continue
+        replica = (f"{L.LABEL_DEPLOYMENT}={plan.name},{L.LABEL_COMPAT_KEY}={plan.compat_key},"
+                   f"{L.LABEL_ROLE}={labels[L.LABEL_ROLE]},{lws.LABEL_GROUP_INDEX}={labels[cd.GROUP_INDEX_LABEL]}")
+        if not kube.list("v1", "Pod", plan.namespace, replica):
+            kube.delete(cd.API_VERSION, cd.KIND, meta["name"], plan.namespace)
 
 
 def _is_engine(obj: dict[str, Any]) -> bool:

@@ -75,6 +75,9 @@ KNOWN_CHANGES: tuple[KnownChange, ...] = (
                 "own metrics show no running or queued request, bounded by rollout.drainGracePeriod"),
     KnownChange("0.3.0", "pod volumes", "each engine config is an immutable ConfigMap named after its content "
                 "(render/engine.py config_map_name), so an in-place update never rewrites the config its old pods read"),
+    KnownChange("0.3.0", "pod resourceClaims", "each replica of a multi-node GB200 / GB300 role gets its own "
+                "ComputeDomain and IMEX channel (render/multinode.py; the chart's admission policy points each pod "
+                "at its replica's), instead of one domain shared by every replica of the LeaderWorkerSet"),
 )
 
 

@@ -37,8 +37,8 @@ from ..planning.sglang_flags import flag_table
 from ..planning.rollout import InPlaceStrategy, progress_deadline_seconds, role_strategies
 from . import labels as L
 from .drain import ENGINE_GAUGES, prestop, termination_grace_seconds
-from .multinode import (compute_domain, group_service_settings, imex_claims, kueue_annotations, leader_worker_set,
-                        pod_affinity, wait_for_leader_container)
+from .multinode import (compute_domains, group_service_settings, imex_claims, imex_pod_labels, kueue_annotations,
+                        leader_worker_set, pod_affinity, wait_for_leader_container)
 from .probes import http_probe, readiness_probe, worker_readiness_probe
 
 CONFIG_DIR = "/etc/sglang"
@@ -297,8 +297,8 @@ def pod_template(plan: Plan, role: RolePlan, *, pod: PodKind = "replica") -> dic
     if role.inputs.multi_node:
         spec = {"initContainers": [wait_for_leader_container(role)], **spec}
         pod_annotations.update(kueue_annotations(plan, role))
-    return {"metadata": {"labels": L.component_labels(name, component, key), "annotations": pod_annotations},
-            "spec": spec}
+    pod_labels = {**L.component_labels(name, component, key), **imex_pod_labels(plan, role)}
+    return {"metadata": {"labels": pod_labels, "annotations": pod_annotations}, "spec": spec}
 
 
 def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None,
@@ -359,8 +359,8 @@ def render_role(plan: Plan, role: RolePlan, *, owner: dict | None = None,
     }
     # the Service before the workload: LWS then finds it and adopts it as the pods' subdomain;
     # the ComputeDomain too: its pods' claim template exists only once the driver made it
-    domain = compute_domain(plan, role, owner=owner, replicas=replicas) if role.inputs.multi_node else None
-    return [config_map, service, *([domain] if domain else []), workload]
+    domains = compute_domains(plan, role, owner=owner, replicas=replicas) if role.inputs.multi_node else []
+    return [config_map, service, *domains, workload]
 
 
 def _deployment(plan: Plan, role: RolePlan, *, owner: dict | None, strategy: InPlaceStrategy,

@@ -45,19 +45,21 @@ Choices, and why:
   leader-first choice as the affinity.
 - IMEX channels (planning/nvlink.py ``uses_compute_domain``: a multi-node role on GB200 /
   GB300 unless ``nvlinkDomain: none``): one ComputeDomain (NVIDIA's DRA driver,
-  api/computedomain.py) per LeaderWorkerSet, named like it, ``numNodes`` = nodes x the
-  role's replicas when it is created, its channel's ResourceClaimTemplate
-  ``<name>-channel``; every pod (leader and workers) references that template
-  (``spec.resourceClaims``, the engine container's ``resources.claims``), so each rank's
-  node gets an IMEX channel and joins the domain. One per LeaderWorkerSet, not per group:
-  LWS v0.9.0 renders every group from the same pod template, so the groups of one
-  LeaderWorkerSet cannot name different claim templates; a ComputeDomain spans cliques
-  (its ``status.nodes`` carry each node's cliqueID, and (cliqueID, index) is unique), so
-  groups in different racks still get separate IMEX domains. The spec is immutable (the
-  CRD's CEL): the operator creates it once and never patches it (``numNodes`` is the
-  count at creation; the driver uses it only for its global ``status.status`` in its
-  default mode), and counts each group Ready only when every node of its pods is Ready in
-  ``status.nodes`` (reconcilers/observe.py).
+  api/computedomain.py) per replica, i.e. per LWS group: ``<lws>-<i>``, ``numNodes`` = the
+  replica's nodes, its channel's ResourceClaimTemplate ``<lws>-<i>-channel``; every pod of
+  group ``i`` (leader and workers) references that template (``spec.resourceClaims``, the
+  engine container's ``resources.claims``), so each rank's node gets an IMEX channel of its
+  own replica's domain, the unit Dynamo's Grove also gives one domain to. LWS v0.9.0 renders
+  every group from the same pod template, so the template names ``<lws>-replica-channel``
+  (never created) and carries ``pd.sglang-operator.io/imex-domain: <lws>``; a
+  MutatingAdmissionPolicy the chart installs (``admission_policy``) rewrites the claim of
+  each new pod to its group's template from the pod's group index. Without the policy a
+  pod stays Pending on the missing template and status says what to install
+  (reconcilers/observe.py), never joining another replica's domain. The spec is immutable
+  (the CRD's CEL): the operator creates a replica's domain once when missing and never
+  patches it; a replica removed by a scale-down loses its domain once its pods are gone
+  (reconcilers/pddeployment.py). A group counts Ready only when its own domain is Ready
+  and lists every node of its pods Ready (reconcilers/observe.py).
 - Gang admission (``spec.scheduling.queueName``, else the operator's ``--default-queue-name``:
   ``Plan.queue_name``; api/kueue.py): the LeaderWorkerSet carries Kueue's queue label, so
   Kueue's LWS integration makes one Workload per group and keeps every pod of the group
@@ -240,33 +242,53 @@ def pod_affinity(plan: Plan, role: RolePlan) -> dict[str, Any] | None:
     return {"podAffinity": affinity}
 
 
-def compute_domain(plan: Plan, role: RolePlan, *, owner: dict | None, replicas: int | None = None) -> dict[str, Any] | None:
-    """The ComputeDomain of ``role``'s LeaderWorkerSet in the plan's compat group, or None when it uses none.
+def compute_domains(plan: Plan, role: RolePlan, *, owner: dict | None, replicas: int | None = None) -> list[dict[str, Any]]:
+    """One ComputeDomain per replica (LWS group) of ``role``'s LeaderWorkerSet, or [] when it uses none.
 
-    Named like the LeaderWorkerSet, labelled like the group's objects (pruned with the
-    group), owned by the PDDeployment. ``numNodes``: nodes per replica x the role's count
-    (``spec.<role>.replicas``, else ``replicas``, else 1). See the module doc.
+    Group ``i``'s is ``<lws>-<i>`` (:func:`~..api.computedomain.group_domain_name`),
+    labelled like the group's objects plus its group index (pruned with the group), owned by
+    the PDDeployment; ``numNodes`` = the replica's nodes; its channel template
+    ``<lws>-<i>-channel``, which the admission policy points group ``i``'s pods at
+    (``api/computedomain.py admission_policy``). Replicas: ``spec.<role>.replicas``, else
+    ``replicas``, else 1. See the module doc.
     """
     if not uses_compute_domain(plan.spec, role):
-        return None
-    name = L.group_object_name(plan.name, plan.compat_key, role.role)
+        return []
+    workload = L.group_object_name(plan.name, plan.compat_key, role.role)
     count = role.inputs.spec.replicas if role.inputs.spec.replicas is not None else replicas
-    return {
-        "apiVersion": cd.API_VERSION,
-        "kind": cd.KIND,
-        "metadata": L.metadata(name=name, namespace=plan.namespace,
-                               labels=L.component_labels(plan.name, role.role, plan.compat_key), owner=owner),
-        "spec": {
-            "numNodes": role.inputs.nodes * (1 if count is None else max(count, 1)),
-            "channel": {"resourceClaimTemplate": {"name": cd.claim_template_name(name)},
-                        "allocationMode": cd.ALLOCATION_SINGLE},
-        },
-    }
+    out = []
+    for group in range(1 if count is None else count):
+        name = cd.group_domain_name(workload, group)
+        labels = {**L.component_labels(plan.name, role.role, plan.compat_key), cd.GROUP_INDEX_LABEL: str(group)}
+        out.append({
+            "apiVersion": cd.API_VERSION,
+            "kind": cd.KIND,
+            "metadata": L.metadata(name=name, namespace=plan.namespace, labels=labels, owner=owner),
+            "spec": {
+                "numNodes": role.inputs.nodes,
+                "channel": {"resourceClaimTemplate": {"name": cd.claim_template_name(name)},
+                            "allocationMode": cd.ALLOCATION_SINGLE},
+            },
+        })
+    return out
 
 
 def imex_claims(plan: Plan, role: RolePlan) -> list[dict[str, Any]]:
-    """The pod's ``resourceClaims``: the IMEX channel from the role's ComputeDomain template, or none."""
+    """The pod's ``resourceClaims``: the IMEX channel, or none.
+
+    The template named is ``<lws>-replica-channel``, which never exists: the admission policy
+    replaces it at each pod's creation with its own group's (``<lws>-<i>-channel``), and a
+    pod it did not reach waits Pending instead of joining another group's domain.
+    """
     if not uses_compute_domain(plan.spec, role):
         return []
     name = L.group_object_name(plan.name, plan.compat_key, role.role)
-    return [{"name": cd.POD_CLAIM, "resourceClaimTemplateName": cd.claim_template_name(name)}]
+    return [{"name": cd.POD_CLAIM, "resourceClaimTemplateName": cd.placeholder_template(name)}]
+
+
+def imex_pod_labels(plan: Plan, role: RolePlan) -> dict[str, str]:
+    """The pod template's label that asks the admission policy for the group's own channel
+    (:data:`~..api.computedomain.GROUP_DOMAIN_LABEL`: the LeaderWorkerSet's name), or none."""
+    if not uses_compute_domain(plan.spec, role):
+        return {}
+    return {cd.GROUP_DOMAIN_LABEL: L.group_object_name(plan.name, plan.compat_key, role.role)}

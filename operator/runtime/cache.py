@@ -33,7 +33,7 @@ or answer about that uid brings it back (uids are never reused).
 
 Objects are trimmed when stored (:func:`trim`): ``managedFields`` and kubectl's
 last-applied annotation go; a Pod keeps only what the operator reads (labels, owner,
-node, container ports, ConfigMap volumes, phase, IP, conditions, container states). Each is kept as
+node, resource claims, container ports, ConfigMap volumes, phase, IP, conditions, container states). Each is kept as
 compressed JSON beside the few metadata fields the cache itself needs (:class:`Entry`),
 deflated with a preset dictionary per kind (the first object of the kind stored): a
 rendered engine Deployment is about 9 KB as Python dicts, 1.3 KB compressed alone and
@@ -155,7 +155,8 @@ def trim(obj: dict[str, Any]) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": meta,
         "spec": {
-            **_pick(spec, ("nodeName",)),
+            # resourceClaims: an IMEX claim the admission policy did not rewrite (reconcilers/observe.py)
+            **_pick(spec, ("nodeName", "resourceClaims")),
             "containers": [_pick(c, ("name", "ports")) for c in spec.get("containers") or []],
             # the ConfigMaps it mounts: one still mounted by a pod is never pruned (reconcilers/configs.py)
             "volumes": [{"name": v.get("name"), "configMap": {"name": v["configMap"].get("name")}}

@@ -222,9 +222,17 @@ def test_two_replicas_fill_two_cliques(kueue_cluster, queue_operator, ns):
         assert all(len(s) == 1 for s in cliques.values()), cliques  # each group inside one clique
         assert len(set().union(*cliques.values())) == 2, cliques  # the two groups in two cliques
         key = obj["status"]["compatKey"]
-        domain = kget(c, "computedomains.resource.nvidia.com", f"{name}-{key[:6]}-decode", "-n", ns)
-        assert domain["spec"]["numNodes"] == 32 and domain["status"]["status"] == "Ready"
-        assert {n["name"] for n in domain["status"]["nodes"]} == {p["spec"]["nodeName"] for p in pods}
+        # one ComputeDomain per replica: each Ready with exactly its group's 16 nodes, all in the group's clique
+        for group, ranks in by_group.items():
+            domain_name = f"{name}-{key[:6]}-decode-{group}"
+            domain = kget(c, "computedomains.resource.nvidia.com", domain_name, "-n", ns)
+            assert domain["spec"]["numNodes"] == 16 and domain["status"]["status"] == "Ready"
+            assert {n["name"] for n in domain["status"]["nodes"]} == {node for _, node, _ in ranks}
+            assert {n["cliqueID"] for n in domain["status"]["nodes"]} == cliques[group]
+            claims = {p["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] for p in pods
+                      if p["metadata"]["labels"][lws.LABEL_GROUP_INDEX] == group}
+            assert claims == {f"{domain_name}-channel"}
+        assert len(kget(c, "computedomains.resource.nvidia.com", "-n", ns)["items"]) == 2
         assert obj["status"]["decode"]["replicas"] == "2/2"
         admitted = [w for w in _workloads(c, ns) if kueue.admitted(w)]
         assert len(admitted) == 2
@@ -237,6 +245,7 @@ def test_two_replicas_fill_two_cliques(kueue_cluster, queue_operator, ns):
         print(f"\nKueue, two DEP64 replicas of {name} (no queueName: the operator's default {DEFAULT_QUEUE}): "
               f"Ready {converged:.1f}s after apply, one clique each")
         for group in sorted(by_group):
+            print(f"  decode group {group}: ComputeDomain {name}-{key[:6]}-decode-{group} Ready, 16 nodes")
             for rank, node, clique in sorted(by_group[group]):
                 print(f"  decode group {group} rank {rank:2d} -> {node} -> clique {clique}")
     finally:

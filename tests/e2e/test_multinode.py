@@ -237,9 +237,14 @@ def test_without_the_compute_domain_api_nothing_is_created_until_it_is_installed
         print(f"\nComputeDomain CRD installed: the operator created {domain['metadata']['name']} and its "
               f"LeaderWorkerSet {time.monotonic() - installed:.1f}s later")
         assert domain["spec"]["numNodes"] == 16 and group["spec"]["leaderWorkerTemplate"]["size"] == 16
-        template = domain["spec"]["channel"]["resourceClaimTemplate"]["name"]
-        claims = group["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["resourceClaims"]
-        assert [x["resourceClaimTemplateName"] for x in claims] == [template]
+        # replica 0's domain; the pod template names the placeholder the chart's admission policy replaces
+        workload = group["metadata"]["name"]
+        assert domain["metadata"]["name"] == cd.group_domain_name(workload, 0)
+        assert domain["spec"]["channel"]["resourceClaimTemplate"]["name"] == f"{workload}-0-channel"
+        template = group["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+        assert [x["resourceClaimTemplateName"] for x in template["spec"]["resourceClaims"]] == \
+            [cd.placeholder_template(workload)]
+        assert template["metadata"]["labels"][cd.GROUP_DOMAIN_LABEL] == workload
         reconciled = lambda: (o := kget(c, "pdd", name, "-n", ns)) and \
             (condition(o, "Reconciled") or {}).get("status") == "True" and o  # noqa: E731
         obj = wait_for(reconciled, timeout=30, what="Reconciled True")
@@ -265,8 +270,8 @@ def lws_cluster(cluster, crds):
 
 @pytest.fixture(scope="module")
 def chart_operator(lws_cluster, tmp_path_factory):
-    """``sglang-pd-operator run`` as the chart's ServiceAccount: the chart's ServiceAccount and RBAC
-    (``helm template``, nothing else of the chart) applied, and a TokenRequest token of it."""
+    """``sglang-pd-operator run`` as the chart's ServiceAccount: the chart's ServiceAccount, RBAC and IMEX
+    admission policy (``helm template``, nothing else of the chart) applied, and a TokenRequest token of it."""
     op = start_chart_operator(lws_cluster, tmp_path_factory.mktemp("chart-sa"))
     yield op
     stop_chart_operator(op)
@@ -281,7 +286,9 @@ def start_chart_operator(c, tmp: Path, *, sets: tuple[str, ...] = (), chart_flag
     for s in sets:
         args += ["--set", s]
     docs = [d for d in yaml.safe_load_all(c.helm(*args).stdout) if d]
-    rbac = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    # the RBAC, and the admission policy that gives each replica its own IMEX channel (issue 27)
+    rbac = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                                             "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")]
     for d in rbac:
         if d["kind"] in ("ServiceAccount", "Role", "RoleBinding"):
             d["metadata"].setdefault("namespace", OPERATOR_NS)

@@ -9,8 +9,9 @@ allocation), kube-controller-manager (ResourceClaims from the template), the LWS
 controller and its webhook, the operator running as the chart's ServiceAccount.
 
 1. The wide-EP example as written (placement default: required): its 16 decode ranks run
-   on 16 trays of one clique, every rank's IMEX channel claim is allocated on its own
-   node, the ComputeDomain is Ready with those 16 nodes, the PDDeployment Ready. Printed:
+   on 16 trays of one clique, every rank's IMEX channel claim names its replica's template
+   (the chart's MutatingAdmissionPolicy, run by the real API server) and is allocated on
+   its own node, the replica's ComputeDomain is Ready with those 16 nodes, the PDDeployment Ready. Printed:
    rank -> node -> clique. Deleting one tray's pod recreates the whole group (LWS), again
    inside one clique, Ready again (the deleted pod is held Terminating, as a kubelet's
    drain holds it, until LWS deleted the leader: ``opkit.delete_lws_worker``).
@@ -31,7 +32,7 @@ import time
 
 import pytest
 from helpers import load_example
-from opkit import delete_lws_worker, kapply, kget, pods, ready_now, wait_for
+from opkit import condition, delete_lws_worker, kapply, kget, pods, ready_now, wait_for
 from test_multinode import WIDE_EP, _engine_pods, chart_operator, lws_cluster  # noqa: F401 (fixtures)
 
 from sglang_pd_operator.api import computedomain as cd
@@ -87,18 +88,23 @@ def test_wide_ep_lands_in_one_clique_with_a_ready_compute_domain(lws_cluster, ch
                         _clique(c, p["spec"]["nodeName"])) for p in decode)
     assert len({node for _, node, _ in placement}) == 16
     assert len({clique for _, _, clique in placement}) == 1, placement
-    # one ComputeDomain, Ready, listing exactly the group's nodes in that clique
+    # the replica's own ComputeDomain, Ready, listing exactly the group's nodes in that clique
     key = obj["status"]["compatKey"]
-    domain_name = f"{name}-{key[:6]}-decode"
+    domain_name = f"{name}-{key[:6]}-decode-0"
+    domains = kget(c, "computedomains.resource.nvidia.com", "-n", ns)["items"]
+    assert sorted(d["metadata"]["name"] for d in domains) == [domain_name]
     domain = kget(c, "computedomains.resource.nvidia.com", domain_name, "-n", ns)
     assert domain["spec"]["numNodes"] == 16
     assert domain["status"]["status"] == "Ready"
     listed = {n["name"]: n for n in domain["status"]["nodes"]}
     assert set(listed) == {node for _, node, _ in placement}
     assert {n["cliqueID"] for n in listed.values()} == {placement[0][2]}
-    # every rank's channel claim was allocated by the real scheduler on the rank's own node
+    # every rank's claim names its replica's template (the chart's admission policy rewrote the placeholder at the
+    # pod's creation, in the real API server), and the real scheduler allocated it on the rank's own node
     claims = {cl["metadata"]["name"]: cl for cl in kget(c, "resourceclaims", "-n", ns)["items"]}
     for p in decode:
+        assert p["spec"]["resourceClaims"] == [{"name": cd.POD_CLAIM,
+                                                "resourceClaimTemplateName": f"{domain_name}-channel"}], p["spec"]
         [status] = p["status"]["resourceClaimStatuses"]
         claim = claims[status["resourceClaimName"]]
         [result] = claim["status"]["allocation"]["devices"]["results"]
@@ -155,3 +161,46 @@ def test_a_group_that_fits_no_clique_never_spreads_across_cliques(lws_cluster, c
     print(f"\nunplaceable DEP64 group: {len(bound)} rank(s) bound in one clique, {16 - len(bound)} Pending "
           "on pod affinity, PDDeployment not Ready")
     assert pods(c, ns, "pd.sglang-operator.io/deployment=wide-ep-a")  # the first keeps serving
+
+
+def test_without_the_admission_policy_a_replica_waits_and_status_says_what_to_install(lws_cluster, chart_operator, ns,
+                                                                                      cordoned):
+    """The chart's policy binding removed (as on a cluster that installed the CRDs but not the chart's policy): the
+    replica's pods keep the placeholder claim, none gets an IMEX channel or joins another replica's domain, and
+    the PDDeployment says which policy to install; with the binding back, new pods get their replica's channel."""
+    c = lws_cluster
+    cordoned(PARTIAL)
+    binding = kget(c, "mutatingadmissionpolicybindings", cd.POLICY_NAME)
+    assert binding is not None, "the chart's admission policy binding is missing (start_chart_operator applies it)"
+    c.kubectl("delete", "mutatingadmissionpolicybinding", cd.POLICY_NAME)
+    name = "wide-ep-nopolicy"
+    try:
+        def unbound():  # the API server stops applying a policy shortly after its binding is deleted
+            kapply(c, _doc(ns, name))
+            pods = _engine_pods(c, ns, name, "decode")
+            if not pods:
+                return None
+            if any(p["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+                   != cd.placeholder_template(p["metadata"]["labels"][cd.GROUP_DOMAIN_LABEL]) for p in pods):
+                c.kubectl("delete", "pdd", name, "-n", ns, "--wait=true")  # made before the binding was gone
+                return None
+            return pods
+
+        wait_for(unbound, timeout=120, interval=2, what="pods made without the admission policy")
+
+        def says_why():
+            obj = kget(c, "pdd", name, "-n", ns)
+            msg = (condition(obj, "Progressing") or {}).get("message", "")
+            return obj if cd.POLICY_NAME in msg and "channelPerReplicaPolicy" in msg else None
+
+        obj = wait_for(says_why, timeout=120, what="status naming the missing admission policy")
+        assert not ready_now(obj)
+        pods = _engine_pods(c, ns, name, "decode")
+        assert pods and all(not (p["status"].get("resourceClaimStatuses") or [{}])[0].get("resourceClaimName")
+                            for p in pods), "a pod without its replica's template got a claim"
+        print(f"\nwithout the policy binding: {len(pods)} decode pods wait; Progressing says: "
+              f"{condition(obj, 'Progressing')['message'][:160]}...")
+    finally:
+        c.kubectl("delete", "pdd", name, "-n", ns, "--wait=false", check=False)
+        kapply(c, {k: v for k, v in binding.items() if k != "status"} | {
+            "metadata": {"name": cd.POLICY_NAME, "labels": binding["metadata"].get("labels", {})}})

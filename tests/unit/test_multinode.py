@@ -219,7 +219,7 @@ def _group(plan, *, ready_groups: int, ready_pods: int) -> MemoryKube:
     for i, pod in enumerate(pods):
         pod["spec"] = {"nodeName": f"gb300-{i}"}
     # GB300: the group's IMEX channels come from its ComputeDomain, every node of it Ready (issue 27)
-    domain = _with_status(objs[(cd.KIND, _name(plan, "decode"))], status="Ready",
+    domain = _with_status(objs[(cd.KIND, cd.group_domain_name(_name(plan, "decode"), 0))], status="Ready",
                           nodes=[{"name": f"gb300-{i}", "cliqueID": "c.0", "index": i, "status": "Ready"}
                                  for i in range(16)])
     return MemoryKube([decode, prefill, domain, *pods])
