@@ -137,14 +137,13 @@ def admission_policy() -> list[dict]:
     return [policy, binding]
 
 
-def policy_missing_message(*, pod: str, placeholder: str) -> str:
-    """Why ``pod`` waits (at most about 300 characters, what status quotes): its IMEX claim still names
-    ``placeholder`` (not quoted, for length): the admission policy that points a replica's pods at their own
-    channel is missing."""
+def policy_missing_message(*, pod: str) -> str:
+    """Why ``pod`` waits (at most about 300 characters, what status quotes): its IMEX claim still names the
+    placeholder: no admission policy (:func:`admission_policy`; the chart names it after its release)
+    pointed it at its replica's channel."""
     return (
-        f"the MutatingAdmissionPolicy {POLICY_NAME} is not installed, so pod {pod} waits for an IMEX channel: "
-        "install the chart with imex.channelPerReplicaPolicy=true or kubectl apply -f crds/policies/, "
-        "then delete the waiting pods"
+        f"no MutatingAdmissionPolicy pointed pod {pod} at its replica's IMEX channel ({POLICY_NAME} from "
+        "crds/policies/, or the chart with imex.channelPerReplicaPolicy=true): install it, then delete the waiting pods"
     )
 
 

@@ -259,7 +259,7 @@ def unschedulable_reason(pod: dict[str, Any]) -> str | None:
     comes (the admission policy is missing, api/computedomain.py): that is said instead."""
     placeholder = cd.policy_missed(pod)
     if placeholder is not None:
-        return cd.policy_missing_message(pod=(pod.get("metadata") or {}).get("name", "?"), placeholder=placeholder)
+        return cd.policy_missing_message(pod=(pod.get("metadata") or {}).get("name", "?"))
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
             return str(cond.get("message") or "unschedulable")

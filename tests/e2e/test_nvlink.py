@@ -170,9 +170,9 @@ def test_without_the_admission_policy_a_replica_waits_and_status_says_what_to_in
     the PDDeployment says which policy to install; with the binding back, new pods get their replica's channel."""
     c = lws_cluster
     cordoned(PARTIAL)
-    binding = kget(c, "mutatingadmissionpolicybindings", cd.POLICY_NAME)
-    assert binding is not None, "the chart's admission policy binding is missing (start_chart_operator applies it)"
-    c.kubectl("delete", "mutatingadmissionpolicybinding", cd.POLICY_NAME)
+    [binding] = kget(c, "mutatingadmissionpolicybindings", "-l",
+                     "app.kubernetes.io/component=imex-channel-per-replica")["items"]  # the chart's (start_chart_operator)
+    c.kubectl("delete", "mutatingadmissionpolicybinding", binding["metadata"]["name"])
     name = "wide-ep-nopolicy"
     try:
         def unbound():  # the API server stops applying a policy shortly after its binding is deleted
@@ -191,7 +191,7 @@ def test_without_the_admission_policy_a_replica_waits_and_status_says_what_to_in
         def says_why():
             obj = kget(c, "pdd", name, "-n", ns)
             msg = (condition(obj, "Progressing") or {}).get("message", "")
-            return obj if cd.POLICY_NAME in msg and "channelPerReplicaPolicy" in msg else None
+            return obj if "no MutatingAdmissionPolicy pointed pod" in msg and "channelPerReplicaPolicy" in msg else None
 
         obj = wait_for(says_why, timeout=120, what="status naming the missing admission policy")
         assert not ready_now(obj)
@@ -203,4 +203,4 @@ def test_without_the_admission_policy_a_replica_waits_and_status_says_what_to_in
     finally:
         c.kubectl("delete", "pdd", name, "-n", ns, "--wait=false", check=False)
         kapply(c, {k: v for k, v in binding.items() if k != "status"} | {
-            "metadata": {"name": cd.POLICY_NAME, "labels": binding["metadata"].get("labels", {})}})
+            "metadata": {"name": binding["metadata"]["name"], "labels": binding["metadata"].get("labels", {})}})

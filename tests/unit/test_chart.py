@@ -103,6 +103,26 @@ def test_crds_are_the_repository_crds_kept_on_uninstall(rendered):
     assert all(c["metadata"]["annotations"]["argocd.argoproj.io/sync-options"] for c in mon.values())
 
 
+def test_the_imex_admission_policy_is_the_operators_named_after_the_release(rendered):
+    """The chart installs api/computedomain.py's admission policy and binding (crds/policies/), named after the
+    release so that two releases in one cluster each own theirs (both set the same template on a pod);
+    imex.channelPerReplicaPolicy=false installs neither."""
+    from sglang_pd_operator.api import computedomain as cd
+
+    objs = rendered["default-values"]
+    (policy,) = by_kind(objs, cd.POLICY_KIND)
+    (binding,) = by_kind(objs, cd.BINDING_KIND)
+    source_policy, source_binding = cd.admission_policy()
+    assert policy["metadata"]["name"] == binding["metadata"]["name"] == binding["spec"]["policyName"] == \
+        "pd-sglang-pd-operator-imex-channel-per-replica"
+    assert policy["spec"] == source_policy["spec"]
+    assert policy["metadata"]["labels"]["app.kubernetes.io/component"] == "imex-channel-per-replica"
+    assert policy["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    off = cc.helm_template(sets=["imex.channelPerReplicaPolicy=false"])
+    assert not by_kind(off, cd.POLICY_KIND) and not by_kind(off, cd.BINDING_KIND)
+    assert source_binding["spec"]["policyName"] == cd.POLICY_NAME  # crds/policies/ for kubectl users
+
+
 def test_watch_namespaces_gives_roles_per_namespace_and_flags(rendered):
     objs = rendered["namespaced-values"]
     args = operator_args(objs)

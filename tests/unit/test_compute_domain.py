@@ -245,6 +245,7 @@ def test_pods_the_admission_policy_missed_wait_and_status_says_what_to_install(c
     assert ready == 1  # (the domain lists the nodes: here only the reason is asked about)
     assert cd.POLICY_NAME in why and "channelPerReplicaPolicy" in why and "crds/policies" in why
     assert why.endswith("then delete the waiting pods") and len(why) < 300  # whole in status (clipped at 300)
+    assert "d-0-0" in why
     _, why = _observed_ready(plan, nodes={"0": _joined(0)})
     assert why == ""
 
