@@ -13,6 +13,10 @@ api/nvidia.com/resource/v1beta1/computedomain.go; the driver's module is not ser
 the Go module proxy this project builds from, so the dev cluster runs a stand-in
 controller (devtools, docs/multi-node.md says what it does and does not do).
 
+Each replica of a LeaderWorkerSet gets its own ComputeDomain (:func:`group_domain_name`);
+the MutatingAdmissionPolicy of :func:`admission_policy` points each new pod at its own
+replica's channel template, since LWS renders every replica from one pod template.
+
 No I/O here: planning, rendering and the reconcilers all import it.
 """
 

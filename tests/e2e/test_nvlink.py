@@ -170,9 +170,11 @@ def test_without_the_admission_policy_a_replica_waits_and_status_says_what_to_in
     the PDDeployment says which policy to install; with the binding back, new pods get their replica's channel."""
     c = lws_cluster
     cordoned(PARTIAL)
-    [binding] = kget(c, "mutatingadmissionpolicybindings", "-l",
-                     "app.kubernetes.io/component=imex-channel-per-replica")["items"]  # the chart's (start_chart_operator)
-    c.kubectl("delete", "mutatingadmissionpolicybinding", binding["metadata"]["name"])
+    # the chart's (start_chart_operator) and crds/policies/' (the session's install_crds): both act on a pod
+    bindings = kget(c, "mutatingadmissionpolicybindings", "-l", "app.kubernetes.io/component=imex-channel-per-replica")["items"]
+    assert bindings, "no IMEX admission policy binding installed"
+    for binding in bindings:
+        c.kubectl("delete", "mutatingadmissionpolicybinding", binding["metadata"]["name"])
     name = "wide-ep-nopolicy"
     try:
         def unbound():  # the API server stops applying a policy shortly after its binding is deleted
@@ -202,5 +204,6 @@ def test_without_the_admission_policy_a_replica_waits_and_status_says_what_to_in
               f"{condition(obj, 'Progressing')['message'][:160]}...")
     finally:
         c.kubectl("delete", "pdd", name, "-n", ns, "--wait=false", check=False)
-        kapply(c, {k: v for k, v in binding.items() if k != "status"} | {
-            "metadata": {"name": binding["metadata"]["name"], "labels": binding["metadata"].get("labels", {})}})
+        for binding in bindings:
+            kapply(c, {k: v for k, v in binding.items() if k != "status"} | {
+                "metadata": {"name": binding["metadata"]["name"], "labels": binding["metadata"].get("labels", {})}})

@@ -257,7 +257,10 @@ def model_store(namespace: str) -> list[dict[str, Any]]:
 
 def install_crds(cluster, *, log: Callable[[str], None] | None = None, timeout: float = 60.0) -> list[str]:
     """Server-side apply ``crds/`` and wait until each CRD is Established and a plain list
-    of its resource answers 200 in every served version; returns the CRD names.
+    of its resource answers 200 in every served version; returns the CRD names. Then
+    ``crds/policies/`` too (the admission policy that gives each multi-node GB200 / GB300
+    replica its own IMEX channel), as ``kubectl apply -f crds/ -f crds/policies/`` installs
+    the operator without the chart.
 
     Established alone is not enough: until the API server's watch cache of a new resource
     has started, a list or watch of it answers 429 "storage is (re)initializing", and an
@@ -278,6 +281,11 @@ def install_crds(cluster, *, log: Callable[[str], None] | None = None, timeout: 
         names.append(name)
     if log:
         log(f"== CRDs Established and served after {time.monotonic() - start:.1f}s: {', '.join(names)}")
+    policies = REPO / "crds" / "policies"
+    if policies.is_dir():
+        cluster.kubectl("apply", "--server-side", "-f", str(policies))
+        if log:
+            log(f"== admission policies applied: {', '.join(p.name for p in sorted(policies.glob('*.yaml')))}")
     return names
 
 
