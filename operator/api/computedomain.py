@@ -146,8 +146,8 @@ def policy_missing_message(*, pod: str) -> str:
     placeholder: no admission policy (:func:`admission_policy`; the chart names it after its release)
     pointed it at its replica's channel."""
     return (
-        f"no MutatingAdmissionPolicy pointed pod {pod} at its replica's IMEX channel ({POLICY_NAME} from "
-        "crds/policies/, or the chart with imex.channelPerReplicaPolicy=true): install it, then delete the waiting pods"
+        f"no MutatingAdmissionPolicy pointed pod {pod} at its replica's IMEX channel ({POLICY_NAME} and its binding "
+        "from crds/policies/, or the chart's imex.channelPerReplicaPolicy=true): install both, then delete the waiting pods"
     )
 
 

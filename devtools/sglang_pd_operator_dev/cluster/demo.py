@@ -513,12 +513,23 @@ def run_demo(*, cluster, example: Path, log: Callable[[str], None], once: bool) 
         log(yaml.safe_dump({k: obj["status"][k] for k in shown if k in obj["status"]}, sort_keys=False).rstrip())
         log("== child objects")
         sel = f"pd.sglang-operator.io/deployment={name}"
-        log(cluster.kubectl("get", "deployments,services,configmaps,serviceaccounts,roles,rolebindings", "-n", namespace, "-l", sel).stdout.rstrip())
+        kinds = "deployments,services,configmaps,serviceaccounts,roles,rolebindings"
+        multi_node = bool(cluster.kubectl("get", "leaderworkersets", "-n", namespace, "-l", sel, "-o", "name",
+                                          check=False).stdout.strip())
+        if multi_node:  # a role spanning nodes is a LeaderWorkerSet, on GB200 / GB300 with one ComputeDomain per replica
+            kinds += ",leaderworkersets" + (",computedomains" if cluster.kubectl(
+                "get", "crd", "computedomains.resource.nvidia.com", check=False).returncode == 0 else "")
+        log(cluster.kubectl("get", kinds, "-n", namespace, "-l", sel).stdout.rstrip())
         log(cluster.kubectl("get", "pods", "-n", namespace, "-l", sel, "-o", "wide").stdout.rstrip())
-        # the ConfigMap is named after its content: read the name the decode pods mount
-        decode = json.loads(cluster.kubectl("get", "deployment", f"{name}-{obj['status']['compatKey'][:6]}-decode",
-                                            "-n", namespace, "-o", "json").stdout)
-        cm = next(v["configMap"]["name"] for v in decode["spec"]["template"]["spec"]["volumes"] if "configMap" in v)
+        # the ConfigMap is named after its content: read the name the decode pods mount (Deployment or LeaderWorkerSet)
+        decode_name = f"{name}-{obj['status']['compatKey'][:6]}-decode"
+        workload = cluster.kubectl("get", "deployment", decode_name, "-n", namespace, "-o", "json", check=False)
+        if workload.returncode != 0:
+            workload = cluster.kubectl("get", "leaderworkerset", decode_name, "-n", namespace, "-o", "json")
+        decode = json.loads(workload.stdout)
+        template = decode["spec"]["template"] if decode["kind"] == "Deployment" else \
+            decode["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+        cm = next(v["configMap"]["name"] for v in template["spec"]["volumes"] if "configMap" in v)
         log(f"== the decode role's SGLang config file (ConfigMap {cm})")
         log(json.loads(cluster.kubectl("get", "configmap", cm, "-n", namespace, "-o", "json").stdout)["data"]["config.yaml"].rstrip())
         if once:
