@@ -6,9 +6,10 @@ cluster time out instead, which costs a waiting task rather than CPU), handed to
 ``Scraper`` with the real ``SLOEvaluator``, ``OperatorMetrics`` and ``HealthStore``, one
 pass after the other in this process. After warm-up passes (the silent pods' back-off in
 place), prints the process CPU per pass and what that is per minute at the 15 s interval,
-twice: with the shortcuts for deployments whose inputs did not change, and with them
-disabled (``SLOEvaluator.holds_data`` made to answer True, so every deployment is
-evaluated in full as before the shortcuts). Not a test: no assertion on time.
+twice: with the shortcuts for deployments whose inputs did not change, and with the
+scraper's and the evaluator's disabled (``holds_data`` made to answer True, so every
+deployment is evaluated in full; ``HealthStore.set``'s shortcut and the empty outcome bins
+stay in both figures). Not a test: no assertion on time.
 
     python benchmarks/bench_slo_idle.py --deployments 1000 --passes 16
 """
