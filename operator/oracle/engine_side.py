@@ -48,6 +48,7 @@ import yaml
 from . import graphs, scheduler_pd, speculative, startup
 from .kernel_standins import take_answered, take_calls
 from .model_checks import model_build_problems
+from . import stages
 from .stages import PHASES, STAGES, OracleLimit, sglang_frame
 from .stages import Refusal, describe  # noqa: F401  (the worker's and the PD queues' names for them)
 
@@ -381,6 +382,9 @@ def _scheduler_after_model(server_args: Any, model: Any, weight_bytes: int) -> t
                 assumed.append(f"transfer: not run: {r.info['indeterminate']}")
             else:
                 assumed.extend(scheduler_pd.ASSUMED)
+                if (transfer or {}).get("engineStoodIn"):
+                    assumed.append(f"transfer: the native engine {transfer['engineStoodIn']} answered as the library "
+                                   "does on success (no NIC opened, nothing registered with a device)")
     return {"memory": memory, "pools": pools, "graphs": decode_graphs, "queue": queue, "transfer": transfer}, assumed
 
 
@@ -390,12 +394,10 @@ def _scheduler_after_model(server_args: Any, model: Any, weight_bytes: int) -> t
 DEPTHS = ("startup", "args")
 
 
-#: Variables SGLang reads once, when its modules are imported: a worker imports SGLang once
-#: per accelerator, so a role's own value of one cannot reach the code that reads it.
-IMPORT_TIME_ENV = {
-    "SGLANG_USE_AITER": "layers/moe/token_dispatcher/moriep.py:55 (and the other ROCm kernels' imports)",
-    "SGLANG_ENABLE_JIT_DEEPGEMM": "layers/deep_gemm_wrapper/configurer.py:39",
-}
+#: Variables SGLang reads once, when its modules are imported (stages.IMPORT_TIME_ENV): the pool
+#: starts a worker per accelerator and value of them, so a role gets one that imported SGLang
+#: with its own; the check below still guards a request sent to another worker.
+IMPORT_TIME_ENV = stages.IMPORT_TIME_ENV
 
 
 def _bool_env(value: str | None) -> bool | None:

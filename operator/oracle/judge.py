@@ -28,7 +28,7 @@ from ..catalog import Catalog, hf_config_path
 from ..planning.structs import Plan, RolePlan
 from ..render.engine import role_launch
 from .pool import WorkerPool
-from .stages import PHASES
+from .stages import IMPORT_TIME_ENV, PHASES
 from .standin_plugins import assumed_features
 
 #: What the oracle substitutes in the pod's environment (there is no pod): the pod IP
@@ -289,6 +289,13 @@ class Oracle:
                 for launch in pod_launches(plan, role)]
 
     @staticmethod
+    def _import_env(plan: Plan, role: RolePlan) -> dict[str, str]:
+        """The role's values of the variables SGLang reads when it is imported (stages.IMPORT_TIME_ENV):
+        the pool gives the role a worker that imported SGLang with them."""
+        env = _pod_env(role_launch(plan, role)["env"])
+        return {k: v for k, v in env.items() if k in IMPORT_TIME_ENV}
+
+    @staticmethod
     def _role_verdict(role: RolePlan, ranks: list[dict[str, Any]]) -> RoleVerdict:
         """One role's verdict from every node's result: refused when a node is refused (its
         message names the node rank on a multi-node replica), indeterminate when one is,
@@ -332,7 +339,8 @@ class Oracle:
             return Verdict(plan.name, plan.namespace, unknown[0], unknown[1], PairVerdict(None, indeterminate=pair_why))
         model_dir = self.pool.model_dir(plan.spec.model.name, config)
         results: dict[str, list[dict[str, Any]]] = {}  # role -> one result per node
-        workers = {r.role: self.pool.worker(r.inputs.accelerator_name) for r in roles}
+        workers = {r.role: self.pool.worker(r.inputs.accelerator_name, import_env=self._import_env(plan, r))
+                   for r in roles}
 
         def resolve(r: RolePlan) -> None:
             results[r.role] = [workers[r.role].call("resolve", request=req) for req in self._requests(plan, r, model_dir)]

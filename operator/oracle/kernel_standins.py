@@ -47,6 +47,14 @@ PROBES: dict[str, tuple[Any, str]] = {
         "kernels: FlashInfer's mm_mxfp8 backend support is taken as cute-dsl/cutlass on SM100/SM103 "
         "(layers/quantization/fp8_utils.py resolve_mxfp8_dense_gemm_backend)",
     ),
+    # sglang/srt/layers/moe/token_dispatcher/moriep.py:967: MoRI's dispatcher looks up AITER's
+    # quantization kernels by type while it is built; the lookup runs no kernel, and what it
+    # returns is a kernel (a stand-in here too: calling it is still a kernel use).
+    "aiter.get_hip_quant": (
+        lambda quant_type, *a, **k: KernelStandIn(f"aiter.get_hip_quant({quant_type!r})"),
+        "kernels: AITER's get_hip_quant is taken to have a quantization kernel for each type MoRI's dispatcher "
+        "asks for (per_1x128, per_1x32: layers/moe/token_dispatcher/moriep.py:967)",
+    ),
 }
 #: Kernel-library calls SGLang makes only to overlay performance tuning, inside a
 #: ``try`` that keeps the library's stock behaviour when they fail
@@ -134,11 +142,20 @@ class _Finder(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, _Loader(), is_package=True)
 
 
-def install() -> list[str]:
-    """Install the finder for the kernel packages not importable here; returns their names."""
+#: Kernel packages built for one GPU vendor only (package -> vendor): served only on that vendor's
+#: emulated pod. Elsewhere SGLang's import fails as it does on the real image (stages.VENDOR_ONLY_MODULES
+#: judges that ImportError as SGLang's refusal): MoRI is AMD's ROCm library.
+VENDOR_ONLY: dict[str, str] = {"mori": "amd"}
+
+
+def install(vendor: str | None = None) -> list[str]:
+    """Install the finder for the kernel packages not importable here; returns their names.
+
+    ``vendor``: the emulated GPU's vendor (``nvidia`` | ``amd``); a package of :data:`VENDOR_ONLY`
+    built for another vendor is not served. None: every package (no emulated device)."""
     missing = []
     for name in KERNEL_PACKAGES:
-        if name in sys.modules:
+        if name in sys.modules or (vendor is not None and VENDOR_ONLY.get(name, vendor) != vendor):
             continue
         try:
             found = importlib.util.find_spec(name)

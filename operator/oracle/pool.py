@@ -23,10 +23,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..catalog import Catalog
 from .device import device_facts
+from .stages import IMPORT_TIME_ENV
 from .worker import DEVICE_ENV
 
 PLUGINS_ENV = "SGLANG_PD_ORACLE_PLUGINS"
@@ -147,20 +148,28 @@ class WorkerPool:
         env[PLUGINS_ENV] = json.dumps({k: v.model_dump(mode="json") for k, v in self.catalog.plugins.items()})
         return env
 
-    def worker(self, accelerator: str) -> WorkerProcess:
-        """The running worker emulating ``accelerator`` (started now when there is none)."""
+    def worker(self, accelerator: str, import_env: Mapping[str, str] | None = None) -> WorkerProcess:
+        """The running worker emulating ``accelerator`` (started now when there is none).
+
+        ``import_env``: a role's values of the variables SGLang reads when it is imported
+        (stages.IMPORT_TIME_ENV, e.g. ``SGLANG_USE_AITER``); a worker imports SGLang once, so
+        each set of values gets its own worker, keyed ``<accelerator> NAME=value ...``.
+        """
+        extra = {k: v for k, v in sorted((import_env or {}).items()) if k in IMPORT_TIME_ENV}
+        key = " ".join([accelerator, *(f"{k}={v}" for k, v in extra.items())])
         with self._lock:
-            w = self._workers.get(accelerator)
+            w = self._workers.get(key)
             if w is not None and w.alive:
-                self._workers.move_to_end(accelerator)
+                self._workers.move_to_end(key)
                 return w
             while len(self._workers) >= self.max_workers:
                 _, old = self._workers.popitem(last=False)
                 old.close()
             t0 = time.monotonic()
-            w = WorkerProcess(key=accelerator, env=self._env(accelerator), python=self.python, timeout=self.timeout)
+            w = WorkerProcess(key=key, env={**self._env(accelerator), **extra}, python=self.python,
+                              timeout=self.timeout)
             self.started_s.append(time.monotonic() - t0)
-            self._workers[accelerator] = w
+            self._workers[key] = w
             return w
 
     def model_dir(self, name: str, config: dict[str, Any]) -> str:

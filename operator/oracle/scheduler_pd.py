@@ -28,13 +28,14 @@ and planned its memory, in the order ``Scheduler.__init__`` does (managers/sched
     (distributed/device_communicators/mooncake_transfer_engine.py:315: the NICs of the
     GPU from ``--disaggregation-ib-device`` or the emulated sysfs) with only the native
     ``mooncake.engine.TransferEngine`` replaced (:class:`TransferEngineStandIn`, which
-    answers as the library does on success and records the calls).
+    answers as the library does on success and records the calls). For MoRI only the
+    native ``mori.io.IOEngine`` is replaced (:class:`MoriIOEngineStandIn`).
 
 What does not run here (named in the verdict's ``assumes``): the registration with the
 bootstrap server (the pair's ``bootstrap`` stage does it with the real server), the
 managers' background loops (threads are not started: they serve requests, they check
 nothing at startup), a backend whose Python package is not installed in the oracle
-(NIXL, MoRI), and, for a speculative role, the draft worker's KV pool the queue would
+(NIXL), and, for a speculative role, the draft worker's KV pool the queue would
 transfer too.
 """
 
@@ -129,6 +130,118 @@ def mooncake_engine_standin() -> Iterator[list[tuple[Any, ...]]]:
             sys.modules.pop("mooncake.engine", None)
         else:
             sys.modules["mooncake.engine"] = saved
+
+
+class _MoriDesc:
+    """An ``EngineDesc`` or ``MemoryDesc`` of the MoRI stand-in: its fields, packed as the
+    library packs a descriptor for the bootstrap message (``pack`` / ``unpack``)."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+    def pack(self) -> bytes:
+        return repr(sorted(self.__dict__.items())).encode()
+
+    @classmethod
+    def unpack(cls, blob: bytes) -> "_MoriDesc":
+        import ast
+
+        return cls(**dict(ast.literal_eval(blob.decode())))
+
+
+class MoriIOEngineStandIn:
+    """``mori.io.IOEngine``, the native RDMA engine of AMD's MoRI (ROCm/mori, python/mori/io/
+    engine.py over the C++ ``mori::io::IOEngine``) that SGLang's ``MoriKVManager`` builds in
+    ``_init_engine`` (disaggregation/mori/conn.py:449) and registers its KV, aux and state
+    buffers with (``_register_local_buffers``, :492). MoRI is a ROCm build (no wheel on
+    PyPI), so the oracle has no library to run: every call answers as the library does on
+    success (``create_backend`` returns, ``get_engine_desc`` gives the bound port, a
+    non-zero one since SGLang asserts ``actual_port > 0``; ``register_memory`` a descriptor)
+    and ``calls`` records them. The names SGLang uses are held to SGLang's own module by
+    tests/contract/test_oracle.py (``test_mori_engine_standin_covers_what_sglang_calls``)."""
+
+    RPC_PORT = 17778
+    calls: list[tuple[Any, ...]] = []
+
+    def __init__(self, key: str, config: Any) -> None:
+        self.calls.append(("IOEngine", key))
+        self._desc = _MoriDesc(key=key, host=getattr(config, "host", ""), port=getattr(config, "port", 0) or self.RPC_PORT)
+
+    def create_backend(self, backend_type: Any, config: Any) -> None:
+        self.calls.append(("create_backend", backend_type))
+
+    def get_engine_desc(self) -> _MoriDesc:
+        self.calls.append(("get_engine_desc",))
+        return self._desc
+
+    def register_memory(self, ptr: int, length: int, device_id: int, location: Any) -> _MoriDesc:
+        self.calls.append(("register_memory", length, device_id, location))
+        return _MoriDesc(addr=int(ptr), size=int(length), device_id=int(device_id), loc=str(location))
+
+    def deregister_memory(self, desc: Any) -> None:
+        self.calls.append(("deregister_memory",))
+
+    def register_remote_engine(self, desc: Any) -> None:
+        self.calls.append(("register_remote_engine",))
+
+
+def _mori_values() -> dict[str, Any]:
+    """The plain values of ``mori.io`` / ``mori.cpp`` SGLang's MoRI module names (configs, enums,
+    descriptors): small Python types standing for the library's bindings."""
+    import enum
+
+    class BackendType(enum.Enum):
+        RDMA = 1
+
+    class PollCqMode(enum.Enum):
+        POLLING = 0
+        EVENT = 1
+
+    class MemoryLocationType(enum.Enum):
+        CPU = 0
+        GPU = 1
+
+    class StatusCode(enum.Enum):
+        SUCCESS = 0
+        INIT = 1
+        IN_PROGRESS = 2
+        ERR_BEGIN = 3
+
+    def io_engine_config(host: str = "", port: int = 0, **kw: Any) -> _MoriDesc:
+        return _MoriDesc(host=host, port=port, **kw)
+
+    def rdma_backend_config(*args: Any, **kw: Any) -> tuple[Any, ...]:
+        return (*args, *sorted(kw.items()))
+
+    return {"IOEngine": MoriIOEngineStandIn, "IOEngineConfig": io_engine_config,
+            "RdmaBackendConfig": rdma_backend_config, "BackendType": BackendType, "PollCqMode": PollCqMode,
+            "MemoryLocationType": MemoryLocationType, "StatusCode": StatusCode, "EngineDesc": _MoriDesc,
+            "MemoryDesc": _MoriDesc, "TransferStatus": object}
+
+
+#: The names of ``mori.io`` / ``mori.cpp`` the stand-in supplies (the drift test reads them).
+MORI_NAMES = ("IOEngine", "IOEngineConfig", "RdmaBackendConfig", "BackendType", "PollCqMode", "MemoryLocationType",
+              "StatusCode", "EngineDesc", "MemoryDesc", "TransferStatus")
+
+
+@contextlib.contextmanager
+def mori_engine_standin(manager_cls: Any) -> Iterator[list[tuple[Any, ...]]]:
+    """Inside the block, the module of ``manager_cls`` (SGLang's ``disaggregation/mori/conn.py``,
+    imported with the kernel stand-in of ``mori``) sees :class:`MoriIOEngineStandIn` and
+    :func:`_mori_values` for the names it imported from ``mori.io`` and ``mori.cpp``; restored
+    after. Any other class: nothing changes."""
+    module = sys.modules.get(getattr(manager_cls, "__module__", ""))
+    if module is None or not module.__name__.endswith("disaggregation.mori.conn"):
+        yield []
+        return
+    values = _mori_values()
+    saved = {name: module.__dict__.get(name) for name in MORI_NAMES}
+    MoriIOEngineStandIn.calls = []
+    module.__dict__.update(values)
+    try:
+        yield MoriIOEngineStandIn.calls
+    finally:
+        module.__dict__.update(saved)
 
 
 def assemble_pools(runner: Any, config: Any) -> dict[str, Any]:
@@ -439,12 +552,17 @@ def _construct_manager(server_args: Any, req: _ManagerRequest) -> tuple[Any, dic
     try:
         cls = utils.get_kv_class(backend, utils.KVClassType.MANAGER)
     except ImportError as e:
+        from .stages import other_vendors_library
+
+        if other_vendors_library(e) is not None:  # no image of this vendor has it: SGLang's refusal
+            raise
         raise OracleLimit(f"the {backend.value} transfer backend's package is not installed in the oracle ({e})") from e
     register = common.CommonKVManager.register_to_bootstrap
     manager = None
     from .emulation import node_cpus
 
-    with mooncake_engine_standin() as calls, _no_background_threads() as threads, node_cpus():
+    with (mooncake_engine_standin() as calls, mori_engine_standin(cls) as mori_calls, _no_background_threads() as threads,
+          node_cpus()):
         common.CommonKVManager.register_to_bootstrap = lambda self: None
         try:
             if backend == utils.TransferBackend.MOONCAKE:
@@ -462,17 +580,26 @@ def _construct_manager(server_args: Any, req: _ManagerRequest) -> tuple[Any, dic
             raise
         finally:
             common.CommonKVManager.register_to_bootstrap = register
-        facts = {"manager": type(manager).__name__, "engineCalls": [c[0] for c in calls],
-                 "threadsNotStarted": sorted(set(threads))}
+        facts = {"manager": type(manager).__name__, "engineCalls": [c[0] for c in calls + mori_calls],
+                 "threadsNotStarted": sorted(set(threads)),
+                 "engineStoodIn": ("mori.io.IOEngine" if mori_calls else "mooncake.engine.TransferEngine" if calls
+                                   else None)}
     return manager, facts
 
 
 def _close(manager: Any) -> None:
     """Release the sockets a manager (or a manager whose ``__init__`` raised) bound: its zmq
-    context destroyed with linger 0 (no thread of it runs)."""
+    contexts destroyed with linger 0 (no thread of it runs). Both of them: ``MoriKVManager``
+    (disaggregation/mori/conn.py:399) makes a context of its own over the one
+    ``CommonKVManager.__init__`` bound ``server_socket`` in (common/conn.py:394-401); the
+    common one, left unreferenced with an open socket, blocked the next thread that collected
+    it in ``Context.term`` (the oracle's bootstrap server: a MoRI pair was never tried). On a
+    pod the manager lives as long as the process, so this is the oracle's concern only."""
     if manager is None:
         return
-    ctx = getattr(manager, "_zmq_ctx", None)
-    if ctx is not None:
-        with contextlib.suppress(Exception):
-            ctx.destroy(linger=0)
+    socket_ = manager.__dict__.get("server_socket")
+    contexts = [getattr(socket_, "context", None), manager.__dict__.get("_zmq_ctx")]
+    for ctx in contexts:
+        if ctx is not None:
+            with contextlib.suppress(Exception):
+                ctx.destroy(linger=0)

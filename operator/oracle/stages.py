@@ -63,6 +63,16 @@ def emulation_limit(exc: BaseException) -> str | None:
     return None
 
 
+#: Variables SGLang reads once, when its modules are imported (name -> where): a worker imports
+#: SGLang once, so the pool (pool.WorkerPool.worker) keys its workers by the accelerator and the
+#: role's values of these, and a worker that imported SGLang with another value refuses to judge
+#: (engine_side._check_import_time_env).
+IMPORT_TIME_ENV = {
+    "SGLANG_USE_AITER": "layers/moe/token_dispatcher/moriep.py:55 (and the other ROCm kernels' imports)",
+    "SGLANG_ENABLE_JIT_DEEPGEMM": "layers/deep_gemm_wrapper/configurer.py:39",
+}
+
+
 class Refusal(Exception):
     """SGLang refused the role or the pair; ``info`` is the JSON-able description."""
 
@@ -79,9 +89,13 @@ def describe(exc: BaseException, stage: str) -> dict[str, Any]:
     info = {"stage": stage, "type": type(exc).__name__, "message": message, "where": sglang_frame(exc.__traceback__)}
     limit = emulation_limit(exc)
     if limit is not None:
-        info["indeterminate"] = f"{stage}: {limit}"
+        # the SGLang frame the step stopped at: what to emulate next, or which step to name
+        info["indeterminate"] = f"{stage}: {limit}" + (f" (at {info['where']})" if info["where"] else "")
     elif isinstance(exc, OracleLimit):
         info["indeterminate"] = message
+    elif isinstance(exc, ImportError) and other_vendors_library(exc) is not None:
+        # SGLang's refusal: the library it imports is built for the other vendor only, so no image of this one has it
+        info["message"] = f"{message} (on the real image too: {other_vendors_library(exc)})"
     elif isinstance(exc, ImportError):
         # A module SGLang imports is missing from the oracle's environment: not a verdict.
         info["indeterminate"] = f"the oracle's environment lacks a module SGLang imports: {message}"
@@ -89,6 +103,40 @@ def describe(exc: BaseException, stage: str) -> dict[str, Any]:
         # A draft model or tokenizer named by a hub id: the oracle has no network (HF_HUB_OFFLINE=1).
         info["indeterminate"] = f"SGLang wanted files of a model the oracle does not have (no hub access): {message}"
     return info
+
+
+#: Libraries SGLang imports that are built for one GPU vendor only (module -> (that vendor, the
+#: words of SGLang's ImportError, why no image of the other vendor can hold it)). On an emulated
+#: pod of the other vendor their ImportError is SGLang's refusal, as it is on the real image; on
+#: the library's own vendor the image may hold it, so it stays indeterminate there. The
+#: operator's rules a2a_backend_cuda_only and mori_ep_v1_needs_aiter (MoRI off ROCm) stand on
+#: the same facts. The kernel stand-ins serve ``mori`` on ROCm pods only (kernel_standins.install).
+VENDOR_ONLY_MODULES: dict[str, tuple[str, str, str]] = {
+    "nixl_ep": ("nvidia", "NixlEP is not installed",
+                "nixl 1.5.2's nixl_ep loads nixl_ep_cu12 or nixl_ep_cu13 (nixl_ep/__init__.py _load_ep_module): "
+                "CUDA builds only"),
+    "pplx_kernels": ("nvidia", "pplx-kernels is not installed",
+                     "pplx-kernels is a CUDA library (layers/moe/token_dispatcher/pplx.py: built with "
+                     "TORCH_CUDA_ARCH_LIST)"),
+    "mori": ("amd", "Mori EP is not installed",
+             "MoRI (ROCm/mori) is AMD's RDMA and expert-dispatch library, built with ROCm only"),
+}
+
+
+def other_vendors_library(exc: BaseException) -> str | None:
+    """Why ``exc`` (an ImportError SGLang raised) is a refusal on the emulated pod: the module is
+    one of :data:`VENDOR_ONLY_MODULES` built for the other vendor only; None otherwise."""
+    from .emulation import VENDOR
+
+    names = set()
+    seen: BaseException | None = exc
+    while seen is not None:
+        names.add((getattr(seen, "name", None) or "").partition(".")[0])
+        seen = seen.__cause__ or seen.__context__
+    for module, (vendor, words, why) in VENDOR_ONLY_MODULES.items():
+        if vendor != VENDOR["name"] and (module in names or words in str(exc)):
+            return f"{module} has no build for {VENDOR['name']} GPUs: {why}"
+    return None
 
 
 def _needs_the_hub(exc: BaseException) -> bool:

@@ -124,6 +124,10 @@ class MetaAllocations:
 
     @staticmethod
     def _is_gpu(device: Any) -> bool:
+        # a bare index is the accelerator's device of that index (torch: ``device=0`` is cuda:0),
+        # e.g. ``torch.zeros(n, device=torch.cuda.current_device())`` (token_dispatcher/moriep.py:1686)
+        if isinstance(device, int) and not isinstance(device, bool):
+            return True
         text = str(device)
         return text.startswith("cuda") or text == "meta"
 
@@ -237,7 +241,7 @@ def emulated_group_class():
             self.world_size = len(ranks)
             self.rank_in_group = self.ranks.index(rank)
             self.local_rank = rank
-            self.device_group = self.cpu_group = _EmulatedProcessGroup(self.ranks)
+            self.device_group = self.cpu_group = _EmulatedProcessGroup(self.ranks, self.rank_in_group)
             self.use_pynccl = False
             self.use_custom_allreduce = False
             self.local_size = 0
@@ -289,13 +293,21 @@ class EmulatedMessageQueue:
 
 
 class _EmulatedProcessGroup:
-    """The torch.distributed group handle of an :class:`EmulatedGroup`: its global ``ranks``."""
+    """The torch.distributed group handle of an :class:`EmulatedGroup`: its global ``ranks`` and this
+    process's place in them. ``size()`` and ``rank()`` answer as ``torch.distributed.ProcessGroup``'s do
+    (the group's width; this rank's index in it): SGLang's dispatchers size themselves from them
+    (token_dispatcher/flashinfer.py:167-168 ``ep_size``, ``ep_rank``; deepep.py:240 asserts the experts
+    divide over ``group.size()``)."""
 
-    def __init__(self, ranks: list[int] | tuple[int, ...] = (0,)) -> None:
+    def __init__(self, ranks: list[int] | tuple[int, ...] = (0,), rank_in_group: int = 0) -> None:
         self.ranks = tuple(ranks)
+        self.rank_in_group = rank_in_group
 
     def size(self) -> int:
-        return 1
+        return len(self.ranks)
+
+    def rank(self) -> int:
+        return self.rank_in_group
 
     def same_node_as(self, source_rank: int, ranks_per_node: int) -> list[bool]:
         """Which of the group's ranks share a node with its ``source_rank``-th rank, with global

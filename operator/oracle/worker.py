@@ -51,7 +51,7 @@ def _start(facts: DeviceFacts, workdir: Path) -> None:
     from . import cuda_driver, kernel_standins, standin_plugins
 
     emulation.install(facts, workdir / "tools")
-    kernel_standins.install()
+    kernel_standins.install(facts.vendor)
     if facts.vendor == "nvidia":
         cuda_driver.install(facts.name)
     plugins = json.loads(os.environ.get(standin_plugins.PLUGINS_ENV, "{}"))

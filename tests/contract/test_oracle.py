@@ -653,6 +653,90 @@ def test_transfer_engine_standin_matches_the_native_library():
     assert called and called <= set(STANDIN_METHODS), called - set(STANDIN_METHODS)
 
 
+def test_mori_engine_standin_covers_what_sglang_calls():
+    """MoRI (ROCm/mori) has no wheel to install here, so its engine stand-in is held to SGLang's
+    own module instead: every name disaggregation/mori/conn.py imports from ``mori.io`` and
+    ``mori.cpp`` is one the stand-in supplies, every engine method ``MoriKVManager`` calls while
+    it starts (``__init__``, ``_init_engine``, ``_register_local_buffers``) is one the stand-in
+    has, and every enum member it names exists. A new call or name in SGLang fails here."""
+    import ast
+    import importlib.util
+
+    from sglang_pd_operator.oracle import scheduler_pd
+
+    path = Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / "srt/disaggregation/mori/conn.py"
+    tree = ast.parse(path.read_text())
+    imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module in ("mori.io", "mori.cpp") for a in node.names}
+    assert imported and imported <= set(scheduler_pd.MORI_NAMES), imported - set(scheduler_pd.MORI_NAMES)
+    values = scheduler_pd._mori_values()
+    manager = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MoriKVManager")
+    startup = [f for f in manager.body if isinstance(f, ast.FunctionDef)
+               and f.name in ("__init__", "_init_engine", "_register_local_buffers")]
+    assert len(startup) == 3
+    called, members = set(), set()
+    for fn in startup:
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                target = node.func.value
+                if (isinstance(target, ast.Name) and target.id == "engine") or (
+                        isinstance(target, ast.Attribute) and target.attr == "engine"):
+                    called.add(node.func.attr)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in values:
+                members.add((node.value.id, node.attr))
+    assert {"create_backend", "get_engine_desc", "register_memory"} <= called
+    standin = scheduler_pd.MoriIOEngineStandIn
+    assert all(callable(getattr(standin, m, None)) for m in called), [m for m in called if not hasattr(standin, m)]
+    assert members and all(hasattr(values[cls], attr) for cls, attr in members), members
+
+
+def test_a_mori_role_starts_and_pairs_with_the_engine_stood_in(oracle, catalog):
+    """The MoRI transfer manager runs (``MoriKVManager.__init__`` with only ``mori.io``'s engine stood
+    in: disaggregation/mori/conn.py:384) and its pair is tried: before the stand-in every MoRI
+    spec was indeterminate (a kernel stand-in's IOEngineConfig), and a dropped manager's first zmq
+    context blocked the bootstrap server (scheduler_pd._close)."""
+    doc = {"apiVersion": "pd.sglang-operator.io/v1alpha1", "kind": "PDDeployment",
+           "metadata": {"name": "qwen3-mori", "namespace": "inference"},
+           "spec": {"model": {"name": "Qwen/Qwen3-30B-A3B", "revision": "main",
+                              "source": {"pvc": {"claimName": "model-store", "path": "/Qwen3-30B-A3B"}}},
+                    "runtime": {"image": "lmsysorg/sglang:v0.5.23-rocm700-mi35x", "sglangVersion": "0.5.23"},
+                    "accelerator": "mi355x", "transfer": {"backend": "mori"},
+                    "prefill": {"replicas": 1, "parallelism": {"tp": 1}},
+                    "decode": {"replicas": 1, "parallelism": {"tp": 1}}}}
+    assert not _operator_rules(catalog, doc, "prefill") and not _operator_rules(catalog, doc, "decode")
+    _, verdict = _judge(oracle, catalog, doc)
+    assert verdict.prefill.starts is True and verdict.decode.starts is True, (verdict.prefill, verdict.decode)
+    for role in (verdict.prefill, verdict.decode):
+        assert role.facts["transfer"]["manager"] == "MoriKVManager", role.facts["transfer"]
+        calls = role.facts["transfer"]["engineCalls"]
+        assert calls[:3] == ["IOEngine", "create_backend", "get_engine_desc"] and "register_memory" in calls, calls
+        assert any(a.startswith("transfer: the native engine mori.io.IOEngine answered") for a in role.assumes)
+    assert verdict.pair.pairs is True, verdict.pair
+
+
+@pytest.mark.parametrize("accelerator,image", [("mi355x", "lmsysorg/sglang:v0.5.23-rocm700-mi35x"),
+                                               ("h200", "lmsysorg/sglang:v0.5.23-cu130")])
+def test_a_cuda_only_all_to_all_library_is_a_refusal_on_rocm_only(oracle, catalog, accelerator, image):
+    """Refusal class (model): ``--moe-a2a-backend nixl`` imports nixl_ep while each MoE layer's dispatcher
+    is built (token_dispatcher/nixl.py _load_nixl_ep). nixl_ep has CUDA builds only, so on an emulated
+    ROCm pod the ImportError is SGLang's refusal (the operator's a2a_backend_cuda_only refuses it too);
+    on CUDA the image may hold it, so the verdict stays indeterminate and names the missing module."""
+    doc = _role_doc("qwen3-30b-a3b-paged-experts.yaml", "decode", extra_args=("--moe-a2a-backend", "nixl"))
+    doc["spec"]["accelerator"] = accelerator
+    doc["spec"]["runtime"]["image"] = image
+    doc["spec"].pop("pagedExperts")
+    rules = _operator_rules(catalog, doc, "decode")
+    _, verdict = _judge(oracle, catalog, doc)
+    decode = verdict.decode
+    if accelerator == "mi355x":
+        assert rules == {"a2a_backend_cuda_only"}
+        assert decode.starts is False and (decode.refusal.stage, decode.refusal.phase) == ("model", "model")
+        assert "NixlEP is not installed" in decode.refusal.message and "no build for amd GPUs" in decode.refusal.message
+    else:
+        assert "a2a_backend_cuda_only" not in rules
+        assert decode.starts is None and "lacks a module SGLang imports: NixlEP" in decode.indeterminate, decode
+
+
 def test_a_staging_buffer_on_an_mla_model_is_refused_by_the_pd_queue(oracle, catalog):
     """Refusal class (pd-queues): SGLANG_DISAGG_STAGING_BUFFER=1 on DeepSeek-V4 (an MLA pool):
     no argument check reads it; PrefillBootstrapQueue.__init__ refuses it. The operator's
@@ -918,15 +1002,26 @@ def test_memory_is_planned_with_the_most_loaded_ranks_engram_shard(oracle, catal
     assert doc["spec"]["engram"]["placement"] == "peerShards"
 
 
-def test_a_variable_sglang_reads_at_import_is_no_verdict(oracle, catalog):
-    """A worker imports SGLang once per accelerator; SGLANG_USE_AITER is read when moriep.py is
-    imported (moriep.py:55), so a role's own value cannot reach it: no verdict, with the reason
-    (the NameError SGLang's CUDA import path raises would be the oracle's artifact on AMD)."""
-    doc = _role_doc("dsv41-flash-mi355x-amd-mono.yaml", "decode", env={"SGLANG_USE_AITER": "1"})
-    _, verdict = _judge(oracle, catalog, doc)
-    assert verdict.decode.starts is None, verdict.decode
-    assert "SGLANG_USE_AITER=1, which SGLang reads when it is imported" in verdict.decode.indeterminate
-    assert verdict.prefill.starts is True
+def test_a_variable_sglang_reads_at_import_gets_a_worker_that_imported_with_it(oracle, catalog):
+    """SGLANG_USE_AITER is read when moriep.py is imported (moriep.py:55) and a worker imports SGLang
+    once, so the pool starts a worker for the role's value (key ``mi355x SGLANG_USE_AITER=1``) and the
+    role gets SGLang's verdict. The guard stays: the same request sent to the worker that imported
+    SGLang without it is no verdict, with the reason (engine_side._check_import_time_env)."""
+    doc = _role_doc("qwen3-30b-a3b-paged-experts.yaml", "prefill", env={"SGLANG_USE_AITER": "1"},
+                    extra_args=("--moe-a2a-backend", "mori", "--chunked-prefill-size", "4096"))
+    doc["spec"].pop("pagedExperts")
+    doc["spec"].update(accelerator="mi355x", runtime={**doc["spec"]["runtime"],
+                                                      "image": "lmsysorg/sglang:v0.5.23-rocm700-mi35x"})
+    plan, verdict = _judge(oracle, catalog, doc)
+    # MoRI's EPv1 dispatcher quantizes with AITER's get_hip_quant, imported only with the variable (moriep.py:967)
+    assert verdict.prefill.starts is True and verdict.decode.starts is True, (verdict.prefill, verdict.decode)
+    assert verdict.pair.pairs is True
+    assert "mi355x SGLANG_USE_AITER=1" in oracle.pool._workers
+    model_dir = oracle.pool.model_dir(plan.spec.model.name, catalog.hf_config(plan.spec.model.name))
+    [request] = oracle._requests(plan, plan.prefill, model_dir)
+    result = oracle.pool.worker("mi355x").call("resolve", request=request)
+    assert result["starts"] is None
+    assert "SGLANG_USE_AITER=1, which SGLang reads when it is imported" in result["indeterminate"]
 
 
 def test_a_per_rank_engram_host_table_is_not_prefaulted(oracle, catalog):

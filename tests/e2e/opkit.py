@@ -17,8 +17,14 @@ import yaml
 from sglang_pd_operator_dev.cluster.demo import OperatorProcess, free_port, model_store  # noqa: F401 (re-exported)
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.5, what: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns a truthy value; raise AssertionError naming ``what`` on timeout."""
+def wait_for(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.5, what: str = "condition",
+             explain: Callable[[], str] | None = None) -> Any:
+    """Poll ``predicate`` until it returns a truthy value; raise AssertionError naming ``what`` on timeout.
+
+    ``explain``, when given, is called once on timeout and its text (the state a reader needs
+    to see why: conditions, pods, queue objects) is added to the error, so a failure in CI
+    says more than ``last: None``.
+    """
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -26,7 +32,13 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float, interval: float = 
         if last:
             return last
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    detail = ""
+    if explain is not None:
+        try:
+            detail = "\n" + explain()
+        except Exception as exc:  # the explanation must not hide the timeout
+            detail = f"\n(explain failed: {exc!r})"
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r}){detail}")
 
 
 #: An API refusal in an operator log line (its one-line form, reconcilers/apierrors.brief, or a client's).

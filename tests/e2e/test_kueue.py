@@ -117,6 +117,44 @@ def _workloads(c, ns: str) -> list[dict]:
     return (kget(c, "workloads.kueue.x-k8s.io", "-n", ns) or {}).get("items") or []
 
 
+def _explain(c, ns: str, name: str) -> str:
+    """What a timed-out wait in this module needs to show: the PDDeployment's conditions, every pod of
+    the namespace (group, node, gates, why unscheduled), Kueue's Workloads and the ComputeDomains."""
+    lines = []
+    st = kget(c, "pdd", name, "-n", ns) or {}
+    lines.append(f"pdd {name} generation {st.get('metadata', {}).get('generation')}: "
+                 f"status {({k: v for k, v in (st.get('status') or {}).items() if k != 'conditions'})}")
+    for cd in (st.get("status") or {}).get("conditions") or []:
+        lines.append(f"  {cd['type']}={cd['status']} {cd.get('reason')} (gen {cd.get('observedGeneration')}): "
+                     f"{cd.get('message', '')[:300]}")
+    for p in (kget(c, "pods", "-n", ns) or {}).get("items") or []:
+        labels = p["metadata"].get("labels") or {}
+        sched = next((cd for cd in p["status"].get("conditions") or [] if cd["type"] == "PodScheduled"), {})
+        claims = [r.get("resourceClaimTemplateName") for r in p["spec"].get("resourceClaims") or []]
+        lines.append(f"  pod {p['metadata']['name']} group {labels.get(lws.LABEL_GROUP_INDEX)} "
+                     f"phase {p['status'].get('phase')} node {p['spec'].get('nodeName')} "
+                     f"gates {[g['name'] for g in p['spec'].get('schedulingGates') or []]} claims {claims} "
+                     f"deleting {bool(p['metadata'].get('deletionTimestamp'))} "
+                     f"scheduled {sched.get('status')} {sched.get('reason')} {sched.get('message', '')[:200]}")
+    for w in _workloads(c, ns):
+        conds = [(cd["type"], cd["status"], cd.get("reason"), cd.get("message", "")[:200])
+                 for cd in (w.get("status") or {}).get("conditions") or []]
+        lines.append(f"  workload {w['metadata']['name']} admitted {kueue.admitted(w)}: {conds}")
+    for d in (kget(c, "computedomains.resource.nvidia.com", "-n", ns) or {}).get("items") or []:
+        lines.append(f"  computedomain {d['metadata']['name']} numNodes {d['spec'].get('numNodes')} "
+                     f"status {(d.get('status') or {}).get('status')} "
+                     f"nodes {[n.get('name') for n in (d.get('status') or {}).get('nodes') or []]}")
+    busy = [(p["metadata"]["namespace"], p["metadata"]["name"], p["spec"].get("nodeName"))
+            for p in (kget(c, "pods", "-A") or {}).get("items") or []
+            if (p["spec"].get("nodeName") or "").startswith("gb300-") and p["metadata"]["namespace"] != ns]
+    lines.append(f"  pods of other namespaces on gb300 trays: {busy}")
+    log = c.run_dir / "logs" / "imex-standin.log"
+    if log.exists():
+        lines.append("  imex-standin.log (last 10 lines):")
+        lines += [f"    {ln[:300]}" for ln in log.read_text(errors="replace").splitlines()[-10:]]
+    return "\n".join(lines)
+
+
 def test_two_groups_competing_for_one_rack_are_admitted_one_at_a_time(kueue_cluster, queue_operator, ns):
     c = kueue_cluster
     rack0 = _clique(c, "gb300-0")
@@ -153,7 +191,8 @@ def _compete(c, ns: str, rack0: str, *, prefill_clique: str) -> None:
         return False
 
     started = time.monotonic()
-    wait_for(one_admitted, timeout=300, interval=0.2, what="one group admitted whole and Ready")
+    wait_for(one_admitted, timeout=300, interval=0.2, what="one group admitted whole and Ready",
+             explain=lambda: _explain(c, ns, "wide-ep-a"))
     second = "wide-ep-b" if first == "wide-ep-a" else "wide-ep-a"
     held = _engine_pods(c, ns, first, "decode")
     placement = sorted((int(p["metadata"]["labels"][lws.LABEL_WORKER_INDEX]), p["spec"]["nodeName"]) for p in held)
@@ -193,7 +232,8 @@ def _compete(c, ns: str, rack0: str, *, prefill_clique: str) -> None:
         ok = ready_now(kget(c, "pdd", second, "-n", ns))
         return pods if ok and len(_bound(pods)) == 16 else None
 
-    pods = wait_for(second_whole, timeout=300, what=f"{second} admitted whole and Ready")
+    pods = wait_for(second_whole, timeout=300, what=f"{second} admitted whole and Ready",
+                    explain=lambda: _explain(c, ns, second))
     later = sorted((int(p["metadata"]["labels"][lws.LABEL_WORKER_INDEX]), p["spec"]["nodeName"]) for p in pods)
     assert {_clique(c, n) for _, n in later} == {rack0}
     print(f"  {first} deleted: {second} admitted whole and Ready {time.monotonic() - freed:.1f}s later")
@@ -209,7 +249,8 @@ def test_two_replicas_fill_two_cliques(kueue_cluster, queue_operator, ns):
     try:
         kapply(c, _doc(ns, name, queue=None, decode_replicas=2))
         started = time.monotonic()
-        obj = wait_for(lambda: ready_now(kget(c, "pdd", name, "-n", ns)), timeout=420, what="two replicas Ready")
+        obj = wait_for(lambda: ready_now(kget(c, "pdd", name, "-n", ns)), timeout=420, what="two replicas Ready",
+                       explain=lambda: _explain(c, ns, name))
         converged = time.monotonic() - started
         pods = _engine_pods(c, ns, name, "decode")
         assert len(pods) == 32
@@ -271,7 +312,8 @@ def test_a_group_that_fits_no_clique_waits_whole_and_says_why(kueue_cluster, que
             pods = _engine_pods(c, ns, name, "decode")
             return (st, pods) if ready.get("reason") == "WaitingForCapacity" and len(pods) == 16 else None
 
-        st, pods = wait_for(waiting, timeout=180, what="the too-big group WaitingForCapacity with its 16 pods")
+        st, pods = wait_for(waiting, timeout=180, what="the too-big group WaitingForCapacity with its 16 pods",
+                            explain=lambda: _explain(c, ns, name))
         [workload] = _workloads(c, ns)
         assert not kueue.admitted(workload)
         reason = kueue.waiting_reason(workload)

@@ -109,3 +109,41 @@ def test_the_stand_in_lists_a_node_once_its_channel_claim_is_allocated():
         (trays["gb300-3"]["metadata"]["labels"][CLIQUE], 0, "Ready"),
         (trays["gb300-4"]["metadata"]["labels"][CLIQUE], 1, "Ready")]
     assert both["nodes"][0]["ipAddress"].startswith("127.42.")
+
+
+class _TerminatingNamespaceApi:
+    """The stand-in's API calls against two ComputeDomains: ``old`` in a namespace being deleted (the API
+    server refuses any create there with 403), ``new`` in a live one. Records the templates made and the
+    status writes."""
+
+    def __init__(self) -> None:
+        self.domains = [
+            {"metadata": {"name": n, "namespace": ns, "uid": n}, "spec": {"numNodes": 1, "channel": {
+                "resourceClaimTemplate": {"name": f"{n}-channel"}}}}
+            for n, ns in (("old", "a-terminating"), ("new", "b-live"))]
+        self.templates: list[str] = []
+        self.status_writes: list[str] = []
+
+    def get_json(self, path: str) -> dict:
+        if path.endswith("/computedomains"):
+            return {"items": self.domains}
+        return {"items": []}
+
+    def create(self, path: str, body: dict) -> bool:
+        if "/namespaces/a-terminating/" in path:
+            raise imex.rest.ApiError(403, "unable to create new content in namespace a-terminating because it is "
+                                          "being terminated")
+        self.templates.append(body["metadata"]["name"])
+        return True
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
+        self.status_writes.append(path.rsplit("/", 2)[-2])
+        return 200, "{}"
+
+
+def test_a_domain_whose_namespace_is_terminating_does_not_starve_the_others():
+    """The CI failure of test_kueue's two replicas: one domain's refused template ended the whole pass."""
+    api, logged = _TerminatingNamespaceApi(), []
+    assert imex.reconcile_once(api, clique_label=CLIQUE, log=logged.append) == 2
+    assert api.templates == ["new-channel"] and api.status_writes == ["new"]
+    assert len(logged) == 1 and "a-terminating/old" in logged[0] and "403" in logged[0]

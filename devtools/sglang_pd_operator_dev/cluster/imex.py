@@ -154,25 +154,42 @@ def domain_status(domain: dict[str, Any], claims: list[dict[str, Any]], nodes: d
     return {"status": "Ready" if listed and len(listed) >= want else "NotReady", "nodes": listed}
 
 
-def reconcile_once(api: rest.Api, *, clique_label: str) -> int:
-    """One pass over every ComputeDomain: template created, status written when it changed; returns domains seen."""
+def reconcile_once(api: rest.Api, *, clique_label: str, log: Any = print) -> int:
+    """One pass over every ComputeDomain: template created, status written when it changed; returns domains seen.
+
+    A domain whose calls fail (its namespace terminating refuses the template with 403, a
+    status write loses a race with 409) is logged and left to the next pass; the others are
+    still reconciled, as a controller's per-object work queue would (a failing domain that
+    sorted first once starved every later one: a CI run's second replica never got its
+    template while an earlier test's namespace was terminating).
+    """
     domains = (api.get_json(f"/apis/{GROUP}/{VERSION}/computedomains") or {}).get("items") or []
     if not domains:
         return 0
     nodes = {n["metadata"]["name"]: n for n in (api.get_json("/api/v1/nodes") or {}).get("items") or []}
     for domain in domains:
         meta = domain["metadata"]
-        ns, uid = meta["namespace"], meta["uid"]
         if meta.get("deletionTimestamp"):
             continue
-        api.create(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates", claim_template(domain))
-        claims = (api.get_json(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
-                               f"?labelSelector={DOMAIN_LABEL.replace('/', '%2F')}%3D{uid}") or {}).get("items") or []
-        status = domain_status(domain, claims, nodes, clique_label=clique_label)
-        if status != (domain.get("status") or {}):
-            api.request("PUT", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/computedomains/{meta['name']}/status",
-                        {**domain, "status": status})
+        try:
+            _reconcile_domain(api, domain, nodes, clique_label=clique_label)
+        except rest.ApiError as err:
+            log(f"{COMPONENT}: ComputeDomain {meta['namespace']}/{meta['name']}: {err}")
     return len(domains)
+
+
+def _reconcile_domain(api: rest.Api, domain: dict[str, Any], nodes: dict[str, dict[str, Any]], *,
+                      clique_label: str) -> None:
+    """Template and status of one ComputeDomain (raises rest.ApiError)."""
+    meta = domain["metadata"]
+    ns, uid = meta["namespace"], meta["uid"]
+    api.create(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates", claim_template(domain))
+    claims = (api.get_json(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+                           f"?labelSelector={DOMAIN_LABEL.replace('/', '%2F')}%3D{uid}") or {}).get("items") or []
+    status = domain_status(domain, claims, nodes, clique_label=clique_label)
+    if status != (domain.get("status") or {}):
+        api.request("PUT", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/computedomains/{meta['name']}/status",
+                    {**domain, "status": status})
 
 
 def run_standin(api: rest.Api, *, clique_label: str, poll_s: float = POLL_S) -> None:  # pragma: no cover - loop

@@ -682,24 +682,85 @@ def mori_ep_v1_needs_aiter(*, spec: PDDeploymentSpec, role: RolePlan, catalog: C
         return []
     acc = role.inputs.accelerator
     use_aiter = env_bool(role, "SGLANG_USE_AITER", False)
-    if acc is None or (acc.vendor == "amd" and use_aiter) or _mori_epv2(role, flags, use_aiter):
-        return []
-    on_rocm = acc.vendor == "amd"
-    why = ("SGLANG_USE_AITER is not set to true" if on_rocm
-           else f"{role.inputs.accelerator_name} is not an AMD GPU (the kernels come from ROCm's AITER)")
-    fix = (f"set SGLANG_USE_AITER=1 in spec.{role.role}.env" if on_rocm
-           else "use --moe-a2a-backend deepep (or another CUDA all-to-all backend) on this accelerator, or run MoRI "
-                "on an AMD accelerator with SGLANG_USE_AITER=1")
+    if acc is None or acc.vendor != "amd" or use_aiter or _mori_epv2(role, flags, use_aiter):
+        return []  # off ROCm: mori_a2a_rocm_only
     return [
         _problem(
             _field(role, "moe_a2a_backend"),
-            f"--moe-a2a-backend mori builds MoRI's EPv1 dispatcher in every MoE layer, which quantizes with AITER's "
-            f"get_hip_quant, and {why}; SGLang 0.5.23 fails while it builds the model (NameError: name "
-            "'get_hip_quant' is not defined, moriep.py)",
-            fix,
+            "--moe-a2a-backend mori builds MoRI's EPv1 dispatcher in every MoE layer, which quantizes with AITER's "
+            "get_hip_quant, and SGLANG_USE_AITER is not set to true; SGLang 0.5.23 fails while it builds the model "
+            "(NameError: name 'get_hip_quant' is not defined, moriep.py)",
+            f"set SGLANG_USE_AITER=1 in spec.{role.role}.env",
             "mori_ep_v1_needs_aiter",
         )
     ]  # fmt: skip
+
+
+def mori_a2a_rocm_only(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """``--moe-a2a-backend mori`` on an accelerator that is not AMD's: MoRI is AMD's ROCm library,
+    so no CUDA image holds it, and the dispatcher each MoE layer builds imports it.
+
+    Source: layers/moe/token_dispatcher/moriep.py: ``_MoriEPv1DispatcherImplBase.__init__``
+    raises ImportError("Mori EP is not installed. Please install.") when ``import mori`` fails
+    (:958), EPv2's ``__init__`` ImportError("MORI EPv2 requires a MORI build with cco and
+    dispatch_combine_v2", :1369). Found by the SGLang oracle's model stage once it served MoRI's
+    stand-in on ROCm pods only (oracle/kernel_standins.py ``VENDOR_ONLY``; stages.py
+    ``VENDOR_ONLY_MODULES``). Only models with routed experts build a dispatcher.
+    """
+    flags = _flags(role)
+    acc = role.inputs.accelerator
+    if a2a_backend(flags) != "mori" or _untracked(flags) or acc is None or acc.vendor == "amd" or not _has_moe_layers(role):
+        return []
+    return [
+        _problem(
+            _field(role, "moe_a2a_backend"),
+            f"--moe-a2a-backend mori dispatches experts with MoRI, AMD's ROCm library, and "
+            f"{role.inputs.accelerator_name} is not an AMD GPU: no CUDA image holds MoRI, so SGLang 0.5.23 fails "
+            "with ImportError while it builds the model (moriep.py: \"Mori EP is not installed\")",
+            "use --moe-a2a-backend deepep (or another CUDA all-to-all backend) on this accelerator, or run MoRI on an "
+            "AMD accelerator with SGLANG_USE_AITER=1",
+            "mori_a2a_rocm_only",
+        )
+    ]  # fmt: skip
+
+
+#: All-to-all backends whose dispatcher imports a CUDA-only library while the model is built,
+#: with the library, where SGLang imports it, and why it cannot exist on a ROCm image.
+CUDA_ONLY_A2A: dict[str, tuple[str, str, str]] = {
+    "nixl": ("NixlEP (nixl_ep)", "token_dispatcher/nixl.py _load_nixl_ep, called by NixlEPDispatcher.__init__",
+             "nixl 1.5.2's nixl_ep loads nixl_ep_cu12 or nixl_ep_cu13, CUDA builds only"),
+    "pplx": ("pplx-kernels (pplx_kernels)", "token_dispatcher/pplx.py _PplxDispatcherImpl.__init__",
+             "a CUDA library SGLang's own message says to build with TORCH_CUDA_ARCH_LIST"),
+}
+
+
+def a2a_backend_cuda_only(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
+    """``--moe-a2a-backend nixl`` or ``pplx`` on an AMD accelerator: the dispatcher each MoE layer
+    builds imports a CUDA-only library, so SGLang 0.5.23 fails with ImportError while it builds
+    the model ("NixlEP is not installed ..." / "pplx-kernels is not installed ...").
+
+    Source: layers/moe/token_dispatcher/nixl.py ``_load_nixl_ep`` (from
+    ``NixlEPDispatcher.__init__``), token_dispatcher/pplx.py ``_PplxDispatcherImpl.__init__``
+    (:data:`CUDA_ONLY_A2A`). The SGLang oracle reaches both imports at its model stage and
+    judges the ImportError as SGLang's refusal on an emulated ROCm pod
+    (oracle/stages.py ``VENDOR_ONLY_MODULES``). Only models with routed experts build a dispatcher.
+    """
+    flags = _flags(role)
+    a2a = a2a_backend(flags)
+    acc = role.inputs.accelerator
+    if a2a not in CUDA_ONLY_A2A or _untracked(flags) or acc is None or acc.vendor != "amd" or not _has_moe_layers(role):
+        return []
+    library, where, why = CUDA_ONLY_A2A[a2a]
+    return [
+        _problem(
+            _field(role, "moe_a2a_backend"),
+            f"--moe-a2a-backend {a2a} builds a dispatcher in every MoE layer that imports {library} ({where}), "
+            f"which has no ROCm build ({why}); on {role.inputs.accelerator_name} SGLang 0.5.23 fails with "
+            "ImportError while it builds the model",
+            "use --moe-a2a-backend mori (with SGLANG_USE_AITER=1) or none on an AMD accelerator",
+            "a2a_backend_cuda_only",
+        )
+    ]
 
 
 def mooncake_a2a_low_latency_only(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catalog) -> list[Problem]:
@@ -1031,6 +1092,8 @@ ROLE_RULES = (
     megamoe_token_budget,
     quantized_moe_block_width,
     mori_ep_v1_needs_aiter,
+    mori_a2a_rocm_only,
+    a2a_backend_cuda_only,
     mooncake_a2a_low_latency_only,
     deepep_moe_needs_deep_gemm,
     single_batch_overlap_not_on_sm90,
