@@ -382,7 +382,9 @@ def _scheduler_after_model(server_args: Any, model: Any, weight_bytes: int) -> t
                 assumed.append(f"transfer: not run: {r.info['indeterminate']}")
             else:
                 assumed.extend(scheduler_pd.ASSUMED)
-                if (transfer or {}).get("engineStoodIn"):
+                if (transfer or {}).get("engineStoodIn") == "mori.io.IOEngine":
+                    assumed.append(scheduler_pd.MORI_ASSUMED)
+                elif (transfer or {}).get("engineStoodIn"):
                     assumed.append(f"transfer: the native engine {transfer['engineStoodIn']} answered as the library "
                                    "does on success (no NIC opened, nothing registered with a device)")
     return {"memory": memory, "pools": pools, "graphs": decode_graphs, "queue": queue, "transfer": transfer}, assumed

@@ -152,10 +152,13 @@ class WorkerPool:
         """The running worker emulating ``accelerator`` (started now when there is none).
 
         ``import_env``: a role's values of the variables SGLang reads when it is imported
-        (stages.IMPORT_TIME_ENV, e.g. ``SGLANG_USE_AITER``); a worker imports SGLang once, so
-        each set of values gets its own worker, keyed ``<accelerator> NAME=value ...``.
+        (stages.IMPORT_TIME_ENV, e.g. ``SGLANG_USE_AITER``, booleans: read as true or false); a
+        worker imports SGLang once, so each set of values gets its own worker, keyed
+        ``<accelerator> NAME=true|false ...``.
         """
-        extra = {k: v for k, v in sorted((import_env or {}).items()) if k in IMPORT_TIME_ENV}
+        # both variables are booleans SGLang parses (get_bool_env_var): "1", "true" and "True" share a worker
+        extra = {k: "true" if v.strip().lower() in ("1", "true", "yes", "y") else "false"
+                 for k, v in sorted((import_env or {}).items()) if k in IMPORT_TIME_ENV}
         key = " ".join([accelerator, *(f"{k}={v}" for k, v in extra.items())])
         with self._lock:
             w = self._workers.get(key)

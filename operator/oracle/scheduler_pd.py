@@ -133,8 +133,9 @@ def mooncake_engine_standin() -> Iterator[list[tuple[Any, ...]]]:
 
 
 class _MoriDesc:
-    """An ``EngineDesc`` or ``MemoryDesc`` of the MoRI stand-in: its fields, packed as the
-    library packs a descriptor for the bootstrap message (``pack`` / ``unpack``)."""
+    """An ``EngineDesc`` or ``MemoryDesc`` of the MoRI stand-in: its fields, with ``pack`` /
+    ``unpack`` as round-trip bytes (a ``repr`` of the fields, not MoRI's wire format: the
+    oracle never sends a descriptor to a peer)."""
 
     def __init__(self, **fields: Any) -> None:
         self.__dict__.update(fields)
@@ -155,9 +156,12 @@ class MoriIOEngineStandIn:
     ``_init_engine`` (disaggregation/mori/conn.py:449) and registers its KV, aux and state
     buffers with (``_register_local_buffers``, :492). MoRI is a ROCm build (no wheel on
     PyPI), so the oracle has no library to run: every call answers as the library does on
-    success (``create_backend`` returns, ``get_engine_desc`` gives the bound port, a
-    non-zero one since SGLang asserts ``actual_port > 0``; ``register_memory`` a descriptor)
-    and ``calls`` records them. The names SGLang uses are held to SGLang's own module by
+    success (``create_backend`` returns; ``get_engine_desc`` gives a fixed non-zero port, so
+    SGLang's ``assert actual_port > 0`` passes by construction, nothing is bound;
+    ``register_memory`` a descriptor) and ``calls`` records them. What the library would
+    check is not: the RDMA devices SGLang puts in ``MORI_RDMA_DEVICES`` from
+    ``--disaggregation-ib-device`` and the backend settings (``SGLANG_MORI_QP_PER_TRANSFER``,
+    ``SGLANG_MORI_POST_BATCH_SIZE``, ``SGLANG_MORI_NUM_WORKERS``): :data:`MORI_ASSUMED`. The names SGLang uses are held to SGLang's own module by
     tests/contract/test_oracle.py (``test_mori_engine_standin_covers_what_sglang_calls``)."""
 
     RPC_PORT = 17778
@@ -218,6 +222,12 @@ def _mori_values() -> dict[str, Any]:
             "MemoryLocationType": MemoryLocationType, "StatusCode": StatusCode, "EngineDesc": _MoriDesc,
             "MemoryDesc": _MoriDesc, "TransferStatus": object}
 
+
+#: What a verdict that ran the MoRI stand-in assumes (listed in its ``assumes``).
+MORI_ASSUMED = ("transfer: MoRI's native engine (mori.io.IOEngine) is stood in: the RDMA devices in MORI_RDMA_DEVICES "
+                "(from --disaggregation-ib-device) and SGLANG_MORI_QP_PER_TRANSFER / _POST_BATCH_SIZE / _NUM_WORKERS "
+                "are taken as the library accepts them, and its port is a fixed one (disaggregation/mori/conn.py:449 "
+                "_init_engine)")
 
 #: The names of ``mori.io`` / ``mori.cpp`` the stand-in supplies (the drift test reads them).
 MORI_NAMES = ("IOEngine", "IOEngineConfig", "RdmaBackendConfig", "BackendType", "PollCqMode", "MemoryLocationType",

@@ -109,7 +109,7 @@ def describe(exc: BaseException, stage: str) -> dict[str, Any]:
 #: words of SGLang's ImportError, why no image of the other vendor can hold it)). On an emulated
 #: pod of the other vendor their ImportError is SGLang's refusal, as it is on the real image; on
 #: the library's own vendor the image may hold it, so it stays indeterminate there. The
-#: operator's rules a2a_backend_cuda_only and mori_ep_v1_needs_aiter (MoRI off ROCm) stand on
+#: operator's rules a2a_backend_cuda_only and mori_a2a_rocm_only stand on
 #: the same facts. The kernel stand-ins serve ``mori`` on ROCm pods only (kernel_standins.install).
 VENDOR_ONLY_MODULES: dict[str, tuple[str, str, str]] = {
     "nixl_ep": ("nvidia", "NixlEP is not installed",
@@ -131,7 +131,8 @@ def other_vendors_library(exc: BaseException) -> str | None:
     names = set()
     seen: BaseException | None = exc
     while seen is not None:
-        names.add((getattr(seen, "name", None) or "").partition(".")[0])
+        if isinstance(seen, ImportError):  # NameError and AttributeError carry a .name too
+            names.add((seen.name or "").partition(".")[0])
         seen = seen.__cause__ or seen.__context__
     for module, (vendor, words, why) in VENDOR_ONLY_MODULES.items():
         if vendor != VENDOR["name"] and (module in names or words in str(exc)):

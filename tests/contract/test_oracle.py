@@ -692,9 +692,12 @@ def test_mori_engine_standin_covers_what_sglang_calls():
 
 def test_a_mori_role_starts_and_pairs_with_the_engine_stood_in(oracle, catalog):
     """The MoRI transfer manager runs (``MoriKVManager.__init__`` with only ``mori.io``'s engine stood
-    in: disaggregation/mori/conn.py:384) and its pair is tried: before the stand-in every MoRI
-    spec was indeterminate (a kernel stand-in's IOEngineConfig), and a dropped manager's first zmq
-    context blocked the bootstrap server (scheduler_pd._close)."""
+    in: disaggregation/mori/conn.py:384) and the pair's common bootstrap handshake is tried: before
+    the stand-in every MoRI spec was indeterminate (a kernel stand-in's IOEngineConfig), and a
+    dropped manager's first zmq context blocked the bootstrap server (scheduler_pd._close). What the
+    stand-in cannot check is named in the verdict (scheduler_pd.MORI_ASSUMED)."""
+    from sglang_pd_operator.oracle import scheduler_pd
+
     doc = {"apiVersion": "pd.sglang-operator.io/v1alpha1", "kind": "PDDeployment",
            "metadata": {"name": "qwen3-mori", "namespace": "inference"},
            "spec": {"model": {"name": "Qwen/Qwen3-30B-A3B", "revision": "main",
@@ -710,7 +713,7 @@ def test_a_mori_role_starts_and_pairs_with_the_engine_stood_in(oracle, catalog):
         assert role.facts["transfer"]["manager"] == "MoriKVManager", role.facts["transfer"]
         calls = role.facts["transfer"]["engineCalls"]
         assert calls[:3] == ["IOEngine", "create_backend", "get_engine_desc"] and "register_memory" in calls, calls
-        assert any(a.startswith("transfer: the native engine mori.io.IOEngine answered") for a in role.assumes)
+        assert scheduler_pd.MORI_ASSUMED in role.assumes
     assert verdict.pair.pairs is True, verdict.pair
 
 
@@ -1004,7 +1007,7 @@ def test_memory_is_planned_with_the_most_loaded_ranks_engram_shard(oracle, catal
 
 def test_a_variable_sglang_reads_at_import_gets_a_worker_that_imported_with_it(oracle, catalog):
     """SGLANG_USE_AITER is read when moriep.py is imported (moriep.py:55) and a worker imports SGLang
-    once, so the pool starts a worker for the role's value (key ``mi355x SGLANG_USE_AITER=1``) and the
+    once, so the pool starts a worker for the role's value (key ``mi355x SGLANG_USE_AITER=true``) and the
     role gets SGLang's verdict. The guard stays: the same request sent to the worker that imported
     SGLang without it is no verdict, with the reason (engine_side._check_import_time_env)."""
     doc = _role_doc("qwen3-30b-a3b-paged-experts.yaml", "prefill", env={"SGLANG_USE_AITER": "1"},
@@ -1016,7 +1019,7 @@ def test_a_variable_sglang_reads_at_import_gets_a_worker_that_imported_with_it(o
     # MoRI's EPv1 dispatcher quantizes with AITER's get_hip_quant, imported only with the variable (moriep.py:967)
     assert verdict.prefill.starts is True and verdict.decode.starts is True, (verdict.prefill, verdict.decode)
     assert verdict.pair.pairs is True
-    assert "mi355x SGLANG_USE_AITER=1" in oracle.pool._workers
+    assert "mi355x SGLANG_USE_AITER=true" in oracle.pool._workers
     model_dir = oracle.pool.model_dir(plan.spec.model.name, catalog.hf_config(plan.spec.model.name))
     [request] = oracle._requests(plan, plan.prefill, model_dir)
     result = oracle.pool.worker("mi355x").call("resolve", request=request)

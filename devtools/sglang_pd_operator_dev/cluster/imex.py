@@ -34,6 +34,7 @@ the real driver's behaviour beyond that are not possible on this machine.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,7 @@ def domain_status(domain: dict[str, Any], claims: list[dict[str, Any]], nodes: d
     return {"status": "Ready" if listed and len(listed) >= want else "NotReady", "nodes": listed}
 
 
-def reconcile_once(api: rest.Api, *, clique_label: str, log: Any = print) -> int:
+def reconcile_once(api: rest.Api, *, clique_label: str, log: Any = functools.partial(print, flush=True)) -> int:
     """One pass over every ComputeDomain: template created, status written when it changed; returns domains seen.
 
     A domain whose calls fail (its namespace terminating refuses the template with 403, a

@@ -716,7 +716,8 @@ def mori_a2a_rocm_only(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Catal
             _field(role, "moe_a2a_backend"),
             f"--moe-a2a-backend mori dispatches experts with MoRI, AMD's ROCm library, and "
             f"{role.inputs.accelerator_name} is not an AMD GPU: no CUDA image holds MoRI, so SGLang 0.5.23 fails "
-            "with ImportError while it builds the model (moriep.py: \"Mori EP is not installed\")",
+            "with ImportError while it builds the model (moriep.py: \"Mori EP is not installed\", or with "
+            "SGLANG_MORI_EP_V2 \"MORI EPv2 requires a MORI build with cco and dispatch_combine_v2\")",
             "use --moe-a2a-backend deepep (or another CUDA all-to-all backend) on this accelerator, or run MoRI on an "
             "AMD accelerator with SGLANG_USE_AITER=1",
             "mori_a2a_rocm_only",

@@ -203,7 +203,7 @@ def dspark_dp_attention(*, spec: PDDeploymentSpec, role: RolePlan, catalog: Cata
 
     if a2a not in DSPARK_DP_A2A:
         add(f"SGLang 0.5.23 supports --moe-a2a-backend none, megamoe or mori, not {a2a}",
-            "use --moe-a2a-backend none (built-in TP MoE), megamoe or mori, or turn dpAttention off")
+            "use --moe-a2a-backend none (built-in TP MoE), megamoe (NVIDIA) or mori (AMD), or turn dpAttention off")
     coordination = env_true(role, COORDINATION_ENV)
     verify = env.get("SGLANG_RAGGED_VERIFY_MODE", "static")
     if (a2a != "none" or coordination) and verify != "static":
