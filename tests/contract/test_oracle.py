@@ -629,6 +629,27 @@ def test_a_speculative_role_names_the_transfer_stage_it_did_not_run(oracle, cata
     assert any(a.startswith("transfer: not run for a speculative role (DSPARK)") for a in decode.assumes)
 
 
+def test_every_kernel_probe_answers_a_call_sglang_makes():
+    """Each capability probe the kernel stand-ins answer (kernel_standins.PROBES) is a name SGLang
+    imports from that library and calls: a probe SGLang stopped making (or a renamed one) fails here.
+    The AITER lookup is held to the quantization types MoRI's dispatcher asks for (moriep.py:967)."""
+    import importlib.util
+    import re
+
+    from sglang_pd_operator.oracle.kernel_standins import PROBES
+
+    root = Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / "srt"
+    sources = {p: p.read_text(errors="replace") for p in root.rglob("*.py")}
+    for name in PROBES:
+        library, func = name.split(".")[0], name.rsplit(".", 1)[-1]
+        users = [p for p, text in sources.items() if re.search(rf"\b(from|import) {library}\b", text)
+                 and re.search(rf"\b{func}\(", text)]
+        assert users, f"no SGLang module imports {library} and calls {func}"
+    moriep = sources[root / "layers/moe/token_dispatcher/moriep.py"]
+    asked = set(re.findall(r"get_hip_quant\(QuantType\.(\w+)\)", moriep))
+    assert asked == {"per_1x128", "per_1x32"}, asked  # the types PROBES' assumption names
+
+
 def test_transfer_engine_standin_matches_the_native_library():
     """Every method of the Mooncake engine stand-in is a method the installed native library
     (mooncake/engine.so) exports, and every engine method SGLang's wrapper calls while it
